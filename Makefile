@@ -1,0 +1,47 @@
+# pretrain_exp -- `make help` lists the targets. Every target installs what it needs into .venv first.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# tcmalloc makes CPU training ~2x faster (fewer page faults on the big LM-head buffers); used when present
+PRELOAD = LD_PRELOAD=$$(ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 2>/dev/null || true)
+
+.PHONY: help install demo test test-fast lint bench dry-run clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): setup.cfg setup.py constraints/torch-cpu.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q -c constraints/torch-cpu.txt torch==2.13.0 2>&1 | grep -v "is ignored" || true
+	$(PY) -m pip install -q -c constraints/torch-cpu.txt -e '.[dev,olmo]' 2>&1 | grep -v "is ignored" || true
+	$(PY) -c "import torch, transformers, hydra, lm_eval, olmo_core" && touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install the project (idempotent); tcmalloc via apt when root
+	@if ! ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] \
+	    && command -v apt-get >/dev/null; then \
+	  (apt-get install -y -q libtcmalloc-minimal4 || (apt-get update -q && apt-get install -y -q libtcmalloc-minimal4)) \
+	    >/dev/null 2>&1 || echo "note: libtcmalloc-minimal4 not installed (optional, ~2x faster CPU training)"; fi
+
+demo: install ## run the embedded default experiment (python -m pretrain_exp): SmolLM2-135M on Shakespeare
+	$(PRELOAD) $(PY) -m pretrain_exp $(ARGS)
+
+test: install ## run all tests except GPU ones (what CI runs)
+	$(PRELOAD) $(PY) -m pytest -m "not gpu" -q $(ARGS)
+
+test-fast: install ## run the tests not marked slow
+	$(PRELOAD) $(PY) -m pytest -m "not slow and not gpu" -q $(ARGS)
+
+lint: install ## flake8 + isort check
+	$(PY) -m flake8 pretrain_exp frameworks evals tests benchmarks
+	$(PY) -m isort --check-only --diff pretrain_exp frameworks evals tests benchmarks
+
+bench: install ## plan-building and Plan.apply benchmark (prints times, memory and ratios)
+	$(PY) benchmarks/plan_build.py $(ARGS)
+
+dry-run: install ## print the composed, resolved config of the default run
+	$(PY) -m pretrain_exp --cfg job --resolve $(ARGS)
+
+clean: ## delete runs/ and caches in the checkout (not .venv, not ~/.cache/pretrain_exp)
+	rm -rf runs outputs multirun .pytest_cache

@@ -1,0 +1,1 @@
+"""Evaluations run on each segment's checkpoint; see :mod:`evals.registry` for the contract."""

@@ -1,0 +1,37 @@
+"""Held-out perplexity: the model's loss on corpus rows it was never trained on (general ability check)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from evals.registry import EvalContext, EvalResult, register
+from evals.scoring import token_losses
+
+
+@dataclass
+class PerplexityConf:
+    """Schema of a ``perplexity`` eval (no options)."""
+
+    type: str = "perplexity"
+
+
+@register("perplexity", PerplexityConf)
+def perplexity(cfg: PerplexityConf, ctx: EvalContext) -> EvalResult:
+    """Token-level cross-entropy on ``ctx.held_out`` (int64 ``(n_rows, L)``), predicting positions ``1..L-1``.
+
+    :returns: ``metrics`` ``held_out/loss`` (mean nats per predicted token, pooled over all rows),
+        ``held_out/perplexity`` (``exp(loss)``), ``held_out/bits_per_token`` (``loss / ln 2``) and
+        ``held_out/tokens`` (predicted tokens, ``n_rows * (L - 1)``); empty metrics when nothing is predicted.
+    """
+    held_out = np.asarray(ctx.held_out)
+    losses = token_losses(ctx.model, list(held_out), ctx.batch_size) if held_out.size else []
+    count = sum(lo.size for lo in losses)
+    if count == 0:
+        return EvalResult()
+    loss = float(sum(lo.sum(dtype=np.float64) for lo in losses) / count)
+    return EvalResult(metrics={"held_out/loss": loss, "held_out/perplexity": math.exp(loss),
+                               "held_out/bits_per_token": loss / math.log(2),
+                               "held_out/tokens": float(count)})

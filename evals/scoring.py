@@ -1,0 +1,81 @@
+"""Model-facing helpers shared by the evals: per-token losses of variable-length sequences, greedy decoding,
+plan item labels."""
+
+from __future__ import annotations
+
+from typing import Any, List, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def model_device(model: Any) -> torch.device:
+    """The device of the model's (first) parameters; inputs are moved there."""
+    return next(model.parameters()).device
+
+
+def plan_item_rows(plan: Any) -> List[dict]:
+    """The identifying columns of every plan item: ``{item_id, experiment, dup_count}`` (dup 0 = control)."""
+    return [{"item_id": i, "experiment": plan.experiments[int(plan.item_experiment[i])],
+             "dup_count": int(plan.item_dup_count[i])} for i in range(plan.num_items)]
+
+
+@torch.no_grad()
+def token_losses(model: Any, sequences: Sequence[np.ndarray], batch_size: int) -> List[np.ndarray]:
+    """Per-token cross-entropy of each sequence under a causal LM (teacher forcing).
+
+    Sequences are sorted by length, batched ``batch_size`` at a time with right padding and an
+    ``attention_mask`` (causal attention means real tokens never see the padding), and scored with
+    ``model(input_ids=..., attention_mask=...).logits``. The loss is taken one row at a time on float32
+    logits, so no full-vocabulary log-softmax of the whole batch is materialized beyond the model's logits.
+
+    :param sequences: token ids, each an integer array of shape ``(n_i,)``.
+    :returns: for each sequence (input order) a float32 array of shape ``(max(n_i - 1, 0),)``: entry ``t`` is
+        ``-ln p(x[t + 1] | x[:t + 1])`` in nats (the first token is context only).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    device = model_device(model)
+    seqs = [np.asarray(s, dtype=np.int64) for s in sequences]
+    out: List[np.ndarray] = [np.empty(0, np.float32) for _ in seqs]
+    order = [i for i in sorted(range(len(seqs)), key=lambda i: -seqs[i].size) if seqs[i].size >= 2]
+    for b in range(0, len(order), batch_size):
+        idx = order[b:b + batch_size]
+        width = seqs[idx[0]].size
+        ids = torch.zeros((len(idx), width), dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for r, i in enumerate(idx):
+            ids[r, :seqs[i].size] = torch.from_numpy(seqs[i])
+            mask[r, :seqs[i].size] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        logits = model(input_ids=ids, attention_mask=mask).logits
+        for r, i in enumerate(idx):
+            n = seqs[i].size
+            loss = F.cross_entropy(logits[r, :n - 1].float(), ids[r, 1:n], reduction="none")
+            out[i] = loss.cpu().numpy().astype(np.float32)
+    return out
+
+
+@torch.no_grad()
+def greedy_decode(model: Any, prompts: torch.Tensor, steps: int) -> torch.Tensor:
+    """Greedy (argmax) continuation of equal-length prompts, with the model's KV cache.
+
+    A plain loop rather than ``model.generate``: no stopping criteria (EOS does not end decoding), no
+    sampling, ties broken towards the lowest token id, so it is deterministic for a given model.
+
+    :param prompts: int64 ``(batch, prefix_length)`` token ids, no padding.
+    :param steps: tokens to generate (``>= 1``).
+    :returns: int64 ``(batch, steps)`` generated token ids, on the CPU.
+    """
+    device = model_device(model)
+    ids = prompts.to(device)
+    mask = torch.ones_like(ids)
+    out = model(input_ids=ids, attention_mask=mask, use_cache=True)
+    generated = [out.logits[:, -1].argmax(dim=-1)]
+    for _ in range(steps - 1):
+        mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+        out = model(input_ids=generated[-1][:, None], attention_mask=mask,
+                    past_key_values=out.past_key_values, use_cache=True)
+        generated.append(out.logits[:, -1].argmax(dim=-1))
+    return torch.stack(generated, dim=1).cpu()

@@ -1,0 +1,75 @@
+"""The contract between the experiment loop and a training framework.
+
+A :class:`Framework` loads the run's initial checkpoint, finds the newest checkpoint the run already wrote
+(resume), and trains from a checkpoint up to a given global step on the run's training rows, returning the new
+:class:`Checkpoint`. Steps are global optimizer steps: a run continuing a checkpoint at step S for n steps ends
+at step S + n.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, Iterator, Optional
+
+from pretrain_exp.config import ExperimentConfig
+
+#: called with (metrics, global step) for every logged training scalar
+LogFn = Callable[[Dict[str, float], int], None]
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint of a framework: its directory and the global step it holds."""
+
+    path: Path
+    step: int
+
+    def get_step(self) -> int:
+        """Global optimizer step of this checkpoint."""
+        return self.step
+
+    def to_hf(self, out_dir: Path) -> Path:
+        """Write (or point to) an HF model dir of this checkpoint; returns its path. HF checkpoints are HF dirs."""
+        return self.path
+
+    @contextlib.contextmanager
+    def as_hf_temporary(self) -> Iterator[Path]:
+        """An HF model dir of this checkpoint for the duration of a ``with`` block (deleted afterwards if a
+        conversion had to write one)."""
+        tmp = Path(tempfile.mkdtemp(prefix="hf-"))
+        try:
+            out = self.to_hf(tmp)
+            yield out
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+class Framework(ABC):
+    """One training framework, bound to one run (config + run dir)."""
+
+    def __init__(self, cfg: ExperimentConfig, model_dir: Path):
+        self.cfg = cfg
+        self.model_dir = Path(model_dir)  #: HF dir of the initial checkpoint
+        self.run_dir = Path(cfg.run_dir)
+
+    def initial_checkpoint(self) -> Checkpoint:
+        """The checkpoint the run starts from (step ``model.checkpoint_step``)."""
+        return Checkpoint(self.model_dir, self.cfg.model.checkpoint_step)
+
+    @abstractmethod
+    def latest_checkpoint(self) -> Optional[Checkpoint]:
+        """The newest complete checkpoint this run wrote in its run dir, or ``None``."""
+
+    @abstractmethod
+    def train(self, start: Checkpoint, until_step: int, rows, log_fn: LogFn) -> Checkpoint:
+        """Train from ``start`` to global step ``until_step`` on ``rows`` and save a checkpoint there.
+
+        :param rows: :class:`~pretrain_exp.data.rows.TrainingRows` covering the whole run (row 0 = first row
+            after the initial checkpoint).
+        :raises TrainingError: (or any runtime error) if training fails; the loop retries.
+        """

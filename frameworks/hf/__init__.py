@@ -1,0 +1,1 @@
+"""The ``hf`` framework (transformers.Trainer)."""

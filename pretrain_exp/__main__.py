@@ -1,0 +1,56 @@
+"""Command line: ``python -m pretrain_exp [group=option ...] [key=value ...]`` (Hydra).
+
+Examples::
+
+    python -m pretrain_exp                                   # the embedded default (make demo)
+    python -m pretrain_exp experiment=tiny                   # seconds-long smoke run
+    python -m pretrain_exp insertion=texts insertion.experiments.texts.file=items.jsonl
+    python -m pretrain_exp --cfg job                         # print the composed config
+    python -m pretrain_exp -m seed=0,1,2                     # a sweep
+
+Errors of the user's making print one line (``error: <dotted key or file:line>: ...``) and exit with status 2,
+and a run dir that holds nothing but the failed attempt's Hydra files is removed. The last line of a
+successful run is ``run dir: <absolute path>``.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from pretrain_exp.config import register_configs, to_config
+from pretrain_exp.errors import PretrainExpError
+
+log = logging.getLogger("pretrain_exp")
+register_configs()
+
+#: files Hydra and the entry point write before any work; a run dir holding only these is discarded on error
+_SCAFFOLD = {".hydra", "pretrain_exp.log", "config.resolved.yaml"}
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    """Compose, validate once, run; see the module docstring."""
+    from pretrain_exp.experiment import run
+
+    run_dir = Path(cfg.run_dir).resolve()
+    fresh = not (run_dir / "config.resolved.yaml").exists()
+    try:
+        exp = to_config(cfg)
+        run(exp)
+    except PretrainExpError as e:
+        log.debug("failed", exc_info=True)
+        if fresh and run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= _SCAFFOLD:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(f"run dir: {run_dir}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""Tokenize a text source into OLMo-format token files (CLI and library).
+
+Usage::
+
+    python -m pretrain_exp.data.tokenize --source shakespeare --tokenizer <HF dir or model asset> --out <dir>
+    python -m pretrain_exp.data.tokenize --source my_docs.jsonl --text-key body --tokenizer <dir> --out <dir>
+
+Each document is encoded without special tokens and followed by the tokenizer's EOS (no BOS), the dtype is
+``uint16`` or ``uint32`` by vocab size, and every file gets its ``.csv.gz`` document offsets
+(:mod:`pretrain_exp.data.token_files`). The output folder is keyed by a hash of the source and the tokenizer
+and holds ``tokens.json`` (written last); a folder with ``tokens.json`` is reused as is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import List
+
+from pretrain_exp.data.assets import ASSETS, get_asset, hf_model_dir, iter_texts
+from pretrain_exp.data.token_files import dtype_for_vocab, write_token_file
+from pretrain_exp.errors import DataError, PretrainExpError
+
+log = logging.getLogger(__name__)
+
+MAX_TOKENS_PER_FILE = 1 << 28  #: a new token file starts after this many tokens
+
+
+def load_tokenizer(name_or_path: str, cache_dir: str | Path):
+    """An HF tokenizer from a local dir or a model asset name.
+
+    :raises DataError: if it cannot be loaded or has no EOS token.
+    """
+    from transformers import AutoTokenizer
+
+    path = hf_model_dir(name_or_path, cache_dir) if name_or_path in ASSETS else Path(name_or_path)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as e:
+        raise DataError(f"tokenizer {name_or_path!r}: cannot load ({str(e).splitlines()[0]})") from None
+    if tok.eos_token_id is None:
+        raise DataError(f"tokenizer {name_or_path!r} has no EOS token; token files need one between documents")
+    return tok
+
+
+def _source_identity(source: str) -> str:
+    if source in ASSETS:
+        return f"asset:{get_asset(source).sha256}"
+    p = Path(source)
+    files = sorted(p.glob("*.txt")) if p.is_dir() else [p]
+    return ";".join(f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files if f.exists())
+
+
+def tokenize_source(source: str, tokenizer, out_root: str | Path, cache_dir: str | Path,
+                    text_key: str = "text", progress: bool = True) -> List[Path]:
+    """Token files of ``source`` (see :func:`pretrain_exp.data.assets.iter_texts`) under ``out_root``.
+
+    :param tokenizer: an HF tokenizer (its EOS separates documents; vocab size picks the dtype).
+    :returns: the token-file paths, in order.
+    :raises DataError: for a bad source (see ``iter_texts``) or a source with no tokens.
+    """
+    vocab_json = tokenizer.backend_tokenizer.to_str() if hasattr(tokenizer, "backend_tokenizer") else repr(tokenizer)
+    key = hashlib.sha256("\n".join([_source_identity(source), text_key, vocab_json,
+                                    str(tokenizer.eos_token_id)]).encode()).hexdigest()[:16]
+    slug = Path(source).stem if source not in ASSETS else source
+    out = Path(out_root) / f"{slug}-{key}"
+    meta_path = out / "tokens.json"
+    if meta_path.is_file():
+        return [out / f for f in json.loads(meta_path.read_text())["files"]]
+    dtype = dtype_for_vocab(len(tokenizer))
+    eos = int(tokenizer.eos_token_id)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
+    os.chmod(tmp, 0o755)
+    try:
+        docs = list(iter_texts(source, cache_dir, text_key))
+        files, total = _write_files(docs, tokenizer, tmp, dtype, eos, progress, source)
+        if total == 0:
+            raise DataError(f"text source {source!r} yields no tokens")
+        (tmp / "tokens.json").write_text(json.dumps({
+            "source": source, "text_key": text_key, "dtype": dtype.name, "eos_token_id": eos,
+            "vocab_size": len(tokenizer), "num_documents": len(docs), "num_tokens": total, "files": files,
+        }, indent=1))
+        if out.exists():  # another process finished first
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return [out / f for f in json.loads(meta_path.read_text())["files"]]
+
+
+def _write_files(docs, tokenizer, out: Path, dtype, eos: int, progress: bool, source: str):
+    from rich.progress import Progress
+
+    files: List[str] = []
+    batch: List[List[int]] = []
+    total = batch_tokens = 0
+
+    def flush():
+        nonlocal batch, batch_tokens, total
+        name = f"part-{len(files):05d}.npy"
+        total += write_token_file(out / name, batch, dtype, eos)
+        files.append(name)
+        batch, batch_tokens = [], 0
+
+    with Progress(disable=not progress, transient=True) as bar:
+        task = bar.add_task(f"tokenizing {source}", total=len(docs))
+        for i in range(0, len(docs), 16):
+            chunk = [text for _, text in docs[i:i + 16]]
+            for ids in tokenizer(chunk, add_special_tokens=False, verbose=False)["input_ids"]:
+                batch.append(ids)
+                batch_tokens += len(ids) + 1
+                if batch_tokens >= MAX_TOKENS_PER_FILE:
+                    flush()
+            bar.advance(task, len(chunk))
+    if batch:
+        flush()
+    return files, total
+
+
+def main(argv: List[str] | None = None) -> int:
+    """CLI entry point; returns the exit status (2 on a data error, printed as one line)."""
+    ap = argparse.ArgumentParser(prog="python -m pretrain_exp.data.tokenize", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--source", required=True, help=f"asset {sorted(ASSETS)}, a .txt folder or a .jsonl file")
+    ap.add_argument("--tokenizer", required=True, help="HF tokenizer dir or model asset name")
+    ap.add_argument("--out", required=True, help="output root; files land in <out>/<source>-<hash>/")
+    ap.add_argument("--text-key", default="text", help="jsonl key of the document text")
+    ap.add_argument("--cache-dir", default=os.environ.get("PRETRAIN_EXP_CACHE",
+                                                          str(Path.home() / ".cache" / "pretrain_exp")))
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        tok = load_tokenizer(args.tokenizer, args.cache_dir)
+        paths = tokenize_source(args.source, tok, args.out, args.cache_dir, args.text_key)
+    except PretrainExpError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for p in paths:
+        print(p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""The experiment loop: checkpoint -> plan -> train in segments -> evaluate each segment -> results.
+
+:func:`run` is the whole run for one validated :class:`~pretrain_exp.config.ExperimentConfig`:
+
+1. resolve the model (asset or dir) and tokenizer, tokenize the corpus if needed, build the data order;
+2. load the items, place them in the training window ``[S*B*L, (S+n)*B*L)`` and build the
+   :class:`~pretrain_exp.insertion.plan.Plan`; save ``plan.npz`` + ``manifest.jsonl`` (or check that the plan
+   already in the run dir is identical) and verify it through the real data path;
+3. evaluate the initial checkpoint if ``eval.on_load`` (or if ``training.num_steps=0``);
+4. train segment by segment (``training.checkpoint_interval`` steps each), retrying failed segments with
+   exponential backoff and jitter (config and data errors are not retried), and evaluate every segment's
+   checkpoint into ``evals/step<N>/<task>.json``;
+5. write ``results.json``, the plot, print the table.
+
+Re-running the same command in the same run dir resumes: finished segments and evals are skipped and training
+continues from the newest checkpoint (bit-identical to an uninterrupted run on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, TypeVar
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from evals.registry import EvalContext, EvalResult, run_eval
+from frameworks.base import Checkpoint
+from frameworks.registry import get_framework_class
+from pretrain_exp import report
+from pretrain_exp.config import Cleanup, ExperimentConfig
+from pretrain_exp.data.assets import hf_model_dir
+from pretrain_exp.data.order import DataOrder, step_window
+from pretrain_exp.data.rows import TrainingRows
+from pretrain_exp.data.token_files import TokenFiles, dtype_for_vocab
+from pretrain_exp.data.tokenize import load_tokenizer, tokenize_source
+from pretrain_exp.errors import CheckpointError, ConfigError, PretrainExpError, TrainingError
+from pretrain_exp.insertion.plan import Plan, build_plan
+from pretrain_exp.insertion.sources import load_items
+from pretrain_exp.insertion.verify import verify_plan
+from pretrain_exp.tracking import Tracker, config_dict
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def with_retries(fn: Callable[[], T], max_retries: int, base_delay_s: float, what: str,
+                 sleep: Callable[[float], None] = time.sleep) -> T:
+    """Call ``fn``; on a runtime failure retry up to ``max_retries`` times, sleeping
+    ``base_delay_s * 2**attempt * U(0.5, 1.5)`` (exponential backoff with jitter) in between.
+
+    Errors of the user's making (config, data, insertion, checkpoint: :class:`PretrainExpError` other than
+    :class:`TrainingError`) are raised at once.
+
+    :raises TrainingError: after the last failed attempt, chained to the last error.
+    """
+    for attempt in range(max_retries + 1):
+        try:
+            return fn()
+        except PretrainExpError as e:
+            if not isinstance(e, TrainingError):
+                raise
+            err = e
+        except Exception as e:  # noqa: BLE001  (runtime failures of the training engine are retried)
+            err = e
+        if attempt == max_retries:
+            raise TrainingError(f"{what} failed after {attempt + 1} attempt(s): {err}") from err
+        delay = base_delay_s * 2 ** attempt * random.uniform(0.5, 1.5)
+        log.warning("%s failed (%s: %s); retry %d/%d in %.1f s", what, type(err).__name__, err, attempt + 1,
+                    max_retries, delay)
+        sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def resolve_model_dir(cfg: ExperimentConfig) -> Path:
+    """HF dir of the initial checkpoint (a model asset is fetched and converted once).
+
+    :raises CheckpointError: if ``model.path`` is not an HF model dir.
+    """
+    if cfg.model.asset is not None:
+        return hf_model_dir(cfg.model.asset, cfg.cache_dir)
+    path = Path(cfg.model.path)
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"model.path={path}: missing checkpoint (no config.json in that directory)")
+    return path
+
+
+class Experiment:
+    """One run's prepared state (data order, plan, framework); :meth:`run` executes the loop."""
+
+    def __init__(self, cfg: ExperimentConfig):
+        self.cfg = cfg
+        self.run_dir = Path(cfg.run_dir).resolve()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        t = cfg.training
+        self.L, self.B = t.sequence_length, t.global_batch_size
+        self.start_step, self.num_steps = cfg.model.checkpoint_step, t.num_steps
+        self.model_dir = resolve_model_dir(cfg)
+        self.tokenizer = load_tokenizer(str(self.model_dir), cfg.cache_dir)
+        self.vocab_size = int(json.loads((self.model_dir / "config.json").read_text()).get("vocab_size",
+                                                                                          len(self.tokenizer)))
+        paths = cfg.data.paths or tokenize_source(cfg.data.text, self.tokenizer, cfg.data.token_dir,
+                                                  cfg.cache_dir, cfg.data.text_key)
+        files = TokenFiles(paths, dtype_for_vocab(max(self.vocab_size, len(self.tokenizer))))
+        self.order = DataOrder(files, self.L, self.B, cfg.data.seed, cfg.data.first_epoch)
+        self.window = step_window(self.start_step, self.num_steps, self.L, self.B)
+        self._check_held_out()
+        self.plan, self.items = self._plan()
+        self.rows = TrainingRows(self.order, self.plan, self.start_step * self.B, self.num_steps * self.B)
+        if cfg.insertion.verify and self.plan.num_insertions:
+            verify_plan(self.plan, self.rows.row, self.order.row_tokens,
+                        (self.rows.first_row, self.rows.first_row + len(self.rows)), seed=cfg.seed)
+        self.framework = get_framework_class(cfg.framework.name)(cfg, self.model_dir)
+
+    def _check_held_out(self) -> None:
+        n = self.cfg.data.held_out_rows
+        first_row, end_row = self.window[0] // self.L, self.window[1] // self.L
+        ho = self.order.held_out_rows(n)
+        if n and first_row < self.order.rows_per_epoch and end_row > ho[0]:
+            raise ConfigError("data.held_out_rows", f"the run trains rows [{first_row}, {end_row}), which reach "
+                              f"the {n} held-out rows [{ho[0]}, {self.order.rows_per_epoch}) of the first epoch; "
+                              "lower data.held_out_rows or train fewer steps")
+
+    def _plan(self):
+        cfg = self.cfg
+        items = {name: load_items(name, exp, tokenizer=self.tokenizer, vocab_size=self.vocab_size,
+                                  sequence_length=self.L, seed=cfg.insertion.seed)
+                 for name, exp in cfg.insertion.experiments.items()}
+        plan, flat = build_plan(items, cfg.insertion.experiments, self.window, self.L, self.B,
+                                cfg.insertion.seed, self.vocab_size)
+        path = self.run_dir / "plan.npz"
+        if path.is_file():
+            if Plan.load(path).digest() != plan.digest():
+                raise ConfigError("insertion", f"{path} holds the plan of a different config; use a new run dir "
+                                  "(hydra.run.dir=...) or restore the original config")
+        else:
+            plan.write_manifest(self.run_dir / "manifest.jsonl", flat)
+            plan.save(path)
+        log.info("plan: %d items, %d insertions, %d tokens (%.2f%% of the %d-token window)", plan.num_items,
+                 plan.num_insertions, int(plan.lengths.sum()),
+                 100 * plan.lengths.sum() / max(1, self.window[1] - self.window[0]), self.window[1] - self.window[0])
+        return plan, flat
+
+    # --- evaluation -------------------------------------------------------------------------------------
+    def evaluate(self, ckpt: Checkpoint, tracker: Tracker) -> Dict[str, dict]:
+        """Run every ``eval.tasks`` entry on ``ckpt`` (skipping tasks already saved for its step).
+
+        :returns: task name -> saved result dict (``metrics``, ``per_dup``, ``rows``).
+        """
+        from transformers import AutoModelForCausalLM
+
+        out_dir = self.run_dir / "evals" / f"step{ckpt.step}"
+        results, todo = {}, {}
+        for name, task in self.cfg.eval.tasks.items():
+            f = out_dir / f"{name}.json"
+            if f.is_file():
+                results[name] = json.loads(f.read_text())
+            else:
+                todo[name] = task
+        if todo:
+            held = np.stack([self.order.row_tokens(int(q)) for q in self.order.held_out_rows(
+                self.cfg.data.held_out_rows)]) if self.cfg.data.held_out_rows else np.empty((0, self.L), np.int64)
+            with ckpt.as_hf_temporary() as hf_dir:
+                model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
+                ctx = EvalContext(model, self.tokenizer, self.plan, held, ckpt.step, self.cfg.eval.batch_size,
+                                  self.cfg.eval.bootstrap_samples, self.cfg.seed)
+                for name, task in todo.items():
+                    t0 = time.perf_counter()
+                    res: EvalResult = run_eval(task, ctx)
+                    rec = {"task": name, "type": task.type, "step": ckpt.step, **asdict(res),
+                           "seconds": time.perf_counter() - t0}
+                    report.write_json(out_dir / f"{name}.json", rec)
+                    tracker.log({f"eval/{name}/{k}": v for k, v in res.metrics.items()}, ckpt.step)
+                    results[name] = rec
+                del model
+        return results
+
+    # --- the loop ---------------------------------------------------------------------------------------
+    def run(self) -> dict:
+        """Execute the loop (module docstring); returns the ``results.json`` content."""
+        cfg, t = self.cfg, self.cfg.training
+        t_start = time.perf_counter()
+        evaluated: Dict[int, Dict[str, dict]] = {}
+        with Tracker(cfg) as tracker:
+            ckpt = self.framework.latest_checkpoint()
+            initial = self.framework.initial_checkpoint()
+            if ckpt is None:
+                ckpt = initial
+            else:
+                log.info("resuming from %s (step %d)", ckpt.path, ckpt.step)
+            if cfg.eval.on_load or self.num_steps == 0:
+                evaluated[initial.step] = self.evaluate(initial, tracker)
+            end = self.start_step + self.num_steps
+            for seg_end in list(range(self.start_step + t.checkpoint_interval, end, t.checkpoint_interval)) + [end]:
+                if seg_end <= self.start_step or seg_end < ckpt.step:
+                    continue
+                if seg_end > ckpt.step:
+                    start = ckpt
+                    ckpt = with_retries(lambda: self.framework.train(start, seg_end, self.rows, tracker.log),
+                                        t.max_retries, t.retry_base_delay_s, f"training steps {start.step}->{seg_end}")
+                evaluated[ckpt.step] = self.evaluate(ckpt, tracker)
+            results = report.summarize(cfg, self.plan, evaluated, self._all_evaluated(),
+                                       time.perf_counter() - t_start)
+            report.write_json(self.run_dir / "results.json", results)
+            report.plot_per_dup(results, self.run_dir / "plots" / "loss_vs_dup.png")
+            if tracker.wandb_dir is not None:
+                tracker.run.log({"plots/loss_vs_dup": _wandb_image(self.run_dir / "plots" / "loss_vs_dup.png")})
+        self._cleanup()
+        return results
+
+    def _all_evaluated(self) -> Dict[int, Dict[str, dict]]:
+        out: Dict[int, Dict[str, dict]] = {}
+        for d in sorted((self.run_dir / "evals").glob("step*")):
+            out[int(d.name[4:])] = {f.stem: json.loads(f.read_text()) for f in sorted(d.glob("*.json"))}
+        return dict(sorted(out.items()))
+
+    def _cleanup(self) -> None:
+        mode = self.cfg.training.cleanup
+        if mode == Cleanup.all:
+            shutil.rmtree(self.run_dir)
+        elif mode == Cleanup.bulky:
+            last = self.framework.latest_checkpoint()
+            for d in (self.run_dir / "checkpoints").glob("checkpoint-*"):
+                if last is None or d != last.path:
+                    shutil.rmtree(d)
+                else:
+                    for f in d.iterdir():
+                        if f.name.startswith(("optimizer", "scheduler", "rng_state")):
+                            f.unlink()
+
+
+def _wandb_image(path: Path):
+    import wandb
+
+    return wandb.Image(str(path)) if path.is_file() else None
+
+
+def save_resolved_config(cfg: ExperimentConfig, run_dir: Path) -> Path:
+    """Write ``config.resolved.yaml`` (what workers and re-runs read; no Hydra interpolations left)."""
+    path = Path(run_dir) / "config.resolved.yaml"
+    report.write_text(path, OmegaConf.to_yaml(OmegaConf.create(config_dict(cfg))))
+    return path
+
+
+def run(cfg: ExperimentConfig) -> dict:
+    """Run one experiment end to end (module docstring); returns the ``results.json`` content."""
+    if cfg.training.num_threads > 0:
+        torch.set_num_threads(cfg.training.num_threads)
+    run_dir = Path(cfg.run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_resolved_config(cfg, run_dir)
+    exp = Experiment(cfg)
+    results = exp.run()
+    report.print_table(results)
+    return results

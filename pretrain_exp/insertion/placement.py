@@ -1,0 +1,159 @@
+"""Choosing global token positions for insertions, with no overlaps across all experiments of a run.
+
+- ``explicit`` experiments are placed first, at the positions their items give. Each span must lie inside the
+  training window; it may not cross a row boundary unless ``placement.allow_row_crossing``; overlapping
+  explicit spans are an error naming both items.
+- ``random`` and ``range`` experiments follow, in sorted order of their names, each with its own RNG. A copy of
+  length ``n`` gets a row drawn uniformly from the allowed rows and an offset drawn uniformly from
+  ``[0, L - n]``, so it never crosses a row boundary. Candidates that overlap anything already placed (or each
+  other) are redrawn, all at once, round after round (vectorized; 1M items place in seconds).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import List, Sequence
+
+import numpy as np
+
+from pretrain_exp.config import InsertionExperimentConf, PlacementKind, RangeUnit
+from pretrain_exp.errors import ConfigError, InsertionError
+
+MAX_ROUNDS = 200  #: redraw rounds before a random placement gives up (the window is too full)
+
+
+class Occupancy:
+    """The spans placed so far: sorted, non-overlapping ``[start, end)`` token intervals (``int64`` arrays)."""
+
+    def __init__(self):
+        self.starts = np.empty(0, dtype=np.int64)
+        self.ends = np.empty(0, dtype=np.int64)
+
+    def conflicts(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Boolean mask, shape ``starts.shape``: does ``[starts[i], ends[i])`` overlap a placed span?"""
+        j = np.searchsorted(self.ends, starts, side="right")  # first placed span ending after the start
+        hit = j < self.ends.size
+        hit[hit] = self.starts[j[hit]] < ends[hit]
+        return hit
+
+    def add(self, starts: np.ndarray, ends: np.ndarray) -> None:
+        """Add spans that overlap neither each other nor the placed ones."""
+        s = np.concatenate([self.starts, starts])
+        order = np.argsort(s, kind="stable")
+        self.starts, self.ends = s[order], np.concatenate([self.ends, ends])[order]
+
+
+def place_explicit(positions: np.ndarray, lengths: np.ndarray, labels: Sequence[str], window: tuple[int, int],
+                   sequence_length: int, allow_crossing: np.ndarray, occ: Occupancy) -> None:
+    """Check explicit spans and add them to ``occ``.
+
+    :param positions: ``int64`` start positions, shape ``(n,)``; ``lengths`` likewise.
+    :param labels: a description of each span's item, for messages.
+    :param allow_crossing: ``bool`` per span: may it cross a row boundary?
+    :raises InsertionError: for a span outside ``window``, a forbidden row crossing, or two overlapping spans.
+    """
+    L = sequence_length
+    w0, w1 = window
+    ends = positions + lengths
+    for i in np.flatnonzero((positions < w0) | (ends > w1))[:1]:
+        raise InsertionError(f"{labels[i]}: span [{positions[i]}, {ends[i]}) lies outside the training window "
+                             f"[{w0}, {w1})")
+    crossing = (positions // L != (ends - 1) // L) & ~allow_crossing
+    for i in np.flatnonzero(crossing)[:1]:
+        raise InsertionError(f"{labels[i]}: span [{positions[i]}, {ends[i]}) crosses the row boundary at "
+                             f"{(positions[i] // L + 1) * L}; set placement.allow_row_crossing=true to allow it")
+    order = np.argsort(positions, kind="stable")
+    s, e = positions[order], ends[order]
+    bad = np.flatnonzero(s[1:] < e[:-1])
+    if bad.size:
+        a, b = order[bad[0]], order[bad[0] + 1]
+        raise InsertionError(f"overlapping explicit positions: {labels[a]} at [{positions[a]}, {ends[a]}) and "
+                             f"{labels[b]} at [{positions[b]}, {ends[b]})")
+    hit = occ.conflicts(s, e)
+    if hit.any():
+        i = order[np.flatnonzero(hit)[0]]
+        raise InsertionError(f"{labels[i]}: span [{positions[i]}, {ends[i]}) overlaps an earlier insertion")
+    occ.add(s, e)
+
+
+def row_range(key: str, exp: InsertionExperimentConf, window: tuple[int, int], sequence_length: int) -> tuple[int, int]:
+    """Training-order rows ``[lo, hi)`` a random/range experiment may use.
+
+    :raises ConfigError: for a range outside the window, not aligned to L, or holding no row.
+    """
+    L = sequence_length
+    first, last = window[0] // L, window[1] // L
+    pl = exp.placement
+    if pl.kind == PlacementKind.random:
+        return first, last
+    if pl.unit == RangeUnit.fraction:
+        n = last - first
+        lo, hi = first + math.floor(pl.start * n), first + math.floor(pl.end * n)
+    else:
+        start, end = int(pl.start), int(pl.end)
+        if start % L or end % L:
+            raise ConfigError(f"{key}.placement", f"range [{start}, {end}) is not aligned to the sequence length {L}")
+        if start < window[0] or end > window[1]:
+            raise ConfigError(f"{key}.placement", f"range [{start}, {end}) lies outside the training window "
+                              f"[{window[0]}, {window[1]})")
+        lo, hi = start // L, end // L
+    if hi <= lo:
+        raise ConfigError(f"{key}.placement", f"range [{pl.start}, {pl.end}) holds no complete row of the window")
+    return lo, hi
+
+
+def place_random(lengths: np.ndarray, rows: tuple[int, int], sequence_length: int, rng: np.random.Generator,
+                 occ: Occupancy, what: str) -> np.ndarray:
+    """Uniform positions for spans of ``lengths`` within rows ``[rows[0], rows[1])``, none crossing a row
+    boundary or overlapping ``occ`` or each other; the spans are added to ``occ``.
+
+    :returns: ``int64`` start positions, shape ``lengths.shape``.
+    :raises InsertionError: if the rows cannot hold them (naming ``what`` and the fill ratio).
+    """
+    L = sequence_length
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = lengths.size
+    pos = np.empty(n, dtype=np.int64)
+    if n == 0:
+        return pos
+    lo, hi = rows
+    capacity = (hi - lo) * L
+    if lengths.sum() > capacity:
+        raise InsertionError(f"{what}: {int(lengths.sum())} tokens to insert do not fit in rows [{lo}, {hi}) "
+                             f"({capacity} tokens)")
+    pending = np.arange(n)
+    for _ in range(MAX_ROUNDS):
+        m = pending.size
+        ln = lengths[pending]
+        s = rng.integers(lo, hi, size=m, dtype=np.int64) * L + (rng.random(m) * (L - ln + 1)).astype(np.int64)
+        e = s + ln
+        free = np.flatnonzero(~occ.conflicts(s, e))
+        order = free[np.argsort(s[free], kind="stable")]
+        ss, ee = s[order], e[order]
+        clash = np.zeros(order.size, dtype=bool)
+        if order.size > 1:
+            clash[1:] = ss[1:] < np.maximum.accumulate(ee)[:-1]
+        acc = order[~clash]
+        pos[pending[acc]] = s[acc]
+        occ.add(s[acc], e[acc])
+        keep = np.ones(m, dtype=bool)
+        keep[acc] = False
+        pending = pending[keep]
+        if pending.size == 0:
+            return pos
+    fill = (int(occ.ends.sum() - occ.starts.sum())) / max(capacity, 1)
+    raise InsertionError(f"{what}: could not place {pending.size} of {n} copies without overlap after "
+                         f"{MAX_ROUNDS} rounds (rows [{lo}, {hi}) are {fill:.0%} full); use a longer window or "
+                         "fewer repetitions")
+
+
+def expand_copies(dup_counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(item index, dup index)`` of every copy, item-major: ``int64`` arrays of shape ``(sum(dup_counts),)``."""
+    item = np.repeat(np.arange(dup_counts.size, dtype=np.int64), dup_counts)
+    starts = np.repeat(np.cumsum(dup_counts) - dup_counts, dup_counts)
+    return item, np.arange(item.size, dtype=np.int64) - starts
+
+
+def explicit_positions(positions: List[List[int]]) -> np.ndarray:
+    """Flatten per-item explicit position lists (item-major, as :func:`expand_copies`) to ``int64``."""
+    return np.asarray([p for ps in positions for p in ps], dtype=np.int64)

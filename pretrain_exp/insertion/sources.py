@@ -1,0 +1,262 @@
+"""Insertion items: read (jsonl) or generate, tokenize, delimit with EOS, check, and assign dup counts.
+
+Dup counts (``repetitions``):
+
+- an int ``r``: every item is inserted ``r`` times (``0`` makes every item a never-inserted control);
+- a list ``[r_0, r_1, ...]``: the items are shuffled with the experiment's seed and dealt round-robin into
+  ``len(list)`` groups; group ``g`` is inserted ``r_g`` times each (``[0, 1, 4, 16]``: a quarter of the items
+  are dup-0 controls);
+- a float ``r = k + f`` (``0 < f < 1``): every item gets ``k`` copies and exactly ``round(f * n)`` items, chosen
+  with the experiment's seed, get one more; so ``0.5`` inserts a seeded half of the items once and keeps the
+  other half as controls, and the mean dup count is ``r`` up to rounding.
+
+EOS policy (:class:`~pretrain_exp.config.EosPolicy`): ``wrap`` appends EOS unless the item already ends with it
+and then prepends EOS unless it starts with it, so the item is its own EOS-delimited document as in OLMo's
+packing; token 0 of a training row is never a target, so the leading EOS also keeps an item placed at offset 0
+fully trained. Items that end up longer than the sequence length are an error naming the item.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, List, Optional, Sequence
+
+import numpy as np
+
+from pretrain_exp.config import EosPolicy, InsertionExperimentConf, InsertionType, PlacementKind, RangeUnit
+from pretrain_exp.errors import ConfigError, DataError, InsertionError
+
+
+@dataclass
+class ItemSpec:
+    """One item of one experiment, ready for placement."""
+
+    experiment: str
+    index: int  #: index within the experiment
+    tokens: np.ndarray  #: int64, shape ``(length,)``, EOS policy applied
+    dup_count: int  #: times it is inserted (0 = control)
+    source: str  #: provenance (``file:line`` or ``generator:seed:index``)
+    positions: Optional[List[int]] = None  #: explicit placement only
+    text: Optional[str] = None
+
+
+def read_jsonl(path: str | Path) -> Iterator[tuple[int, object]]:
+    """``(line number, parsed object)`` of each non-blank line of a jsonl file (1-based line numbers).
+
+    :raises DataError: for a missing file, non-UTF-8 bytes or malformed JSON, naming the file and line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not valid UTF-8 (byte {e.start})") from None
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
+
+
+def validate_experiment(key: str, exp: InsertionExperimentConf) -> None:
+    """Static checks of one experiment config (no files read).
+
+    :param key: dotted key of the experiment, used in messages (``insertion.experiments.<name>``).
+    :raises ConfigError: naming the offending key.
+    """
+    from pretrain_exp.insertion.generators import GENERATORS
+
+    if (exp.file is None) == (exp.generator is None):
+        raise ConfigError(key, "set exactly one of file (a jsonl of items) and generator")
+    if exp.generator is not None:
+        if exp.type != InsertionType.texts:
+            raise ConfigError(f"{key}.generator", "generators make texts; use type=texts")
+        if exp.generator not in GENERATORS:
+            raise ConfigError(f"{key}.generator", f"unknown generator {exp.generator!r}; allowed: {sorted(GENERATORS)}")
+        if exp.num_items is None:
+            raise ConfigError(f"{key}.num_items", "required with a generator")
+    if exp.num_items is not None and exp.num_items <= 0:
+        raise ConfigError(f"{key}.num_items", f"must be > 0, got {exp.num_items}")
+    parse_repetitions(f"{key}.repetitions", exp.repetitions)
+    pl = exp.placement
+    if pl.kind == PlacementKind.range:
+        if pl.start is None or pl.end is None:
+            raise ConfigError(f"{key}.placement", "range placement needs placement.start and placement.end")
+        if not pl.start < pl.end:
+            raise ConfigError(f"{key}.placement", f"start ({pl.start}) must be < end ({pl.end})")
+        if pl.unit == RangeUnit.fraction and not (0.0 <= pl.start and pl.end <= 1.0):
+            raise ConfigError(f"{key}.placement", f"fractions must lie in [0, 1], got [{pl.start}, {pl.end})")
+        if pl.unit == RangeUnit.position and (pl.start != int(pl.start) or pl.end != int(pl.end)):
+            raise ConfigError(f"{key}.placement", "token positions must be integers")
+    elif pl.start is not None or pl.end is not None:
+        raise ConfigError(f"{key}.placement", f"start/end only apply to range placement, not {pl.kind.value}")
+    if pl.kind == PlacementKind.explicit:
+        if exp.file is None:
+            raise ConfigError(f"{key}.placement", "explicit placement reads positions from a file; set file")
+        if exp.repetitions != 1:
+            raise ConfigError(f"{key}.repetitions", "explicit placement takes dup counts from the positions "
+                              "given per item (an int or a list); leave repetitions at 1")
+    if pl.allow_row_crossing and pl.kind != PlacementKind.explicit:
+        raise ConfigError(f"{key}.placement.allow_row_crossing", "only explicit placements may cross rows")
+
+
+def parse_repetitions(key: str, value) -> list | int | float:
+    """Check a ``repetitions`` value; returns it as int, float or list of ints.
+
+    :raises ConfigError: for negative, NaN/inf, non-numeric values or an empty list.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(key, f"must be a number or a list of dup counts, got {value!r}")
+    if isinstance(value, (list, tuple)) or hasattr(value, "__iter__") and not isinstance(value, str):
+        vals = list(value)
+        if not vals:
+            raise ConfigError(key, "empty list of dup counts")
+        for v in vals:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(key, f"dup counts in a list must be integers >= 0, got {v!r}")
+        return vals
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(key, f"must be >= 0, got {value}")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(key, f"must be a finite number >= 0, got {value}")
+        return int(value) if value == int(value) else value
+    raise ConfigError(key, f"must be a number or a list of dup counts, got {value!r}")
+
+
+def experiment_rng(seed: int, name: str) -> np.random.Generator:
+    """The RNG of experiment ``name``: PCG64 seeded with ``(seed, crc32(name))`` (independent of other names)."""
+    return np.random.Generator(np.random.PCG64([int(seed), zlib.crc32(name.encode())]))
+
+
+def assign_dup_counts(n: int, repetitions, rng: np.random.Generator, key: str) -> np.ndarray:
+    """Dup count per item (module docstring): ``int64`` array of shape ``(n,)``.
+
+    :raises ConfigError: if a list has more groups than there are items.
+    """
+    reps = parse_repetitions(key, repetitions)
+    if isinstance(reps, list):
+        if n < len(reps):
+            raise ConfigError(key, f"{len(reps)} dup-count groups need at least {len(reps)} items, got {n}")
+        order = rng.permutation(n)
+        out = np.empty(n, dtype=np.int64)
+        out[order] = np.asarray(reps, dtype=np.int64)[np.arange(n) % len(reps)]
+        return out
+    k = math.floor(reps)
+    out = np.full(n, k, dtype=np.int64)
+    extra = round((reps - k) * n)
+    if extra:
+        out[rng.choice(n, size=extra, replace=False)] += 1
+    return out
+
+
+def apply_eos(tokens: Sequence[int], eos_id: int, policy: EosPolicy, sequence_length: int) -> List[int]:
+    """Delimit an item with EOS per ``policy`` (module docstring); never grows it beyond ``sequence_length``
+    just for the delimiters (a leading EOS is only added if there is room)."""
+    toks = list(tokens)
+    if policy == EosPolicy.none or len(toks) >= sequence_length:
+        return toks
+    if not toks or toks[-1] != eos_id:
+        toks.append(eos_id)
+    if policy == EosPolicy.wrap and toks[0] != eos_id and len(toks) < sequence_length:
+        toks.insert(0, eos_id)
+    return toks
+
+
+def load_items(name: str, exp: InsertionExperimentConf, *, tokenizer, vocab_size: int, sequence_length: int,
+               seed: int) -> List[ItemSpec]:
+    """Items of experiment ``name`` with tokens, EOS policy and dup counts.
+
+    :param tokenizer: HF tokenizer for ``texts`` items (encoded without special tokens).
+    :param vocab_size: token ids must be ``< vocab_size``.
+    :raises DataError: for file problems (naming file and line).
+    :raises InsertionError: for an empty item, an item longer than ``sequence_length`` or a token id out of range,
+        naming the item.
+    """
+    key = f"insertion.experiments.{name}"
+    raw = list(_read_raw(name, exp, seed))
+    if exp.num_items is not None:
+        if exp.file is not None and len(raw) < exp.num_items:
+            raise ConfigError(f"{key}.num_items", f"{exp.file} holds {len(raw)} items, fewer than {exp.num_items}")
+        raw = raw[: exp.num_items]
+    if not raw:
+        raise InsertionError(f"{key}: {exp.file or exp.generator} yields no items")
+    if exp.type == InsertionType.texts:
+        encoded = tokenizer([r[1] for r in raw], add_special_tokens=False, verbose=False)["input_ids"]
+    else:
+        encoded = [r[1] for r in raw]
+    eos = int(tokenizer.eos_token_id) if tokenizer is not None else None
+    rng = experiment_rng(seed, name)
+    explicit = exp.placement.kind == PlacementKind.explicit
+    dups = None if explicit else assign_dup_counts(len(raw), exp.repetitions, rng, f"{key}.repetitions")
+    items: List[ItemSpec] = []
+    for i, ((src, payload, positions), ids) in enumerate(zip(raw, encoded)):
+        where = f"{key} item {i} ({src})"
+        if len(ids) == 0:
+            raise InsertionError(f"{where}: empty item")
+        if exp.eos != EosPolicy.none:
+            if eos is None:
+                raise InsertionError(f"{where}: EOS policy {exp.eos.value} needs a tokenizer with an EOS token")
+            ids = apply_eos(ids, eos, exp.eos, sequence_length)
+        arr = np.asarray(ids, dtype=np.int64)
+        if arr.size > sequence_length:
+            raise InsertionError(f"{where}: {arr.size} tokens, longer than the sequence length {sequence_length}")
+        bad = arr[(arr < 0) | (arr >= vocab_size)]
+        if bad.size:
+            raise InsertionError(f"{where}: token id {int(bad[0])} outside the vocabulary [0, {vocab_size})")
+        dup = len(positions) if explicit else int(dups[i])
+        items.append(ItemSpec(name, i, arr, dup, src, positions,
+                              payload if exp.type == InsertionType.texts else None))
+    return items
+
+
+def _read_raw(name: str, exp: InsertionExperimentConf, seed: int):
+    """``(source, payload, positions)`` per item: payload is a text or a token-id list."""
+    key = f"insertion.experiments.{name}"
+    if exp.generator is not None:
+        from pretrain_exp.insertion.generators import GENERATORS
+
+        for i, text in enumerate(GENERATORS[exp.generator](exp.num_items, seed)):
+            yield f"{exp.generator}:{seed}:{i}", text, None
+        return
+    field = exp.key or ("text" if exp.type == InsertionType.texts else None)
+    explicit = exp.placement.kind == PlacementKind.explicit
+    for lineno, obj in read_jsonl(exp.file):
+        where = f"{exp.file}:{lineno}"
+        if field is None:
+            payload = obj
+        elif not isinstance(obj, dict) or field not in obj:
+            raise DataError(f"{where}: missing key {field!r} ({key}.key)")
+        else:
+            payload = obj[field]
+        if exp.type == InsertionType.texts and not isinstance(payload, str):
+            raise DataError(f"{where}: {field!r} must be a string, got {type(payload).__name__}")
+        if exp.type == InsertionType.tokens and not (
+                isinstance(payload, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in payload)):
+            raise DataError(f"{where}: expected a list of integer token ids")
+        positions = None
+        if explicit:
+            pk = exp.placement.position_key
+            if not isinstance(obj, dict) or pk not in obj:
+                raise DataError(f"{where}: missing position key {pk!r} ({key}.placement.position_key)")
+            pos = obj[pk]
+            positions = pos if isinstance(pos, list) else [pos]
+            if not positions or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in positions):
+                raise DataError(f"{where}: {pk!r} must be a token position >= 0 or a list of them, got {pos!r}")
+        yield where, payload, positions
+
+
+def sha256_tokens(tokens: np.ndarray) -> str:
+    """Hex sha256 of a token sequence as little-endian ``int64`` bytes (the manifest's ``sha256`` column)."""
+    return hashlib.sha256(np.ascontiguousarray(tokens, dtype="<i8").tobytes()).hexdigest()
