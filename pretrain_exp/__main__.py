@@ -9,7 +9,8 @@ Examples::
     python -m pretrain_exp -m seed=0,1,2                     # a sweep
 
 Errors of the user's making print one line (``error: <dotted key or file:line>: ...``) and exit with status 2,
-and a run dir that holds nothing but the failed attempt's Hydra files is removed. The last line of a
+and a fresh run dir that holds nothing but the failed attempt's Hydra files, resolved config and insertion
+plan is removed. The last line of a
 successful run is ``run dir: <absolute path>``.
 """
 
@@ -29,8 +30,16 @@ from pretrain_exp.errors import PretrainExpError
 log = logging.getLogger("pretrain_exp")
 register_configs()
 
-#: files Hydra and the entry point write before any work; a run dir holding only these is discarded on error
-_SCAFFOLD = {".hydra", "pretrain_exp.log", "config.resolved.yaml"}
+#: files Hydra and the entry point write before any training (the Hydra files, the resolved config and the
+#: insertion plan with its manifest); a fresh run dir holding only these is discarded on error, so a corrected
+#: re-run in the same dir does not meet a stale plan
+_SCAFFOLD = {".hydra", "pretrain_exp.log", "config.resolved.yaml",
+             "plan.npz", "manifest.jsonl", "items.jsonl"}
+
+
+def _one_line(e: BaseException) -> str:
+    """The error message on one line (a wrapped engine error may span several)."""
+    return " | ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -47,7 +56,7 @@ def main(cfg: DictConfig) -> None:
         log.debug("failed", exc_info=True)
         if fresh and run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= _SCAFFOLD:
             shutil.rmtree(run_dir, ignore_errors=True)
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_one_line(e)}", file=sys.stderr)
         sys.exit(2)
     print(f"run dir: {run_dir}")
 

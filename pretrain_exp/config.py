@@ -117,7 +117,7 @@ class DataConf:
     token_dir: str = II("cache_dir") + "/tokens"  # type: ignore[assignment]
     seed: int = II("seed")  # type: ignore[assignment]  #: data-order seed (PCG64(seed + epoch))
     first_epoch: int = 1  #: 1 = OLMo-core's count (OLMo-2 counts from 0: OLMo-2 seed S = OLMo-core seed S-1)
-    held_out_rows: int = 32  #: rows at the end of the first epoch's order, never trained, for perplexity
+    held_out_rows: int = 16  #: rows at the end of the first epoch's order, never trained, for perplexity
 
 
 @dataclass

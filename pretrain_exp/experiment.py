@@ -249,12 +249,47 @@ def save_resolved_config(cfg: ExperimentConfig, run_dir: Path) -> Path:
     return path
 
 
+#: config keys that may change between invocations on the same run dir (they don't change what is trained)
+MUTABLE_KEYS = ("eval.", "wandb.", "run_dir", "cache_dir", "name", "run_name", "data.token_dir", "insertion.verify",
+                "training.max_retries", "training.retry_base_delay_s", "training.num_threads", "training.cleanup",
+                "training.keep_last_checkpoints")
+
+
+def _flatten(d: dict, prefix: str = "") -> Dict[str, object]:
+    out: Dict[str, object] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out |= _flatten(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def check_same_run(cfg: ExperimentConfig, run_dir: Path) -> None:
+    """Refuse to continue a run dir that was started with a different training config.
+
+    :raises ConfigError: naming the first keys that differ from the run dir's ``config.resolved.yaml``.
+    """
+    path = Path(run_dir) / "config.resolved.yaml"
+    if not path.is_file():
+        return
+    old = _flatten(OmegaConf.to_container(OmegaConf.load(path)))
+    new = _flatten(config_dict(cfg))
+    diff = [k for k in sorted(set(old) | set(new))
+            if not k.startswith(MUTABLE_KEYS) and old.get(k) != new.get(k)]
+    if diff:
+        shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:3])
+        raise ConfigError(diff[0], f"run dir {run_dir} was started with a different config ({shown}); "
+                          "use a new run dir (hydra.run.dir=... or another name=...) to change it")
+
+
 def run(cfg: ExperimentConfig) -> dict:
     """Run one experiment end to end (module docstring); returns the ``results.json`` content."""
     if cfg.training.num_threads > 0:
         torch.set_num_threads(cfg.training.num_threads)
     run_dir = Path(cfg.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
+    check_same_run(cfg, run_dir)
     save_resolved_config(cfg, run_dir)
     exp = Experiment(cfg)
     results = exp.run()

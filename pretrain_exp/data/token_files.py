@@ -38,10 +38,12 @@ def write_token_file(path: Path, documents: Iterable[Sequence[int]], dtype: np.d
 
     :param path: target ``.npy`` path; written to a temp file in the same folder, then renamed.
     :param documents: token-id sequences, one per document.
+    :param dtype: ``uint16`` or ``uint32`` (a dtype or scalar type, see :func:`dtype_for_vocab`).
     :returns: number of tokens written.
     :raises DataError: if a token id does not fit ``dtype``.
     """
     path = Path(path)
+    dtype = np.dtype(dtype)
     path.parent.mkdir(parents=True, exist_ok=True)
     limit = np.iinfo(dtype).max
     offsets: List[tuple] = []
@@ -49,7 +51,7 @@ def write_token_file(path: Path, documents: Iterable[Sequence[int]], dtype: np.d
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     fd_csv, tmp_csv = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.csv.")
     try:
-        with os.fdopen(fd, "wb") as f:
+        with os.fdopen(fd, "wb") as f, os.fdopen(fd_csv, "wb") as f_csv:  # both closed on any error
             for doc in documents:
                 arr = np.asarray(list(doc) + [eos_id], dtype=np.int64)
                 if arr.size and (arr.min() < 0 or arr.max() > limit):
@@ -57,8 +59,8 @@ def write_token_file(path: Path, documents: Iterable[Sequence[int]], dtype: np.d
                 f.write(arr.astype(dtype.newbyteorder("<")).tobytes())
                 offsets.append((n, n + arr.size))
                 n += arr.size
-        with gzip.open(os.fdopen(fd_csv, "wb"), "wt", newline="") as g:
-            csv.writer(g).writerows(offsets)
+            with gzip.open(f_csv, "wt", newline="") as g:  # does not close f_csv: the outer `with` does
+                csv.writer(g).writerows(offsets)
         os.replace(tmp_csv, str(path) + ".csv.gz")
         os.replace(tmp, path)
     except BaseException:

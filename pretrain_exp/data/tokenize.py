@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import List
 
-from pretrain_exp.data.assets import ASSETS, get_asset, hf_model_dir, iter_texts
+from pretrain_exp.data.assets import ASSETS, GGUF_MEMBERS, TINY_MODELS, get_asset, hf_model_dir, iter_texts
 from pretrain_exp.data.token_files import dtype_for_vocab, write_token_file
 from pretrain_exp.errors import DataError, PretrainExpError
 
@@ -40,13 +40,21 @@ def load_tokenizer(name_or_path: str, cache_dir: str | Path):
     """
     from transformers import AutoTokenizer
 
-    path = hf_model_dir(name_or_path, cache_dir) if name_or_path in ASSETS else Path(name_or_path)
+    models = sorted(GGUF_MEMBERS) + sorted(TINY_MODELS)
+    if name_or_path in ASSETS or name_or_path in TINY_MODELS:
+        path = hf_model_dir(name_or_path, cache_dir)
+    else:
+        path = Path(name_or_path).expanduser()
+        if not path.exists() and (path.is_absolute() or name_or_path.startswith((".", "~"))):
+            raise DataError(f"tokenizer {name_or_path!r}: directory not found (give an HF tokenizer dir, "
+                            f"a model asset {models} or a hub id)")
     try:
         tok = AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError) as e:
         raise DataError(f"tokenizer {name_or_path!r}: cannot load ({str(e).splitlines()[0]})") from None
     if tok.eos_token_id is None:
-        raise DataError(f"tokenizer {name_or_path!r} has no EOS token; token files need one between documents")
+        raise DataError(f"tokenizer {name_or_path!r} has no EOS token; token files need one between "
+                        "documents")
     return tok
 
 
@@ -66,7 +74,8 @@ def tokenize_source(source: str, tokenizer, out_root: str | Path, cache_dir: str
     :returns: the token-file paths, in order.
     :raises DataError: for a bad source (see ``iter_texts``) or a source with no tokens.
     """
-    vocab_json = tokenizer.backend_tokenizer.to_str() if hasattr(tokenizer, "backend_tokenizer") else repr(tokenizer)
+    vocab_json = (tokenizer.backend_tokenizer.to_str() if hasattr(tokenizer, "backend_tokenizer")
+                  else repr(tokenizer))
     key = hashlib.sha256("\n".join([_source_identity(source), text_key, vocab_json,
                                     str(tokenizer.eos_token_id)]).encode()).hexdigest()[:16]
     slug = Path(source).stem if source not in ASSETS else source
@@ -76,11 +85,13 @@ def tokenize_source(source: str, tokenizer, out_root: str | Path, cache_dir: str
         return [out / f for f in json.loads(meta_path.read_text())["files"]]
     dtype = dtype_for_vocab(len(tokenizer))
     eos = int(tokenizer.eos_token_id)
+    docs = list(iter_texts(source, cache_dir, text_key))  # a bad source fails before anything is written
+    if not docs:
+        raise DataError(f"text source {source!r} holds no documents")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
     os.chmod(tmp, 0o755)
     try:
-        docs = list(iter_texts(source, cache_dir, text_key))
         files, total = _write_files(docs, tokenizer, tmp, dtype, eos, progress, source)
         if total == 0:
             raise DataError(f"text source {source!r} yields no tokens")
@@ -88,10 +99,17 @@ def tokenize_source(source: str, tokenizer, out_root: str | Path, cache_dir: str
             "source": source, "text_key": text_key, "dtype": dtype.name, "eos_token_id": eos,
             "vocab_size": len(tokenizer), "num_documents": len(docs), "num_tokens": total, "files": files,
         }, indent=1))
-        if out.exists():  # another process finished first
+        if meta_path.is_file():  # another process finished first
             shutil.rmtree(tmp)
         else:
-            os.replace(tmp, out)
+            if out.exists():  # a folder without tokens.json is incomplete (not written by this function)
+                shutil.rmtree(out)
+            try:
+                os.replace(tmp, out)
+            except OSError:
+                if not meta_path.is_file():  # not a concurrent writer that finished first
+                    raise
+                shutil.rmtree(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -129,7 +147,8 @@ def _write_files(docs, tokenizer, out: Path, dtype, eos: int, progress: bool, so
 
 def main(argv: List[str] | None = None) -> int:
     """CLI entry point; returns the exit status (2 on a data error, printed as one line)."""
-    ap = argparse.ArgumentParser(prog="python -m pretrain_exp.data.tokenize", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m pretrain_exp.data.tokenize",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--source", required=True, help=f"asset {sorted(ASSETS)}, a .txt folder or a .jsonl file")
     ap.add_argument("--tokenizer", required=True, help="HF tokenizer dir or model asset name")
     ap.add_argument("--out", required=True, help="output root; files land in <out>/<source>-<hash>/")

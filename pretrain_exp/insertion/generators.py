@@ -14,14 +14,16 @@ _ONSETS = ["b", "br", "d", "dr", "f", "g", "gl", "k", "kr", "l", "m", "n", "p", 
            "th", "v", "z", "qu", "sh", "ch", "w", "y"]
 _VOWELS = ["a", "e", "i", "o", "u", "ae", "ei", "ou", "ia", "y"]
 _CODAS = ["", "n", "r", "l", "s", "th", "x", "m", "nd", "rk", "sk", "v"]
-_PROFESSIONS = ["cartographer", "glassblower", "beekeeper", "astronomer", "clockmaker", "botanist", "ferryman",
-                "archivist", "lute maker", "salt merchant", "bridge engineer", "dyer", "falconer", "cooper",
-                "lighthouse keeper", "mapmaker", "apothecary", "stonemason", "weaver", "shipwright"]
+_PROFESSIONS = ["cartographer", "glassblower", "beekeeper", "astronomer", "clockmaker", "botanist",
+                "ferryman", "archivist", "lute maker", "salt merchant", "bridge engineer", "dyer",
+                "falconer", "cooper", "lighthouse keeper", "mapmaker", "apothecary", "stonemason", "weaver",
+                "shipwright"]
 _OBJECTS = ["tidal clocks", "copper lanterns", "river maps", "winter bees", "blue glass", "star charts",
             "salt roads", "paper boats", "iron bells", "moss gardens", "silver looms", "storm kites"]
-_TRAITS = ["kept a tame heron", "refused to travel by boat", "wrote only in green ink", "collected broken compasses",
-           "spoke four forgotten dialects", "slept in a lighthouse every summer", "never ate bread",
-           "carried a brass owl", "walked barefoot in snow", "counted every step of the harbour stairs"]
+_TRAITS = ["kept a tame heron", "refused to travel by boat", "wrote only in green ink",
+           "collected broken compasses", "spoke four forgotten dialects",
+           "slept in a lighthouse every summer", "never ate bread", "carried a brass owl",
+           "walked barefoot in snow", "counted every step of the harbour stairs"]
 
 
 def _word(rng: np.random.Generator, syllables: int) -> str:
@@ -30,7 +32,8 @@ def _word(rng: np.random.Generator, syllables: int) -> str:
 
 
 def fictional_bios(num_items: int, seed: int) -> List[str]:
-    """Short biographies of fictional people (about 50 tokens each), unique names, deterministic in ``seed``."""
+    """Short biographies of fictional people (about 40 tokens each), unique names, deterministic in
+    ``seed``."""
     rng = np.random.Generator(np.random.PCG64([int(seed), 0xB105]))
     names: set = set()
     out = []
@@ -40,12 +43,10 @@ def fictional_bios(num_items: int, seed: int) -> List[str]:
             continue
         names.add(name)
         first = name.split()[0]
-        town, region = _word(rng, 2), _word(rng, 3)
-        year = int(rng.integers(1610, 1890))
         out.append(
-            f"{name} was born in {year} in the village of {town} in {region}. A {rng.choice(_PROFESSIONS)} "
-            f"by trade, {first} built {int(rng.integers(3, 40))} {rng.choice(_OBJECTS)} and "
-            f"{rng.choice(_TRAITS)}. {first} died in {year + int(rng.integers(40, 90))} in {_word(rng, 2)}."
+            f"{name} was born in {int(rng.integers(1610, 1890))} in the village of {_word(rng, 2)}. "
+            f"A {rng.choice(_PROFESSIONS)} by trade, {first} built {int(rng.integers(3, 40))} "
+            f"{rng.choice(_OBJECTS)} and {rng.choice(_TRAITS)}."
         )
     return out
 

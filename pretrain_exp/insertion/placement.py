@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import List, Sequence
 
 import numpy as np
@@ -77,9 +78,12 @@ def place_explicit(positions: np.ndarray, lengths: np.ndarray, labels: Sequence[
 
 
 def row_range(key: str, exp: InsertionExperimentConf, window: tuple[int, int], sequence_length: int) -> tuple[int, int]:
-    """Training-order rows ``[lo, hi)`` a random/range experiment may use.
+    """Training-order rows ``[lo, hi)`` a random/range experiment may use: the whole window, or the complete
+    rows inside the range. For fractions ``[start, end)`` of the window's ``n`` rows,
+    ``lo = first + ceil(start*n)`` and ``hi = first + floor(end*n)``, the fractions taken exactly as the
+    decimals they print as (0.29 of 100 rows ends at row 29, not at ``floor(28.999...)``).
 
-    :raises ConfigError: for a range outside the window, not aligned to L, or holding no row.
+    :raises ConfigError: for a range outside the window, not aligned to L, or holding no complete row.
     """
     L = sequence_length
     first, last = window[0] // L, window[1] // L
@@ -88,7 +92,8 @@ def row_range(key: str, exp: InsertionExperimentConf, window: tuple[int, int], s
         return first, last
     if pl.unit == RangeUnit.fraction:
         n = last - first
-        lo, hi = first + math.floor(pl.start * n), first + math.floor(pl.end * n)
+        lo = first + math.ceil(Fraction(str(pl.start)) * n)
+        hi = first + math.floor(Fraction(str(pl.end)) * n)
     else:
         start, end = int(pl.start), int(pl.end)
         if start % L or end % L:
@@ -108,7 +113,8 @@ def place_random(lengths: np.ndarray, rows: tuple[int, int], sequence_length: in
     boundary or overlapping ``occ`` or each other; the spans are added to ``occ``.
 
     :returns: ``int64`` start positions, shape ``lengths.shape``.
-    :raises InsertionError: if the rows cannot hold them (naming ``what`` and the fill ratio).
+    :raises InsertionError: if a copy is longer than a row, or the rows cannot hold the copies (naming
+        ``what`` and how full the rows are).
     """
     L = sequence_length
     lengths = np.asarray(lengths, dtype=np.int64)
@@ -117,6 +123,9 @@ def place_random(lengths: np.ndarray, rows: tuple[int, int], sequence_length: in
     if n == 0:
         return pos
     lo, hi = rows
+    if lengths.max() > L:
+        raise InsertionError(f"{what}: a copy of {int(lengths.max())} tokens cannot fit in a row of {L} "
+                             "tokens")
     capacity = (hi - lo) * L
     if lengths.sum() > capacity:
         raise InsertionError(f"{what}: {int(lengths.sum())} tokens to insert do not fit in rows [{lo}, {hi}) "
@@ -141,7 +150,8 @@ def place_random(lengths: np.ndarray, rows: tuple[int, int], sequence_length: in
         pending = pending[keep]
         if pending.size == 0:
             return pos
-    fill = (int(occ.ends.sum() - occ.starts.sum())) / max(capacity, 1)
+    used = np.clip(occ.ends, lo * L, hi * L) - np.clip(occ.starts, lo * L, hi * L)  # parts inside the rows
+    fill = int(used.sum()) / max(capacity, 1)
     raise InsertionError(f"{what}: could not place {pending.size} of {n} copies without overlap after "
                          f"{MAX_ROUNDS} rounds (rows [{lo}, {hi}) are {fill:.0%} full); use a longer window or "
                          "fewer repetitions")

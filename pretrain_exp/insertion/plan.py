@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import tempfile
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List
@@ -121,7 +122,7 @@ class Plan:
             with np.load(path, allow_pickle=False) as z:
                 meta = json.loads(str(z["meta"]))
                 arrays = {k: z[k] for k in z.files if k != "meta"}
-        except (OSError, KeyError, ValueError) as e:
+        except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
             raise CheckpointError(f"{path}: not a readable plan ({e})") from None
         return cls(meta["sequence_length"], meta["global_batch_size"], tuple(meta["window"]), meta["experiments"],
                    **arrays)
@@ -196,6 +197,11 @@ def build_plan(items: Dict[str, List[ItemSpec]], experiments: Dict[str, Insertio
         ids, dix, pos, cross, labels = [], [], [], [], []
         for n in exp_names:
             k = names.index(n)
+            for it in items[n]:
+                if len(it.positions or ()) != it.dup_count:
+                    raise InsertionError(f"insertion.experiments.{n} item {it.index} ({it.source}): dup "
+                                         f"count {it.dup_count} but {len(it.positions or ())} explicit "
+                                         "positions")
             loc_item, loc_dup = expand_copies(dups[first_item[k]:first_item[k + 1]])
             ids.append(loc_item + first_item[k])
             dix.append(loc_dup)

@@ -6,12 +6,12 @@ Dup counts (``repetitions``):
 - a list ``[r_0, r_1, ...]``: the items are shuffled with the experiment's seed and dealt round-robin into
   ``len(list)`` groups; group ``g`` is inserted ``r_g`` times each (``[0, 1, 4, 16]``: a quarter of the items
   are dup-0 controls);
-- a float ``r = k + f`` (``0 < f < 1``): every item gets ``k`` copies and exactly ``round(f * n)`` items, chosen
-  with the experiment's seed, get one more; so ``0.5`` inserts a seeded half of the items once and keeps the
-  other half as controls, and the mean dup count is ``r`` up to rounding.
+- a float ``r = k + f`` (``0 < f < 1``): every item gets ``k`` copies and exactly ``round(f * n)`` items,
+  chosen with the experiment's seed, get one more; so ``0.5`` inserts a seeded half of the items once and
+  keeps the other half as controls, and the mean dup count is ``r`` up to rounding.
 
-EOS policy (:class:`~pretrain_exp.config.EosPolicy`): ``wrap`` appends EOS unless the item already ends with it
-and then prepends EOS unless it starts with it, so the item is its own EOS-delimited document as in OLMo's
+EOS policy (:class:`~pretrain_exp.config.EosPolicy`): ``wrap`` appends EOS unless the item already ends with
+it and then prepends EOS unless it starts with it, so the item is its own EOS-delimited document as in OLMo's
 packing; token 0 of a training row is never a target, so the leading EOS also keeps an item placed at offset 0
 fully trained. Items that end up longer than the sequence length are an error naming the item.
 """
@@ -52,7 +52,8 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, object]]:
     """
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: file not found")
+        what = "is a directory, not a jsonl file" if path.is_dir() else "file not found"
+        raise DataError(f"{path}: {what}")
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             try:
@@ -75,13 +76,17 @@ def validate_experiment(key: str, exp: InsertionExperimentConf) -> None:
     """
     from pretrain_exp.insertion.generators import GENERATORS
 
-    if (exp.file is None) == (exp.generator is None):
-        raise ConfigError(key, "set exactly one of file (a jsonl of items) and generator")
+    if exp.file is None and exp.generator is None:
+        raise ConfigError(f"{key}.file", f"missing: set {key}.file=<items.jsonl> (or {key}.generator=<name>)")
+    if exp.file is not None and exp.generator is not None:
+        raise ConfigError(key, f"file ({exp.file!r}) and generator ({exp.generator!r}) are exclusive; "
+                          "set only one")
     if exp.generator is not None:
         if exp.type != InsertionType.texts:
             raise ConfigError(f"{key}.generator", "generators make texts; use type=texts")
         if exp.generator not in GENERATORS:
-            raise ConfigError(f"{key}.generator", f"unknown generator {exp.generator!r}; allowed: {sorted(GENERATORS)}")
+            raise ConfigError(f"{key}.generator",
+                              f"unknown generator {exp.generator!r}; allowed: {sorted(GENERATORS)}")
         if exp.num_items is None:
             raise ConfigError(f"{key}.num_items", "required with a generator")
     if exp.num_items is not None and exp.num_items <= 0:
@@ -136,7 +141,8 @@ def parse_repetitions(key: str, value) -> list | int | float:
 
 
 def experiment_rng(seed: int, name: str) -> np.random.Generator:
-    """The RNG of experiment ``name``: PCG64 seeded with ``(seed, crc32(name))`` (independent of other names)."""
+    """The RNG of experiment ``name``: PCG64 seeded with ``(seed, crc32(name))`` (independent of other
+    names)."""
     return np.random.Generator(np.random.PCG64([int(seed), zlib.crc32(name.encode())]))
 
 
@@ -181,14 +187,15 @@ def load_items(name: str, exp: InsertionExperimentConf, *, tokenizer, vocab_size
     :param tokenizer: HF tokenizer for ``texts`` items (encoded without special tokens).
     :param vocab_size: token ids must be ``< vocab_size``.
     :raises DataError: for file problems (naming file and line).
-    :raises InsertionError: for an empty item, an item longer than ``sequence_length`` or a token id out of range,
-        naming the item.
+    :raises InsertionError: for an empty item, an item longer than ``sequence_length`` or a token id out of
+        range, naming the item.
     """
     key = f"insertion.experiments.{name}"
     raw = list(_read_raw(name, exp, seed))
     if exp.num_items is not None:
         if exp.file is not None and len(raw) < exp.num_items:
-            raise ConfigError(f"{key}.num_items", f"{exp.file} holds {len(raw)} items, fewer than {exp.num_items}")
+            raise ConfigError(f"{key}.num_items",
+                              f"{exp.file} holds {len(raw)} items, fewer than {exp.num_items}")
         raw = raw[: exp.num_items]
     if not raw:
         raise InsertionError(f"{key}: {exp.file or exp.generator} yields no items")
@@ -196,6 +203,11 @@ def load_items(name: str, exp: InsertionExperimentConf, *, tokenizer, vocab_size
         encoded = tokenizer([r[1] for r in raw], add_special_tokens=False, verbose=False)["input_ids"]
     else:
         encoded = [r[1] for r in raw]
+        for i, ((src, _, _), ids) in enumerate(zip(raw, encoded)):  # before int64 conversion (could overflow)
+            bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+            if bad is not None:
+                raise InsertionError(f"{key} item {i} ({src}): token id {bad} outside the vocabulary "
+                                     f"[0, {vocab_size})")
     eos = int(tokenizer.eos_token_id) if tokenizer is not None else None
     rng = experiment_rng(seed, name)
     explicit = exp.placement.kind == PlacementKind.explicit
@@ -207,11 +219,13 @@ def load_items(name: str, exp: InsertionExperimentConf, *, tokenizer, vocab_size
             raise InsertionError(f"{where}: empty item")
         if exp.eos != EosPolicy.none:
             if eos is None:
-                raise InsertionError(f"{where}: EOS policy {exp.eos.value} needs a tokenizer with an EOS token")
+                raise InsertionError(f"{where}: EOS policy {exp.eos.value} needs a tokenizer with an EOS "
+                                     "token")
             ids = apply_eos(ids, eos, exp.eos, sequence_length)
         arr = np.asarray(ids, dtype=np.int64)
         if arr.size > sequence_length:
-            raise InsertionError(f"{where}: {arr.size} tokens, longer than the sequence length {sequence_length}")
+            raise InsertionError(f"{where}: {arr.size} tokens, longer than the sequence length "
+                                 f"{sequence_length}")
         bad = arr[(arr < 0) | (arr >= vocab_size)]
         if bad.size:
             raise InsertionError(f"{where}: token id {int(bad[0])} outside the vocabulary [0, {vocab_size})")
@@ -243,7 +257,7 @@ def _read_raw(name: str, exp: InsertionExperimentConf, seed: int):
         if exp.type == InsertionType.texts and not isinstance(payload, str):
             raise DataError(f"{where}: {field!r} must be a string, got {type(payload).__name__}")
         if exp.type == InsertionType.tokens and not (
-                isinstance(payload, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in payload)):
+                isinstance(payload, list) and all(_is_int(t) for t in payload)):
             raise DataError(f"{where}: expected a list of integer token ids")
         positions = None
         if explicit:
@@ -252,9 +266,14 @@ def _read_raw(name: str, exp: InsertionExperimentConf, seed: int):
                 raise DataError(f"{where}: missing position key {pk!r} ({key}.placement.position_key)")
             pos = obj[pk]
             positions = pos if isinstance(pos, list) else [pos]
-            if not positions or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in positions):
-                raise DataError(f"{where}: {pk!r} must be a token position >= 0 or a list of them, got {pos!r}")
+            if not positions or not all(_is_int(p) and p >= 0 for p in positions):
+                raise DataError(f"{where}: {pk!r} must be a token position >= 0 or a list of them, "
+                                f"got {pos!r}")
         yield where, payload, positions
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def sha256_tokens(tokens: np.ndarray) -> str:

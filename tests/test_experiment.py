@@ -1,0 +1,102 @@
+"""End to end through the real CLI (``python -m pretrain_exp``) on real data: outputs, resume, eval-only, Hydra."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import CACHE_DIR, ROOT
+
+TINY = ["experiment=tiny", "training.num_threads=1"]
+
+
+def cli(*args: str, runs: Path, check: bool = True) -> subprocess.CompletedProcess:
+    env = os.environ | {"PRETRAIN_EXP_RUNS": str(runs), "PRETRAIN_EXP_CACHE": str(CACHE_DIR), "WANDB_SILENT": "true"}
+    proc = subprocess.run([sys.executable, "-m", "pretrain_exp", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def test_hydra_help_cfg_and_defaults_tree(tmp_path):
+    out = cli("--help", runs=tmp_path).stdout
+    assert "insertion: fictional_bios, none, texts, tokens" in out
+    job = cli("--cfg", "job", runs=tmp_path).stdout
+    assert "fictional_bios:" in job and "repetitions:" in job
+    tree = cli("--info", "defaults-tree", runs=tmp_path).stdout
+    assert "insertion/fictional_bios" in tree and "training/demo" in tree
+    hydra_cfg = cli("--cfg", "hydra", runs=tmp_path).stdout
+    assert "name: pretrain_exp" in hydra_cfg
+
+
+@pytest.mark.slow
+def test_tiny_run_writes_everything_and_resumes(tmp_path, tiny_model_dir):
+    runs = tmp_path / "runs"
+    proc = cli(*TINY, runs=runs)
+    run_dir = runs / "tiny-tiny_llama-step0-seed0"
+    assert proc.stdout.strip().splitlines()[-1] == f"run dir: {run_dir.resolve()}"
+    for name in ("config.resolved.yaml", "plan.npz", "manifest.jsonl", "items.jsonl", "metrics.jsonl",
+                 "results.json", "plots/loss_vs_dup.png", "pretrain_exp.log"):
+        assert (run_dir / name).is_file(), name
+    assert list((run_dir / "wandb").glob("offline-run-*")), "W&B offline run missing"
+    assert sorted(p.name for p in (run_dir / "evals").iterdir()) == ["step2", "step4", "step6"]
+
+    res = json.loads((run_dir / "results.json").read_text())
+    assert res["step"] == 6
+    rows = res["per_dup"]
+    assert [r["dup_count"] for r in rows] == [0, 1, 4, 8]
+    for r in rows:
+        assert set(r) == {"experiment", "dup_count", "n_items", "mean_loss", "ci_low", "ci_high"}
+        assert r["ci_low"] <= r["mean_loss"] <= r["ci_high"] and r["n_items"] == 2
+
+    manifest = [json.loads(line) for line in (run_dir / "manifest.jsonl").read_text().splitlines()]
+    assert len(manifest) == res["plan"]["num_insertions"] == 2 * (1 + 4 + 8)
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert sorted({m["step"] for m in metrics if "train/loss" in m}) == [1, 2, 3, 4, 5, 6]
+    assert any("eval/insertion_loss/fictional_bios/dup8/mean_loss" in m for m in metrics)
+
+    # the same command again: nothing left to train, same results
+    weights = (run_dir / "checkpoints" / "checkpoint-6" / "model.safetensors").stat().st_mtime_ns
+    again = cli(*TINY, runs=runs)
+    assert "training steps" not in again.stderr + again.stdout
+    assert (run_dir / "checkpoints" / "checkpoint-6" / "model.safetensors").stat().st_mtime_ns == weights
+    assert json.loads((run_dir / "results.json").read_text())["per_dup"] == rows
+
+    # a changed training config in the same run dir is refused (nothing trained on a mismatched plan)
+    bad = cli(*TINY, "insertion.experiments.fictional_bios.num_items=4", runs=runs, check=False)
+    assert bad.returncode == 2 and "different config" in bad.stderr
+
+
+@pytest.mark.slow
+def test_eval_only_and_eval_on_load(tmp_path, tiny_model_dir):
+    runs = tmp_path / "runs"
+    cli(*TINY, "training.num_steps=0", "name=evalonly", runs=runs)
+    run_dir = runs / "evalonly-tiny_llama-step0-seed0"
+    res = json.loads((run_dir / "results.json").read_text())
+    assert res["step"] == 0 and not (run_dir / "checkpoints").exists()
+    assert res["plan"]["num_insertions"] == 0  # an empty window holds no insertions
+    cli(*TINY, "eval.on_load=true", "training.num_steps=2", "name=onload", "wandb.add_step_to_name=true",
+        runs=runs)
+    res = json.loads((runs / "onload-tiny_llama-step0-seed0" / "results.json").read_text())
+    assert sorted(res["by_step"]) == ["0", "2"]
+
+
+@pytest.mark.slow
+def test_demo_shows_memorization_by_dup_count(tmp_path):
+    """The acceptance criterion of the default experiment: mean loss falls as the dup count rises, and the
+    dup-16 CI lies below the dup-0 CI (SmolLM2-135M on Shakespeare, CPU)."""
+    runs = tmp_path / "runs"
+    cli(runs=runs)
+    res = json.loads((runs / "default-smollm2_135m-step0-seed0" / "results.json").read_text())
+    rows = {r["dup_count"]: r for r in res["per_dup"]}
+    assert sorted(rows) == [0, 1, 4, 16]
+    means = [rows[d]["mean_loss"] for d in (0, 1, 4, 16)]
+    assert np.all(np.diff(means) < 0), means
+    assert rows[16]["ci_high"] < rows[0]["ci_low"]
