@@ -4,7 +4,8 @@ Entry point: ``python -m pretrain_exp`` (Hydra; see README.md). The pieces:
 
 - :mod:`pretrain_exp.config` -- dataclass schemas of every config group.
 - :mod:`pretrain_exp.data` -- registry assets, tokenization into OLMo token files, the data order.
-- :mod:`pretrain_exp.insertion` -- item sources, placement, the :class:`~pretrain_exp.insertion.plan.Plan`, the verifier.
+- :mod:`pretrain_exp.insertion` -- item sources, placement, the
+  :class:`~pretrain_exp.insertion.plan.Plan`, the verifier.
 - :mod:`pretrain_exp.experiment` -- the loop: checkpoint, plan, train in segments, evaluate, log.
 """
 

@@ -26,7 +26,7 @@ from pretrain_exp.errors import ConfigError
 class InsertionType(str, Enum):
     """Where the items of an insertion experiment come from."""
 
-    texts = "texts"  #: jsonl lines with a text under ``key`` (or a built-in generator), tokenized with the model's tokenizer
+    texts = "texts"  #: jsonl lines with a text under ``key`` (or a generator), tokenized with the model's tokenizer
     tokens = "tokens"  #: jsonl lines holding a list of token ids (under ``key``, or the line itself)
 
 
@@ -80,6 +80,9 @@ class Cleanup(str, Enum):
     none = "none"  #: keep everything
     bulky = "bulky"  #: delete checkpoints except the last one's weights, and optimizer states
     all = "all"  #: delete the whole run dir (results are in W&B only)
+
+
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 
 
 @dataclass
@@ -231,6 +234,11 @@ class ExperimentConfig:
         get_framework_class(self.framework.name)  # raises ConfigError listing the frameworks
         if (self.model.asset is None) == (self.model.path is None):
             raise ConfigError("model", "set exactly one of model.asset and model.path")
+        if self.model.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError("model.dtype", f"unknown dtype {self.model.dtype!r}; allowed: float32, bfloat16, float16")
+        if self.framework.attn_implementation not in ATTN_IMPLEMENTATIONS:
+            raise ConfigError("framework.attn_implementation", f"unknown {self.framework.attn_implementation!r}; "
+                              f"allowed: {list(ATTN_IMPLEMENTATIONS)}")
         if self.model.checkpoint_step < 0:
             raise ConfigError("model.checkpoint_step", f"must be >= 0, got {self.model.checkpoint_step}")
         if not self.data.paths and not self.data.text:
@@ -250,7 +258,8 @@ class ExperimentConfig:
                 f"{t.micro_batch_size} x {t.nproc_per_node}",
             )
         if t.keep_last_checkpoints < 0:
-            raise ConfigError("training.keep_last_checkpoints", f"must be >= 0 (0 = all), got {t.keep_last_checkpoints}")
+            raise ConfigError("training.keep_last_checkpoints",
+                              f"must be >= 0 (0 = all), got {t.keep_last_checkpoints}")
         if t.max_retries < 0:
             raise ConfigError("training.max_retries", f"must be >= 0, got {t.max_retries}")
         if not (t.learning_rate >= 0 and math.isfinite(t.learning_rate)):

@@ -25,7 +25,7 @@ import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, TypeVar
+from typing import Callable, Dict, TypeVar
 
 import numpy as np
 import torch
@@ -104,8 +104,8 @@ class Experiment:
         self.start_step, self.num_steps = cfg.model.checkpoint_step, t.num_steps
         self.model_dir = resolve_model_dir(cfg)
         self.tokenizer = load_tokenizer(str(self.model_dir), cfg.cache_dir)
-        self.vocab_size = int(json.loads((self.model_dir / "config.json").read_text()).get("vocab_size",
-                                                                                          len(self.tokenizer)))
+        model_config = json.loads((self.model_dir / "config.json").read_text())
+        self.vocab_size = int(model_config.get("vocab_size", len(self.tokenizer)))
         paths = cfg.data.paths or tokenize_source(cfg.data.text, self.tokenizer, cfg.data.token_dir,
                                                   cfg.cache_dir, cfg.data.text_key)
         files = TokenFiles(paths, dtype_for_vocab(max(self.vocab_size, len(self.tokenizer))))
@@ -133,20 +133,20 @@ class Experiment:
         items = {name: load_items(name, exp, tokenizer=self.tokenizer, vocab_size=self.vocab_size,
                                   sequence_length=self.L, seed=cfg.insertion.seed)
                  for name, exp in cfg.insertion.experiments.items()}
-        plan, flat = build_plan(items, cfg.insertion.experiments, self.window, self.L, self.B,
-                                cfg.insertion.seed, self.vocab_size)
+        plan = build_plan(items, cfg.insertion.experiments, self.window, self.L, self.B,
+                          cfg.insertion.seed, self.vocab_size)
         path = self.run_dir / "plan.npz"
         if path.is_file():
             if Plan.load(path).digest() != plan.digest():
                 raise ConfigError("insertion", f"{path} holds the plan of a different config; use a new run dir "
                                   "(hydra.run.dir=...) or restore the original config")
         else:
-            plan.write_manifest(self.run_dir / "manifest.jsonl", flat)
+            plan.write_manifest(self.run_dir / "manifest.jsonl", items)
             plan.save(path)
         log.info("plan: %d items, %d insertions, %d tokens (%.2f%% of the %d-token window)", plan.num_items,
                  plan.num_insertions, int(plan.lengths.sum()),
                  100 * plan.lengths.sum() / max(1, self.window[1] - self.window[0]), self.window[1] - self.window[0])
-        return plan, flat
+        return plan, items
 
     # --- evaluation -------------------------------------------------------------------------------------
     def evaluate(self, ckpt: Checkpoint, tracker: Tracker) -> Dict[str, dict]:

@@ -303,8 +303,8 @@ def plan_explicit(tmp_path, lines, name="exp", allow_row_crossing=False):
 
 def test_explicit_plan_reference(tmp_path):
     """The reference: non-overlapping spans inside the window are placed where the items say."""
-    _, (plan, _) = plan_explicit(tmp_path, [{"tokens": [5, 6, 7], "position": 4 * L},
-                                            {"tokens": [8, 9], "position": [4 * L + 3, 6 * L]}])
+    _, plan = plan_explicit(tmp_path, [{"tokens": [5, 6, 7], "position": 4 * L},
+                                       {"tokens": [8, 9], "position": [4 * L + 3, 6 * L]}])
     assert plan.positions.tolist() == [4 * L, 4 * L + 3, 6 * L]
 
 
@@ -346,7 +346,7 @@ def test_explicit_span_crossing_a_row(tmp_path):
     with pytest.raises(InsertionError) as ei:
         plan_explicit(tmp_path, [_tok([5, 6, 7], 5 * L - 2)])
     assert_error(ei, "item 0", "crosses the row boundary", str(5 * L), "allow_row_crossing")
-    _, (plan, _) = plan_explicit(tmp_path, [_tok([5, 6, 7], 5 * L - 2)], allow_row_crossing=True)
+    _, plan = plan_explicit(tmp_path, [_tok([5, 6, 7], 5 * L - 2)], allow_row_crossing=True)
     assert plan.positions.tolist() == [5 * L - 2]
 
 

@@ -218,6 +218,13 @@ def test_tokenize_key_depends_on_text_key(tokenizer, tmp_path):
     check_token_files(pb, ["beta text"], tokenizer)
 
 
+def test_load_tokenizer_by_model_asset_name(tokenizer):
+    """``--tokenizer tiny_llama`` names a model asset (was looked up on the hub, with retries)."""
+    tiny = load_tokenizer("tiny_llama", CACHE)
+    assert len(tiny) == len(tokenizer) and tiny.eos_token_id == tokenizer.eos_token_id
+    assert tiny("To be, or not to be")["input_ids"] == tokenizer("To be, or not to be")["input_ids"]
+
+
 def run_tokenize_cli(*args):
     env = {**os.environ, "PRETRAIN_EXP_CACHE": str(CACHE), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-m", "pretrain_exp.data.tokenize", *args], cwd=REPO, env=env,

@@ -46,27 +46,27 @@ def test_tiny_run_writes_everything_and_resumes(tmp_path, tiny_model_dir):
                  "results.json", "plots/loss_vs_dup.png", "pretrain_exp.log"):
         assert (run_dir / name).is_file(), name
     assert list((run_dir / "wandb").glob("offline-run-*")), "W&B offline run missing"
-    assert sorted(p.name for p in (run_dir / "evals").iterdir()) == ["step2", "step4", "step6"]
+    assert sorted(p.name for p in (run_dir / "evals").iterdir()) == ["step12", "step4", "step8"]
 
     res = json.loads((run_dir / "results.json").read_text())
-    assert res["step"] == 6
+    assert res["step"] == 12
     rows = res["per_dup"]
-    assert [r["dup_count"] for r in rows] == [0, 1, 4, 8]
+    assert [r["dup_count"] for r in rows] == [0, 1, 4, 16]
     for r in rows:
         assert set(r) == {"experiment", "dup_count", "n_items", "mean_loss", "ci_low", "ci_high"}
-        assert r["ci_low"] <= r["mean_loss"] <= r["ci_high"] and r["n_items"] == 2
+        assert r["ci_low"] <= r["mean_loss"] <= r["ci_high"] and r["n_items"] == 4
 
     manifest = [json.loads(line) for line in (run_dir / "manifest.jsonl").read_text().splitlines()]
-    assert len(manifest) == res["plan"]["num_insertions"] == 2 * (1 + 4 + 8)
+    assert len(manifest) == res["plan"]["num_insertions"] == 4 * (1 + 4 + 16)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert sorted({m["step"] for m in metrics if "train/loss" in m}) == [1, 2, 3, 4, 5, 6]
-    assert any("eval/insertion_loss/fictional_bios/dup8/mean_loss" in m for m in metrics)
+    assert sorted({m["step"] for m in metrics if "train/loss" in m}) == list(range(1, 13))
+    assert any("eval/insertion_loss/fictional_bios/dup16/mean_loss" in m for m in metrics)
 
     # the same command again: nothing left to train, same results
-    weights = (run_dir / "checkpoints" / "checkpoint-6" / "model.safetensors").stat().st_mtime_ns
+    weights = (run_dir / "checkpoints" / "checkpoint-12" / "model.safetensors").stat().st_mtime_ns
     again = cli(*TINY, runs=runs)
     assert "training steps" not in again.stderr + again.stdout
-    assert (run_dir / "checkpoints" / "checkpoint-6" / "model.safetensors").stat().st_mtime_ns == weights
+    assert (run_dir / "checkpoints" / "checkpoint-12" / "model.safetensors").stat().st_mtime_ns == weights
     assert json.loads((run_dir / "results.json").read_text())["per_dup"] == rows
 
     # a changed training config in the same run dir is refused (nothing trained on a mismatched plan)
@@ -82,10 +82,10 @@ def test_eval_only_and_eval_on_load(tmp_path, tiny_model_dir):
     res = json.loads((run_dir / "results.json").read_text())
     assert res["step"] == 0 and not (run_dir / "checkpoints").exists()
     assert res["plan"]["num_insertions"] == 0  # an empty window holds no insertions
-    cli(*TINY, "eval.on_load=true", "training.num_steps=2", "name=onload", "wandb.add_step_to_name=true",
+    cli(*TINY, "eval.on_load=true", "training.num_steps=4", "name=onload", "wandb.add_step_to_name=true",
         runs=runs)
     res = json.loads((runs / "onload-tiny_llama-step0-seed0" / "results.json").read_text())
-    assert sorted(res["by_step"]) == ["0", "2"]
+    assert sorted(res["by_step"]) == ["0", "4"]
 
 
 @pytest.mark.slow

@@ -11,11 +11,12 @@ import transformers
 from safetensors.torch import load_file
 
 import frameworks.hf.framework as hf
-from pretrain_exp.experiment import Experiment, with_retries
 from pretrain_exp.errors import ConfigError, DataError, TrainingError
+from pretrain_exp.experiment import Experiment, with_retries
 from tests.conftest import make_config
 
-TINY = ["experiment=tiny", "wandb=disabled", "eval=[insertion_loss]", "training.num_threads=1"]
+TINY = ["experiment=tiny", "wandb=disabled", "eval=[insertion_loss]", "training.num_threads=1",
+        "insertion.experiments.fictional_bios.repetitions=[0,1,2,4]"]
 
 
 class _Recorder:

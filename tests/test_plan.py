@@ -29,7 +29,7 @@ from pretrain_exp.data.token_files import TokenFiles, write_token_file
 from pretrain_exp.errors import CheckpointError, ConfigError, InsertionError
 from pretrain_exp.insertion.placement import Occupancy, expand_copies
 from pretrain_exp.insertion.plan import Plan, build_plan
-from pretrain_exp.insertion.sources import ItemSpec, load_items, sha256_tokens
+from pretrain_exp.insertion.sources import ItemSet, load_items, sha256_tokens
 from pretrain_exp.insertion.verify import verify_plan
 
 VOCAB = 50_000
@@ -45,12 +45,12 @@ def conf(kind: str = "random", **placement) -> InsertionExperimentConf:
 
 
 def make_items(name, lengths, dups, rng, positions=None, low=0, high=VOCAB, text=False):
-    out = []
-    for i, (n, d) in enumerate(zip(lengths, dups)):
-        out.append(ItemSpec(name, i, rng.integers(low, high, size=int(n)).astype(np.int64), int(d),
-                            f"{name}.jsonl:{i + 1}", list(positions[i]) if positions is not None else None,
-                            f"text {i} of {name}" if text else None))
-    return out
+    n = len(lengths)
+    return ItemSet.from_token_lists(
+        name, [rng.integers(low, high, size=int(k)).astype(np.int64) for k in lengths], [int(d) for d in dups],
+        sources=[f"{name}.jsonl:{i + 1}" for i in range(n)],
+        positions=[list(p) for p in positions] if positions is not None else None,
+        texts=[f"text {i} of {name}" for i in range(n)] if text else None)
 
 
 def flatten(items):
@@ -192,10 +192,9 @@ def test_expand_copies_item_major():
 @pytest.mark.parametrize("seed", range(20))
 def test_build_plan_invariants_random_configs(seed):
     items, experiments, window, L, B = random_setup(seed)
-    plan, flat = build_plan(items, experiments, window, L, B, seed=seed, vocab_size=VOCAB)
-    assert flat == flatten(items)
+    plan = build_plan(items, experiments, window, L, B, seed=seed, vocab_size=VOCAB)
     check_invariants(plan, items, experiments, window, L)
-    again, _ = build_plan(items, experiments, window, L, B, seed=seed, vocab_size=VOCAB)
+    again = build_plan(items, experiments, window, L, B, seed=seed, vocab_size=VOCAB)
     assert again.digest() == plan.digest()
 
 
@@ -206,7 +205,7 @@ def test_random_placement_spread_and_full_rows():
     rng = np.random.default_rng(1)
     items = {"b": make_items("b", [8] * 2000, [1] * 2000, rng), "a": make_items("a", [L] * 50, [1] * 50, rng)}
     exps = {"a": conf(), "b": conf()}  # the full rows first (sorted names), then 2000 short copies
-    plan, _ = build_plan(items, exps, window, L, B, seed=3, vocab_size=VOCAB)
+    plan = build_plan(items, exps, window, L, B, seed=3, vocab_size=VOCAB)
     check_invariants(plan, items, exps, window, L)
     a = plan.positions[plan.item_experiment[plan.item_ids] == 1]
     rows, offs = a // L, a % L
@@ -224,9 +223,9 @@ def test_determinism_and_seed_dependence():
     items = {"ex": make_items("ex", [20, 30], [1, 1], rng, [[40], [290]]),
              "zz": make_items("zz", [4] * 40, [2] * 40, rng)}
     experiments = {"ex": conf("explicit"), "zz": conf()}
-    p1, _ = build_plan(items, experiments, window, L, B, seed=7, vocab_size=VOCAB)
-    p2, _ = build_plan(items, experiments, window, L, B, seed=7, vocab_size=VOCAB)
-    p3, _ = build_plan(items, experiments, window, L, B, seed=8, vocab_size=VOCAB)
+    p1 = build_plan(items, experiments, window, L, B, seed=7, vocab_size=VOCAB)
+    p2 = build_plan(items, experiments, window, L, B, seed=7, vocab_size=VOCAB)
+    p3 = build_plan(items, experiments, window, L, B, seed=8, vocab_size=VOCAB)
     assert p1.digest() == p2.digest()
     np.testing.assert_array_equal(p1.positions, p2.positions)
     np.testing.assert_array_equal(p1.item_ids, p2.item_ids)
@@ -243,8 +242,8 @@ def test_adding_a_later_experiment_keeps_earlier_positions():
     rng = np.random.default_rng(2)
     a = make_items("a", rng.integers(1, 9, size=50), rng.integers(1, 3, size=50), rng)
     b = make_items("b", rng.integers(1, 9, size=50), rng.integers(1, 3, size=50), rng)
-    alone, _ = build_plan({"a": a}, {"a": conf()}, window, L, B, seed=0, vocab_size=VOCAB)
-    both, _ = build_plan({"a": a, "b": b}, {"a": conf(), "b": conf()}, window, L, B, seed=0, vocab_size=VOCAB)
+    alone = build_plan({"a": a}, {"a": conf()}, window, L, B, seed=0, vocab_size=VOCAB)
+    both = build_plan({"a": a, "b": b}, {"a": conf(), "b": conf()}, window, L, B, seed=0, vocab_size=VOCAB)
     in_a = both.item_experiment[both.item_ids] == 0
     np.testing.assert_array_equal(both.positions[in_a], alone.positions)
     np.testing.assert_array_equal(both.item_ids[in_a], alone.item_ids)
@@ -259,7 +258,7 @@ def test_range_placement_bounds():
     items = {"f": make_items("f", [2] * 15, [1] * 15, rng), "p": make_items("p", [3] * 9, [1] * 9, rng)}
     exps = {"f": conf("range", start=0.255, end=0.29, unit=RangeUnit.fraction),  # rows 10+26 .. 10+29
             "p": conf("range", start=float(50 * L), end=float(53 * L), unit=RangeUnit.position)}
-    plan, _ = build_plan(items, exps, window, L, B, seed=0, vocab_size=VOCAB)
+    plan = build_plan(items, exps, window, L, B, seed=0, vocab_size=VOCAB)
     check_invariants(plan, items, exps, window, L)
     rows = plan.positions // L
     f_rows = set(rows[plan.item_experiment[plan.item_ids] == 0].tolist())
@@ -292,7 +291,7 @@ def load(tmp_path, n, repetitions, seed=0, L=32, name="e"):
 
 
 def plan_copies(tmp_path, exp, items, L=32):
-    plan, _ = build_plan({"e": items}, {"e": exp}, (0, 400 * L), L, 4, seed=0, vocab_size=VOCAB)
+    plan = build_plan({"e": items}, {"e": exp}, (0, 400 * L), L, 4, seed=0, vocab_size=VOCAB)
     check_invariants(plan, {"e": items}, {"e": exp}, (0, 400 * L), L)
     return np.bincount(plan.item_ids, minlength=len(items))
 
@@ -342,7 +341,7 @@ def test_explicit_positions_honoured_exactly():
     rng = np.random.default_rng(0)
     pos = [[100, 290], [], [64], [116]]
     items = {"x": make_items("x", [12, 5, 16, 4], [2, 0, 1, 1], rng, pos)}
-    plan, _ = build_plan(items, {"x": conf("explicit")}, window, L, B, seed=0, vocab_size=VOCAB)
+    plan = build_plan(items, {"x": conf("explicit")}, window, L, B, seed=0, vocab_size=VOCAB)
     assert plan.positions.tolist() == [64, 100, 116, 290]
     assert plan.item_ids.tolist() == [2, 0, 3, 0]
     assert plan.dup_index.tolist() == [0, 0, 0, 1]
@@ -357,7 +356,7 @@ def test_explicit_via_load_items(tmp_path):
                                   placement=PlacementConf(kind=PlacementKind.explicit))
     items = load_items("ex", exp, tokenizer=None, vocab_size=VOCAB, sequence_length=32, seed=0)
     assert [it.dup_count for it in items] == [1, 2]
-    plan, _ = build_plan({"ex": items}, {"ex": exp}, (0, 4 * 32), 32, 2, seed=0, vocab_size=VOCAB)
+    plan = build_plan({"ex": items}, {"ex": exp}, (0, 4 * 32), 32, 2, seed=0, vocab_size=VOCAB)
     assert plan.positions.tolist() == [3, 40, 70]
     assert plan.item_ids.tolist() == [1, 0, 1]
 
@@ -389,7 +388,7 @@ def test_explicit_overlap_across_experiments_names_both():
 
 def test_explicit_touching_spans_are_fine():
     items = {"x": make_items("x", [10, 6], [1, 1], np.random.default_rng(0), [[6], [16]])}
-    plan, _ = build_plan(items, {"x": conf("explicit")}, (0, 64), 32, 1, seed=0, vocab_size=VOCAB)
+    plan = build_plan(items, {"x": conf("explicit")}, (0, 64), 32, 1, seed=0, vocab_size=VOCAB)
     assert plan.positions.tolist() == [6, 16] and plan.ends.tolist() == [16, 22]
 
 
@@ -414,7 +413,7 @@ def test_explicit_row_crossing():
     with pytest.raises(InsertionError, match="crosses the row boundary at 64.*allow_row_crossing"):
         build_plan(items, {"x": conf("explicit")}, window, L, B, seed=0, vocab_size=VOCAB)
     exp = conf("explicit", allow_row_crossing=True)
-    plan, _ = build_plan(items, {"x": exp}, window, L, B, seed=0, vocab_size=VOCAB)
+    plan = build_plan(items, {"x": exp}, window, L, B, seed=0, vocab_size=VOCAB)
     toks = items["x"][0].tokens
     base = np.full(L, -1, dtype=np.int64)
     r3, r4 = base.copy(), base.copy()
@@ -449,7 +448,8 @@ def apply_setup(explicit=EXPLICIT, window=(2 * 2 * L16, 22 * 2 * L16), seed=1):
     }
     exps = {"exp": conf("explicit", allow_row_crossing=True),
             "rnd": conf("range", start=float(14 * L), end=float(30 * L), unit=RangeUnit.position)}
-    plan, flat = build_plan(items, exps, window, L, B, seed=seed, vocab_size=100_000)
+    plan = build_plan(items, exps, window, L, B, seed=seed, vocab_size=100_000)
+    flat = flatten(items)
     return plan, flat, items, exps, window, L, B
 
 
@@ -487,7 +487,7 @@ def test_apply_matches_brute_force():
 
 def test_apply_on_empty_plan():
     items = {"c": make_items("c", [4, 4], [0, 0], np.random.default_rng(0))}
-    plan, _ = build_plan(items, {"c": conf()}, (0, 64), 16, 1, seed=0, vocab_size=VOCAB)
+    plan = build_plan(items, {"c": conf()}, (0, 64), 16, 1, seed=0, vocab_size=VOCAB)
     assert plan.num_insertions == 0 and plan.num_items == 2
     row = np.arange(16)
     assert plan.apply(0, row) == 0 and row.tolist() == list(range(16))
@@ -549,9 +549,10 @@ def test_manifest_and_items_tables(tmp_path):
              "codes": make_items("codes", [4, 5], [1, 2], rng,
                                  [[window[0] + 7], [window[0] + 40, window[1] - 5]])}
     exps = {"bios": conf(), "codes": conf("explicit")}
-    plan, flat = build_plan(items, exps, window, L, B, seed=0, vocab_size=100_000)
+    plan = build_plan(items, exps, window, L, B, seed=0, vocab_size=100_000)
+    flat = flatten(items)
     path = tmp_path / "out" / "manifest.jsonl"
-    plan.write_manifest(path, flat)
+    plan.write_manifest(path, items)
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     assert len(lines) == plan.num_insertions == 3 * (0 + 1 + 2 + 3) + 3
     pairs = set()
@@ -719,7 +720,8 @@ def test_twenty_thousand_items_at_scale():
     items = {"big": make_items("big", lengths, dups, rng),
              "a_mid": make_items("a_mid", rng.integers(20, 60, size=300), [1] * 300, rng)}
     exps = {"big": conf(), "a_mid": conf("range", start=0.5, end=0.75, unit=RangeUnit.fraction)}
-    plan, flat = build_plan(items, exps, window, L, B, seed=0, vocab_size=VOCAB)
+    plan = build_plan(items, exps, window, L, B, seed=0, vocab_size=VOCAB)
+    flat = flatten(items)
     assert plan.num_insertions == int(dups.sum()) + 300
     assert np.all(np.diff(plan.positions) > 0) and np.all(plan.ends[:-1] <= plan.positions[1:])
     assert np.all(plan.positions // L == (plan.ends - 1) // L)

@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from transformers import (AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments,
-                          default_data_collator)
+from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
 from frameworks.base import Checkpoint, Framework, LogFn
 from pretrain_exp.config import Precision

@@ -27,9 +27,15 @@ from pretrain_exp.config import InsertionExperimentConf, PlacementKind
 from pretrain_exp.data.order import step_row_offset
 from pretrain_exp.data.token_files import dtype_for_vocab
 from pretrain_exp.errors import CheckpointError, InsertionError
-from pretrain_exp.insertion.placement import (Occupancy, expand_copies, explicit_positions, place_explicit,
-                                              place_random, row_range)
-from pretrain_exp.insertion.sources import ItemSpec, experiment_rng, sha256_tokens
+from pretrain_exp.insertion.placement import (
+    Occupancy,
+    expand_copies,
+    explicit_positions,
+    place_explicit,
+    place_random,
+    row_range,
+)
+from pretrain_exp.insertion.sources import ItemSet, experiment_rng, sha256_tokens
 
 
 @dataclass
@@ -68,21 +74,31 @@ class Plan:
         """Tokens of item ``item`` (a view, shape ``(length,)``)."""
         return self.tokens[self.token_offsets[item]:self.token_offsets[item + 1]]
 
-    def apply(self, q: int, row: np.ndarray) -> int:
-        """Overwrite, in place, the planned spans inside training-order row ``q``.
+    def spans_in_row(self, q: int) -> tuple[int, int]:
+        """Insertions ``[i0, i1)`` (indices into the sorted arrays) that overlap training-order row ``q``.
 
-        O(log n + k) for k spans in the row (two ``searchsorted`` on the sorted positions/ends).
+        One ``searchsorted`` on the positions, then a walk back over the (non-overlapping, hence also sorted)
+        ends: O(log n + k) for k spans in the row.
+        """
+        lo = q * self.sequence_length
+        i1 = i0 = int(self.positions.searchsorted(lo + self.sequence_length))
+        ends = self.ends
+        while i0 > 0 and ends[i0 - 1] > lo:
+            i0 -= 1
+        return i0, i1
+
+    def apply(self, q: int, row: np.ndarray) -> int:
+        """Overwrite, in place, the planned spans inside training-order row ``q``; O(log n + k).
 
         :param row: the row's tokens as read from the data, shape ``(L,)`` (any integer dtype).
         :returns: number of spans (or parts of row-crossing spans) written.
         """
-        L = self.sequence_length
-        lo = q * L
-        i0 = int(np.searchsorted(self.ends, lo, side="right"))
-        i1 = int(np.searchsorted(self.positions, lo + L, side="left"))
+        i0, i1 = self.spans_in_row(q)
+        lo = q * self.sequence_length
+        hi = lo + self.sequence_length
         for i in range(i0, i1):
             s, e = int(self.positions[i]), int(self.ends[i])
-            a, b = max(s, lo), min(e, lo + L)
+            a, b = max(s, lo), min(e, hi)
             off = int(self.token_offsets[self.item_ids[i]])
             row[a - lo:b - lo] = self.tokens[off + a - s:off + b - s]
         return i1 - i0
@@ -127,8 +143,11 @@ class Plan:
         return cls(meta["sequence_length"], meta["global_batch_size"], tuple(meta["window"]), meta["experiments"],
                    **arrays)
 
-    def write_manifest(self, path: str | Path, items: List[ItemSpec]) -> None:
-        """Write ``manifest.jsonl`` (one line per insertion) and, beside it, ``items.jsonl`` (one per item)."""
+    def write_manifest(self, path: str | Path, items: Dict[str, ItemSet]) -> None:
+        """Write ``manifest.jsonl`` (one line per insertion) and, beside it, ``items.jsonl`` (one per item).
+
+        :param items: the item sets the plan was built from (for sources and texts).
+        """
         path = Path(path)
         L, B = self.sequence_length, self.global_batch_size
         item_sha = [sha256_tokens(self.item_tokens(i)) for i in range(self.num_items)]
@@ -144,10 +163,9 @@ class Plan:
                     "sha256": item_sha[it]}) + "\n")
 
         def item_table(f):
-            for i, spec in enumerate(items):
+            for i, spec in enumerate(it for name in self.experiments for it in items[name]):
                 rec = {"item_id": i, "experiment": spec.experiment, "index": spec.index,
-                       "dup_count": int(self.item_dup_count[i]), "length": int(self.token_offsets[i + 1]
-                                                                             - self.token_offsets[i]),
+                       "dup_count": int(self.item_dup_count[i]), "length": int(spec.tokens.size),
                        "sha256": item_sha[i], "source": spec.source}
                 if spec.text is not None:
                     rec["text"] = spec.text
@@ -169,30 +187,34 @@ def _atomic(path: Path, write, binary: bool = False) -> None:
         raise
 
 
-def build_plan(items: Dict[str, List[ItemSpec]], experiments: Dict[str, InsertionExperimentConf],
+def build_plan(items: Dict[str, ItemSet], experiments: Dict[str, InsertionExperimentConf],
                window: tuple[int, int], sequence_length: int, global_batch_size: int, seed: int,
-               vocab_size: int) -> tuple[Plan, List[ItemSpec]]:
+               vocab_size: int) -> Plan:
     """Place every copy of every item and assemble the :class:`Plan`.
 
     :param items: experiment name -> its items (from :func:`~pretrain_exp.insertion.sources.load_items`).
     :param window: ``(start, end)`` global token positions trained by the run; both multiples of ``L``.
-    :returns: the plan and the flat item list (global item id = list index: experiments by sorted name).
+    :returns: the plan; global item ids number the items of the experiments in sorted name order.
     :raises InsertionError: for explicit-placement violations or a window too full for the random copies.
     :raises ConfigError: for a bad range placement.
+
+    An empty window (an evaluate-only run) places nothing: the items and their dup counts are kept for the evals.
     """
     L = sequence_length
     if window[0] % L or window[1] % L:
-        raise InsertionError(f"training window [{window[0]}, {window[1]}) is not aligned to the sequence length {L}")
+        raise InsertionError(f"training window [{window[0]}, {window[1]}) is not aligned to the sequence "
+                             f"length {L}")
     names = sorted(items)
-    flat: List[ItemSpec] = [it for n in names for it in items[n]]
-    lengths = np.asarray([it.tokens.size for it in flat], dtype=np.int64)
-    dups = np.asarray([it.dup_count for it in flat], dtype=np.int64)
-    first_item = np.cumsum([0] + [len(items[n]) for n in names])
+    sets = [items[n] for n in names]
+    lengths = np.concatenate([s.lengths for s in sets]) if sets else np.empty(0, np.int64)
+    dups = np.concatenate([s.dup_counts for s in sets]) if sets else np.empty(0, np.int64)
+    first_item = np.cumsum([0] + [len(s) for s in sets])
     occ = Occupancy()
     copy_item, copy_dup, copy_pos = [], [], []
 
     # explicit experiments first (all together, so overlaps between them name both items)
-    exp_names = [n for n in names if experiments[n].placement.kind == PlacementKind.explicit]
+    placing = window[1] > window[0]
+    exp_names = [n for n in names if placing and experiments[n].placement.kind == PlacementKind.explicit]
     if exp_names:
         ids, dix, pos, cross, labels = [], [], [], [], []
         for n in exp_names:
@@ -207,14 +229,14 @@ def build_plan(items: Dict[str, List[ItemSpec]], experiments: Dict[str, Insertio
             dix.append(loc_dup)
             pos.append(explicit_positions([it.positions for it in items[n]]))
             cross.append(np.full(loc_item.size, experiments[n].placement.allow_row_crossing))
-            labels += [f"insertion.experiments.{n} item {flat[i].index} ({flat[i].source})" for i in ids[-1]]
+            labels += [f"insertion.experiments.{n} item {j} ({items[n].source(int(j))})" for j in loc_item]
         ids, dix, pos = np.concatenate(ids), np.concatenate(dix), np.concatenate(pos)
         place_explicit(pos, lengths[ids], labels, window, L, np.concatenate(cross), occ)
         copy_item.append(ids), copy_dup.append(dix), copy_pos.append(pos)
 
     for k, n in enumerate(names):
         exp = experiments[n]
-        if exp.placement.kind == PlacementKind.explicit:
+        if not placing or exp.placement.kind == PlacementKind.explicit:
             continue
         loc_item, loc_dup = expand_copies(dups[first_item[k]:first_item[k + 1]])
         ids = loc_item + first_item[k]
@@ -225,17 +247,20 @@ def build_plan(items: Dict[str, List[ItemSpec]], experiments: Dict[str, Insertio
 
     pos = np.concatenate(copy_pos) if copy_pos else np.empty(0, np.int64)
     order = np.argsort(pos, kind="stable")
-    cat = (lambda parts: np.concatenate(parts)[order] if parts else np.empty(0, np.int64))
+
+    def cat(parts):
+        return np.concatenate(parts)[order] if parts else np.empty(0, np.int64)
+
     tok_dtype = dtype_for_vocab(vocab_size)
-    plan = Plan(
+    return Plan(
         sequence_length=L, global_batch_size=global_batch_size, window=tuple(int(w) for w in window),
         experiments=names,
         token_offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-        tokens=(np.concatenate([it.tokens for it in flat]) if flat else np.empty(0)).astype(tok_dtype),
+        tokens=(np.concatenate([s.tokens.astype(tok_dtype, copy=False) for s in sets]) if len(sets) > 1
+                else sets[0].tokens.astype(tok_dtype, copy=False) if sets else np.empty(0, tok_dtype)),
         item_experiment=np.repeat(np.arange(len(names), dtype=np.int32), np.diff(first_item)),
         item_dup_count=dups.astype(np.int32),
         positions=pos[order].astype(np.int64),
         item_ids=cat(copy_item).astype(np.int32),
         dup_index=cat(copy_dup).astype(np.int32),
     )
-    return plan, flat

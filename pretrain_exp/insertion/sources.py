@@ -24,7 +24,7 @@ import math
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence
+from typing import Iterator, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -32,17 +32,63 @@ from pretrain_exp.config import EosPolicy, InsertionExperimentConf, InsertionTyp
 from pretrain_exp.errors import ConfigError, DataError, InsertionError
 
 
-@dataclass
-class ItemSpec:
-    """One item of one experiment, ready for placement."""
+class Item(NamedTuple):
+    """Read-only view of one item of an :class:`ItemSet`."""
 
     experiment: str
     index: int  #: index within the experiment
-    tokens: np.ndarray  #: int64, shape ``(length,)``, EOS policy applied
+    tokens: np.ndarray  #: shape ``(length,)``, EOS policy applied
     dup_count: int  #: times it is inserted (0 = control)
     source: str  #: provenance (``file:line`` or ``generator:seed:index``)
-    positions: Optional[List[int]] = None  #: explicit placement only
-    text: Optional[str] = None
+    positions: Optional[List[int]]  #: explicit placement only
+    text: Optional[str]
+
+
+@dataclass
+class ItemSet:
+    """The items of one experiment in CSR form: item ``i``'s tokens are ``tokens[offsets[i]:offsets[i+1]]``.
+
+    Compact at scale (one token array, no per-item objects); iterating yields :class:`Item` views.
+    """
+
+    experiment: str
+    tokens: np.ndarray  #: any integer dtype, shape ``(total tokens,)``
+    offsets: np.ndarray  #: int64, shape ``(n + 1,)``
+    dup_counts: np.ndarray  #: int64, shape ``(n,)``
+    sources: Optional[List[str]] = None  #: provenance per item (default ``<experiment>:<index>``)
+    texts: Optional[List[str]] = None  #: the text of each item (``texts`` items)
+    positions: Optional[List[List[int]]] = None  #: explicit positions per item (``explicit`` placement)
+
+    @classmethod
+    def from_token_lists(cls, experiment: str, token_lists: Sequence[Sequence[int]], dup_counts: Sequence[int],
+                         **kw) -> "ItemSet":
+        """Build from one token sequence per item (``int64`` storage)."""
+        lengths = np.fromiter((len(t) for t in token_lists), dtype=np.int64, count=len(token_lists))
+        tokens = (np.concatenate([np.asarray(t, dtype=np.int64) for t in token_lists]) if len(token_lists)
+                  else np.empty(0, np.int64))
+        return cls(experiment, tokens, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+                   np.asarray(dup_counts, dtype=np.int64), **kw)
+
+    def __len__(self) -> int:
+        return int(self.dup_counts.size)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Tokens per item, int64 ``(n,)``."""
+        return np.diff(self.offsets)
+
+    def source(self, i: int) -> str:
+        return self.sources[i] if self.sources is not None else f"{self.experiment}:{i}"
+
+    def __getitem__(self, i: int) -> Item:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return Item(self.experiment, i, self.tokens[self.offsets[i]:self.offsets[i + 1]], int(self.dup_counts[i]),
+                    self.source(i), self.positions[i] if self.positions is not None else None,
+                    self.texts[i] if self.texts is not None else None)
+
+    def __iter__(self) -> Iterator[Item]:
+        return (self[i] for i in range(len(self)))
 
 
 def read_jsonl(path: str | Path) -> Iterator[tuple[int, object]]:
@@ -181,7 +227,7 @@ def apply_eos(tokens: Sequence[int], eos_id: int, policy: EosPolicy, sequence_le
 
 
 def load_items(name: str, exp: InsertionExperimentConf, *, tokenizer, vocab_size: int, sequence_length: int,
-               seed: int) -> List[ItemSpec]:
+               seed: int) -> ItemSet:
     """Items of experiment ``name`` with tokens, EOS policy and dup counts.
 
     :param tokenizer: HF tokenizer for ``texts`` items (encoded without special tokens).
@@ -212,7 +258,8 @@ def load_items(name: str, exp: InsertionExperimentConf, *, tokenizer, vocab_size
     rng = experiment_rng(seed, name)
     explicit = exp.placement.kind == PlacementKind.explicit
     dups = None if explicit else assign_dup_counts(len(raw), exp.repetitions, rng, f"{key}.repetitions")
-    items: List[ItemSpec] = []
+    token_lists: List[np.ndarray] = []
+    dup_counts: List[int] = []
     for i, ((src, payload, positions), ids) in enumerate(zip(raw, encoded)):
         where = f"{key} item {i} ({src})"
         if len(ids) == 0:
@@ -229,10 +276,12 @@ def load_items(name: str, exp: InsertionExperimentConf, *, tokenizer, vocab_size
         bad = arr[(arr < 0) | (arr >= vocab_size)]
         if bad.size:
             raise InsertionError(f"{where}: token id {int(bad[0])} outside the vocabulary [0, {vocab_size})")
-        dup = len(positions) if explicit else int(dups[i])
-        items.append(ItemSpec(name, i, arr, dup, src, positions,
-                              payload if exp.type == InsertionType.texts else None))
-    return items
+        token_lists.append(arr)
+        dup_counts.append(len(positions) if explicit else int(dups[i]))
+    return ItemSet.from_token_lists(
+        name, token_lists, dup_counts, sources=[r[0] for r in raw],
+        texts=[r[1] for r in raw] if exp.type == InsertionType.texts else None,
+        positions=[r[2] for r in raw] if explicit else None)
 
 
 def _read_raw(name: str, exp: InsertionExperimentConf, seed: int):

@@ -46,8 +46,7 @@ def verify_plan(plan, read_row: Callable[[int], np.ndarray], base_row: Callable[
         got, base = np.asarray(read_row(q)), np.asarray(base_row(q))
         lo = q * L
         mask = np.zeros(L, dtype=bool)
-        i0 = int(np.searchsorted(plan.ends, lo, side="right"))
-        i1 = int(np.searchsorted(plan.positions, lo + L, side="left"))
+        i0, i1 = plan.spans_in_row(q)
         for i in range(i0, i1):
             s, e = int(plan.positions[i]), int(plan.ends[i])
             a, b = max(s, lo), min(e, lo + L)
@@ -60,7 +59,8 @@ def verify_plan(plan, read_row: Callable[[int], np.ndarray], base_row: Callable[
             covered[i] += b - a
         if not np.array_equal(got[~mask], base[~mask]):
             bad = int(np.flatnonzero(got[~mask] != base[~mask])[0])
-            raise InsertionError(f"row {q}: token outside every planned span changed (offset {np.flatnonzero(~mask)[bad]})")
+            raise InsertionError(f"row {q}: token outside every planned span changed "
+                                 f"(offset {np.flatnonzero(~mask)[bad]})")
     if not np.array_equal(covered, plan.lengths):
         i = int(np.flatnonzero(covered != plan.lengths)[0])
         raise InsertionError(f"insertion {i} at {int(plan.positions[i])}: {int(covered[i])} of "
