@@ -10,8 +10,8 @@ Examples::
 
 Errors of the user's making print one line (``error: <dotted key or file:line>: ...``) and exit with status 2,
 and a fresh run dir that holds nothing but the failed attempt's Hydra files, resolved config and insertion
-plan is removed. The last line of a
-successful run is ``run dir: <absolute path>``.
+plan is removed (in a sweep the job dir is kept and the error logged to its ``pretrain_exp.log`` for
+``python -m pretrain_exp.report``). The last line of a successful run is ``run dir: <absolute path>``.
 """
 
 from __future__ import annotations
@@ -44,17 +44,23 @@ def _one_line(e: BaseException) -> str:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    """Compose, validate once, run; see the module docstring."""
-    from pretrain_exp.experiment import run
+    """Compose, validate once, launch; see the module docstring."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from pretrain_exp.launch import launch
 
     run_dir = Path(cfg.run_dir).resolve()
     fresh = not (run_dir / "config.resolved.yaml").exists()
+    sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         exp = to_config(cfg)
-        run(exp)
+        launch(exp)
     except PretrainExpError as e:
         log.debug("failed", exc_info=True)
-        if fresh and run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= _SCAFFOLD:
+        if sweep:  # keep the job dir and its log, so the sweep report can say why this job failed
+            log.error("error: %s", _one_line(e))
+        elif fresh and run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= _SCAFFOLD:
             shutil.rmtree(run_dir, ignore_errors=True)
         print(f"error: {_one_line(e)}", file=sys.stderr)
         sys.exit(2)

@@ -45,7 +45,8 @@ from pretrain_exp.errors import CheckpointError, ConfigError, PretrainExpError, 
 from pretrain_exp.insertion.plan import Plan, build_plan
 from pretrain_exp.insertion.sources import load_items
 from pretrain_exp.insertion.verify import verify_plan
-from pretrain_exp.tracking import Tracker, config_dict
+from pretrain_exp.launch import barrier, is_main_process
+from pretrain_exp.tracking import NullTracker, Tracker, config_dict
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -99,6 +100,7 @@ class Experiment:
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.main = is_main_process()  #: only rank 0 writes files, logs and evaluates
         t = cfg.training
         self.L, self.B = t.sequence_length, t.global_batch_size
         self.start_step, self.num_steps = cfg.model.checkpoint_step, t.num_steps
@@ -114,7 +116,7 @@ class Experiment:
         self._check_held_out()
         self.plan, self.items = self._plan()
         self.rows = TrainingRows(self.order, self.plan, self.start_step * self.B, self.num_steps * self.B)
-        if cfg.insertion.verify and self.plan.num_insertions:
+        if self.main and cfg.insertion.verify and self.plan.num_insertions:
             verify_plan(self.plan, self.rows.row, self.order.row_tokens,
                         (self.rows.first_row, self.rows.first_row + len(self.rows)), seed=cfg.seed)
         self.framework = get_framework_class(cfg.framework.name)(cfg, self.model_dir)
@@ -140,7 +142,7 @@ class Experiment:
             if Plan.load(path).digest() != plan.digest():
                 raise ConfigError("insertion", f"{path} holds the plan of a different config; use a new run dir "
                                   "(hydra.run.dir=...) or restore the original config")
-        else:
+        elif self.main:
             plan.write_manifest(self.run_dir / "manifest.jsonl", items)
             plan.save(path)
         log.info("plan: %d items, %d insertions, %d tokens (%.2f%% of the %d-token window)", plan.num_items,
@@ -188,7 +190,7 @@ class Experiment:
         cfg, t = self.cfg, self.cfg.training
         t_start = time.perf_counter()
         evaluated: Dict[int, Dict[str, dict]] = {}
-        with Tracker(cfg) as tracker:
+        with (Tracker(cfg) if self.main else NullTracker()) as tracker:
             ckpt = self.framework.latest_checkpoint()
             initial = self.framework.initial_checkpoint()
             if ckpt is None:
@@ -196,7 +198,7 @@ class Experiment:
             else:
                 log.info("resuming from %s (step %d)", ckpt.path, ckpt.step)
             if cfg.eval.on_load or self.num_steps == 0:
-                evaluated[initial.step] = self.evaluate(initial, tracker)
+                evaluated[initial.step] = self._evaluate_on_main(initial, tracker)
             end = self.start_step + self.num_steps
             for seg_end in list(range(self.start_step + t.checkpoint_interval, end, t.checkpoint_interval)) + [end]:
                 if seg_end <= self.start_step or seg_end < ckpt.step:
@@ -205,7 +207,9 @@ class Experiment:
                     start = ckpt
                     ckpt = with_retries(lambda: self.framework.train(start, seg_end, self.rows, tracker.log),
                                         t.max_retries, t.retry_base_delay_s, f"training steps {start.step}->{seg_end}")
-                evaluated[ckpt.step] = self.evaluate(ckpt, tracker)
+                evaluated[ckpt.step] = self._evaluate_on_main(ckpt, tracker)
+            if not self.main:
+                return {}
             results = report.summarize(cfg, self.plan, evaluated, self._all_evaluated(),
                                        time.perf_counter() - t_start)
             report.write_json(self.run_dir / "results.json", results)
@@ -214,6 +218,12 @@ class Experiment:
                 tracker.run.log({"plots/loss_vs_dup": _wandb_image(self.run_dir / "plots" / "loss_vs_dup.png")})
         self._cleanup()
         return results
+
+    def _evaluate_on_main(self, ckpt: Checkpoint, tracker) -> Dict[str, dict]:
+        """Evaluate on rank 0 while the other ranks wait."""
+        out = self.evaluate(ckpt, tracker) if self.main else {}
+        barrier()
+        return out
 
     def _all_evaluated(self) -> Dict[int, Dict[str, dict]]:
         out: Dict[int, Dict[str, dict]] = {}
@@ -284,14 +294,19 @@ def check_same_run(cfg: ExperimentConfig, run_dir: Path) -> None:
 
 
 def run(cfg: ExperimentConfig) -> dict:
-    """Run one experiment end to end (module docstring); returns the ``results.json`` content."""
+    """Run one experiment end to end in this process (one rank of it under torchrun; module docstring).
+
+    :returns: the ``results.json`` content (``{}`` on ranks other than 0).
+    """
     if cfg.training.num_threads > 0:
         torch.set_num_threads(cfg.training.num_threads)
     run_dir = Path(cfg.run_dir).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    check_same_run(cfg, run_dir)
-    save_resolved_config(cfg, run_dir)
+    if is_main_process():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        check_same_run(cfg, run_dir)
+        save_resolved_config(cfg, run_dir)
     exp = Experiment(cfg)
     results = exp.run()
-    report.print_table(results)
+    if results:
+        report.print_table(results)
     return results

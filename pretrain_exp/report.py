@@ -3,15 +3,26 @@
 ``results.json`` holds ``per_dup``: one row ``{experiment, dup_count, n_items, mean_loss, ci_low, ci_high}``
 per experiment and dup count, from the ``insertion_loss`` eval of the last evaluated step (95% bootstrap CIs
 over items), plus the memorization rows, every eval's metrics by step, and the plan's size.
+
+``python -m pretrain_exp.report <run or sweep dir> [--out DIR]`` (:func:`main`) reports a whole sweep: it finds
+every job dir under the dir, reads each job's ``results.json``, ``config.resolved.yaml`` and
+``.hydra/overrides.yaml``, and writes ``report.csv`` / ``report.md`` (one row per job, experiment and dup count,
+with ``effect = mean_loss(dup 0) - mean_loss(dup)``; the failed jobs with the last error line of their logs) and
+``effect_vs_dup.png`` (one line per job).
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
+import re
+import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from pretrain_exp.config import ExperimentConfig
 
@@ -139,3 +150,407 @@ def print_table(results: dict) -> None:
         if "held_out/perplexity" in metrics:
             console.print(f"held-out perplexity ({task}): {metrics['held_out/perplexity']:.2f} "
                           f"over {int(metrics.get('held_out/tokens', 0))} tokens")
+
+
+# --- sweep reports: python -m pretrain_exp.report <run or sweep dir> [--out DIR] ---------------------------------
+
+#: the fixed columns of ``report.csv`` (the swept override keys come between ``job`` and ``seed``)
+REPORT_COLUMNS = ("seed", "checkpoint_step", "step", "experiment", "dup_count", "n_items", "mean_loss", "ci_low",
+                  "ci_high", "effect")
+#: override keys shown by a fixed column already
+_SHOWN_KEYS = {"seed": "seed", "model.checkpoint_step": "checkpoint_step"}
+#: folders of a job dir (or a sweep dir) that never hold a job dir
+_NOT_JOBS = {"checkpoints", "evals", "plots", "wandb"}
+_SUBMITIT_LOG = re.compile(r"^(?P<job_id>.+)_(?P<rank>\d+)_log\.(?P<kind>out|err)$")
+_LOG_LEVEL = re.compile(r"\]\[(ERROR|CRITICAL|WARNING)\] - ")
+
+
+@dataclass
+class Job:
+    """One job dir of a sweep (or a single run dir) and what the report knows about it."""
+
+    path: Path
+    name: str  #: path relative to the report root (the dir name for a single run)
+    overrides: Dict[str, str] = field(default_factory=dict)  #: ``.hydra/overrides.yaml`` as key -> value
+    hydra_job: dict = field(default_factory=dict)  #: ``hydra.job`` of ``.hydra/hydra.yaml`` (id, num)
+    sweeper_keys: List[str] = field(default_factory=list)  #: keys of ``hydra.sweeper.params``
+    config: dict = field(default_factory=dict)  #: ``config.resolved.yaml``
+    results: Optional[dict] = None  #: ``results.json``; None if the job has none (failed or running)
+    reason: str = ""  #: why there are no results (the last error line found in the job's logs)
+
+
+def _natural_key(text: str):
+    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", text)]
+
+
+def _is_job_dir(path: Path) -> bool:
+    return (path / ".hydra").is_dir() or (path / "config.resolved.yaml").is_file()
+
+
+def _walk(root: Path) -> Tuple[List[Path], List[Path]]:
+    """(job dirs, ``.submitit`` dirs) under ``root``; job dirs, hidden dirs and run outputs are not entered."""
+    jobs, submitit = [], []
+    for dirpath, dirnames, _ in os.walk(root):
+        here = Path(dirpath)
+        if here != root and _is_job_dir(here):
+            jobs.append(here)
+            dirnames[:] = []
+            continue
+        submitit += [here / d for d in dirnames if d == ".submitit"]
+        dirnames[:] = [d for d in dirnames if not d.startswith(".") and d not in _NOT_JOBS]
+    return sorted(jobs, key=lambda p: _natural_key(str(p.relative_to(root)))), sorted(submitit)
+
+
+def find_job_dirs(root: Path) -> List[Path]:
+    """Every job dir under ``root`` (a dir with ``.hydra/`` or ``config.resolved.yaml``; ``root`` itself if it is
+    one), in natural order (``2`` before ``10``). Hidden folders (``.submitit``) and run outputs are skipped."""
+    root = Path(root)
+    return [root] if _is_job_dir(root) else _walk(root)[0]
+
+
+def _read_yaml(path: Path):
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text()) if path.is_file() else None
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+def _override_key(override: str) -> Tuple[str, str]:
+    key, _, value = override.partition("=")
+    return key.lstrip("+~"), value
+
+
+def load_job(path: Path, root: Path) -> Job:
+    """Read one job dir: overrides, Hydra job id/num, resolved config and ``results.json`` (if any)."""
+    path = Path(path)
+    name = path.name if path == Path(root) else str(path.relative_to(root))
+    job = Job(path=path, name=name)
+    job.overrides = dict(_override_key(str(o)) for o in _read_yaml(path / ".hydra" / "overrides.yaml") or [])
+    hydra_cfg = (_read_yaml(path / ".hydra" / "hydra.yaml") or {}).get("hydra", {}) or {}
+    job.hydra_job = hydra_cfg.get("job", {}) or {}
+    params = (hydra_cfg.get("sweeper", {}) or {}).get("params") or {}
+    job.sweeper_keys = [_override_key(str(k))[0] for k in params]
+    job.config = _read_yaml(path / "config.resolved.yaml") or {}
+    res = path / "results.json"
+    if res.is_file():
+        try:
+            job.results = json.loads(res.read_text())
+        except (OSError, ValueError) as e:
+            job.reason = f"unreadable results.json ({e})"
+    return job
+
+
+def swept_keys(jobs: Sequence[Job]) -> List[str]:
+    """The override keys that tell the jobs apart: keys whose value differs between jobs (or that a job lacks),
+    plus the keys of ``hydra.sweeper.params``; keys with a fixed column (``seed``, ``model.checkpoint_step``)
+    are left out. A single job's keys are all its overrides."""
+    keys: List[str] = []
+    for j in jobs:
+        keys += [k for k in list(j.overrides) + j.sweeper_keys if k not in keys]
+    if len(jobs) > 1:
+        keys = [k for k in keys if len({j.overrides.get(k) for j in jobs}) > 1
+                or any(k in j.sweeper_keys for j in jobs)]
+    return [k for k in keys if k not in _SHOWN_KEYS]
+
+
+def _column_name(key: str) -> str:
+    return f"override:{key}" if key in ("job",) + REPORT_COLUMNS else key
+
+
+def job_label(job: Job, keys: Sequence[str]) -> str:
+    """Legend label of a job: its swept overrides, seed and checkpoint step where they vary (else its name)."""
+    parts = [f"{k}={job.overrides[k]}" for k in list(_SHOWN_KEYS) + list(keys) if k in job.overrides]
+    return " ".join(parts) or job.name
+
+
+def report_rows(jobs: Sequence[Job], keys: Sequence[str]) -> List[dict]:
+    """One row per (job, experiment, dup count) of the jobs with results (:data:`REPORT_COLUMNS`)."""
+    rows = []
+    for j in jobs:
+        res = j.results
+        if res is None:
+            continue
+        step0 = (res.get("model") or {}).get("checkpoint_step", (j.config.get("model") or {}).get("checkpoint_step"))
+        base = {r["experiment"]: r.get("mean_loss") for r in res.get("per_dup", []) if r.get("dup_count") == 0}
+        for r in res.get("per_dup", []):
+            dup0, loss = base.get(r["experiment"]), r.get("mean_loss")
+            row = {"job": j.name, **{_column_name(k): j.overrides.get(k, "") for k in keys},
+                   "seed": res.get("seed", j.config.get("seed")),
+                   "checkpoint_step": step0,
+                   "step": res.get("step"), "experiment": r["experiment"], "dup_count": r["dup_count"],
+                   "n_items": r.get("n_items"), "mean_loss": loss, "ci_low": r.get("ci_low"),
+                   "ci_high": r.get("ci_high"),
+                   "effect": None if dup0 is None or loss is None else dup0 - loss}
+            rows.append(row)
+    return rows
+
+
+def last_error_line(text: str) -> Tuple[int, str]:
+    """The most telling failure line of a log: ``(priority, line)``, higher is better, ``(0, "")`` if none.
+
+    Priority 4: the last ``error: ...`` line (what the entry point prints for an error of the user's making, and
+    SLURM's ``slurmstepd: error: ...``); 3: the exception line closing the last Python traceback; 2: the last
+    ERROR/CRITICAL log record; 1: the last WARNING log record (e.g. a failed training attempt before a retry).
+    """
+    best: Dict[int, str] = {}
+    in_tb = False
+    for line in text.splitlines():
+        s = line.strip()
+        if not s:
+            continue
+        if s.startswith("Traceback (most recent call last)"):
+            in_tb = True
+            continue
+        if in_tb and not line[:1].isspace():
+            best[3] = s
+            in_tb = False
+        if s.startswith("error: ") or " error: " in s:
+            best[4] = s[s.index("error: "):] if s.startswith("error: ") else s
+        m = _LOG_LEVEL.search(s)
+        if m:
+            best[1 if m[1] == "WARNING" else 2] = s[m.end():]
+    if not best:
+        return 0, ""
+    top = max(best)
+    return top, best[top]
+
+
+def _read_log(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def submitit_logs(root: Path) -> List[Path]:
+    """Hydra submitit launcher logs of the sweep(s) under ``root`` (of the sweep holding ``root`` if it is a job
+    dir): ``<sweep>/.submitit/<slurm job id>/<id>_<task>_log.{err,out}``."""
+    root = Path(root)
+    dirs = [root.parent / ".submitit"] if _is_job_dir(root) else _walk(root)[1]
+    return sorted(p for d in dirs if d.is_dir() for p in d.glob("*/*_log.*") if _SUBMITIT_LOG.match(p.name))
+
+
+def _log_job_id(path: Path) -> Tuple[str, str]:
+    """(submitit job id, array task index or "") of a submitit log file name ``<jobid>_<rank>_log.<kind>``."""
+    job_id = _SUBMITIT_LOG.match(path.name)["job_id"]
+    task = job_id.rsplit("_", 1)[1] if re.fullmatch(r"\d+_\d+", job_id) else ""
+    return job_id, task
+
+
+def match_logs(job: Job, logs: Sequence[Path], texts: Dict[Path, str]) -> List[Path]:
+    """The submitit logs of ``job``: by the Hydra job id the launcher recorded in ``.hydra/hydra.yaml`` (the
+    submitit job id), else by the job dir's path printed in the log, else by the Hydra job number (= array task
+    index for a sweep submitted as one array)."""
+    job_id = str(job.hydra_job.get("id", ""))
+    by_id = [p for p in logs if _log_job_id(p)[0] == job_id]
+    if by_id:
+        return by_id
+    path = str(job.path.resolve())
+    by_path = [p for p in logs if re.search(re.escape(path) + r"(?![\w/.-])", texts[p])]
+    if by_path:
+        return by_path
+    num = job.hydra_job.get("num")
+    return [p for p in logs if num is not None and _log_job_id(p)[1] == str(num)]
+
+
+def failure_reason(job: Job, logs: Sequence[Path]) -> str:
+    """Why ``job`` has no results: the best error line (:func:`last_error_line`) of its submitit ``.err``/
+    ``.out`` logs and its own log file, naming the file it came from."""
+    candidates = sorted(logs, key=lambda p: (not p.name.endswith(".err"), str(p)))
+    candidates += sorted(job.path.glob("*.log"))
+    best, where = (0, ""), None
+    for p in candidates:
+        found = last_error_line(_read_log(p))
+        if found[0] > best[0]:
+            best, where = found, p
+    if where is None:
+        return "no results.json and no error in its logs (still running, or killed?)"
+    return f"{best[1]} ({where.name})"
+
+
+def collect(root: Path) -> Tuple[List[Job], List[dict]]:
+    """Jobs under ``root`` (with the failure reason of those without results) and the failures known only from
+    submitit logs (a job whose dir was removed after an error of the user's making): ``[{job, reason}]``."""
+    root = Path(root)
+    jobs = [load_job(p, root) for p in find_job_dirs(root)]
+    logs = submitit_logs(root)
+    texts = {p: _read_log(p) for p in logs}
+    used = set()
+    for j in jobs:
+        mine = match_logs(j, logs, texts)
+        used.update(mine)
+        if j.results is None:
+            j.reason = j.reason or failure_reason(j, mine)
+    orphans: List[dict] = []
+    if _is_job_dir(root):  # the other logs of the sweep belong to its other jobs
+        return jobs, orphans
+    by_id: Dict[str, List[Path]] = {}
+    for p in logs:
+        if p not in used:
+            by_id.setdefault(_log_job_id(p)[0], []).append(p)
+    for job_id, paths in sorted(by_id.items(), key=lambda kv: _natural_key(kv[0])):
+        found = max((last_error_line(texts[p]) + (p,) for p in paths), key=lambda t: (t[0], t[2].name.endswith(".err")))
+        if found[0] >= 3:
+            orphans.append({"job": f"submitit job {job_id} (no job dir)", "overrides": "",
+                            "reason": f"{found[1]} ({found[2].relative_to(root)})"})
+    return jobs, orphans
+
+
+def _fmt(v, spec: str = ".4f") -> str:
+    if v is None:
+        return "-"
+    return format(v, spec) if isinstance(v, float) else str(v)
+
+
+def _md_cell(v) -> str:
+    return _fmt(v).replace("|", "\\|")
+
+
+def report_markdown(title: str, rows: Sequence[dict], columns: Sequence[str], failed: Sequence[dict]) -> str:
+    """``report.md``: the results table and the failed jobs with their reasons."""
+    out = [f"# {title}", "", f"{len({r['job'] for r in rows})} job(s) with results, {len(failed)} failed.", ""]
+    right = {"seed", "checkpoint_step", "step", "dup_count", "n_items", "mean_loss", "ci_low", "ci_high", "effect"}
+    out += ["| " + " | ".join(columns) + " |", "|" + "|".join("--:" if c in right else "---" for c in columns) + "|"]
+    out += ["| " + " | ".join(_md_cell(r.get(c)) for c in columns) + " |" for r in rows]
+    if failed:
+        out += ["", "## Failed", "", "| job | overrides | reason |", "|---|---|---|"]
+        out += [f"| {_md_cell(f['job'])} | {_md_cell(f['overrides'])} | {_md_cell(f['reason'])} |" for f in failed]
+    return "\n".join(out) + "\n"
+
+
+def plot_effect_vs_dup(rows: Sequence[dict], labels: Dict[str, str], path: Path, title: str) -> None:
+    """PNG of mean loss vs dup count (95% CI bars), one line per job (and experiment); written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    series: Dict[Tuple[str, str], List[dict]] = {}
+    for r in rows:
+        series.setdefault((r["job"], r["experiment"]), []).append(r)
+    experiments = {e for _, e in series}
+    for (job, exp), rs in series.items():
+        rs = sorted((r for r in rs if r["mean_loss"] is not None), key=lambda r: r["dup_count"])
+        y = [r["mean_loss"] for r in rs]
+        lo = [r["mean_loss"] - (r["ci_low"] if r["ci_low"] is not None else r["mean_loss"]) for r in rs]
+        hi = [(r["ci_high"] if r["ci_high"] is not None else r["mean_loss"]) - r["mean_loss"] for r in rs]
+        label = labels.get(job, job) + (f" / {exp}" if len(experiments) > 1 else "")
+        ax.errorbar([r["dup_count"] for r in rs], y, yerr=[lo, hi], marker="o", capsize=3, label=label, alpha=0.85)
+    ax.set_xscale("symlog", linthresh=1)
+    ax.set_xlabel("dup count (0 = never-inserted control)")
+    ax.set_ylabel("mean loss per token (nats)")
+    ax.set_title(title, fontsize=9)
+    if series:
+        ax.legend(fontsize=7, ncol=1 if len(series) <= 8 else 2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    _save_png(fig, path)
+    plt.close(fig)
+
+
+def _save_png(fig, path: Path) -> None:
+    """Save a matplotlib figure as PNG atomically (temp file in the same folder, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=120)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def write_report(root: Path, out_dir: Optional[Path] = None) -> dict:
+    """Collect every job under ``root`` and write ``report.csv``, ``report.md`` and ``effect_vs_dup.png`` into
+    ``out_dir`` (default ``root``).
+
+    :returns: ``{"jobs", "rows", "columns", "failed", "paths"}``.
+    :raises FileNotFoundError: if ``root`` is not a directory.
+    :raises LookupError: if it holds no job dir and no submitit log of one.
+    """
+    root = Path(root).resolve()
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: no such directory")
+    jobs, orphans = collect(root)
+    if not jobs and not orphans:
+        raise LookupError(f"{root}: no job dirs (dirs with .hydra/ or config.resolved.yaml) under it")
+    done = [j for j in jobs if j.results is not None]
+    keys = swept_keys(done or jobs)
+    columns = ["job", *(_column_name(k) for k in keys), *REPORT_COLUMNS]
+    rows = report_rows(done, keys)
+    failed = [{"job": j.name, "overrides": " ".join(f"{k}={v}" for k, v in j.overrides.items()),
+               "reason": j.reason} for j in jobs if j.results is None] + orphans
+    out_dir = Path(out_dir).resolve() if out_dir is not None else root
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({c: ("" if r.get(c) is None else r.get(c)) for c in columns} for r in rows)
+    paths = {"csv": out_dir / "report.csv", "md": out_dir / "report.md", "png": out_dir / "effect_vs_dup.png"}
+    write_text(paths["csv"], buf.getvalue())
+    title = f"{root.name}: mean insertion loss by dup count (95% CI)"
+    write_text(paths["md"], report_markdown(title, rows, columns, failed))
+    plot_effect_vs_dup(rows, {j.name: job_label(j, keys) for j in done}, paths["png"], title)
+    return {"jobs": jobs, "rows": rows, "columns": columns, "failed": failed, "paths": paths}
+
+
+def _print_report(rep: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(120, Console().width))
+    columns = rep["columns"]
+    done = sum(1 for j in rep["jobs"] if j.results is not None)
+    if rep["rows"]:
+        table = Table(title=f"{done} job(s): mean insertion loss by dup count (95% CI); "
+                            "effect = loss(dup 0) - loss(dup)")
+        for c in columns:
+            table.add_column(c, justify="left" if c in ("job", "experiment") else "right")
+        for r in rep["rows"]:
+            table.add_row(*(_fmt(r.get(c)) for c in columns))
+        console.print(table)
+    else:
+        console.print(f"{done} job(s) with results, no per-dup rows (no insertion experiment finished)")
+    if rep["failed"]:
+        failed = Table(title="failed")
+        for c in ("job", "overrides", "reason"):
+            failed.add_column(c, overflow="fold")
+        for f in rep["failed"]:
+            failed.add_row(f["job"], f["overrides"], f["reason"])
+        console.print(failed)
+    for p in rep["paths"].values():
+        print(f"wrote {p}")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m pretrain_exp.report <run or sweep dir> [--out DIR]``; returns the exit status: 0 if at least
+    one job has results, 1 if none has (the report of the failures is still written), 2 if the dir holds no
+    jobs (one ``error: ...`` line)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m pretrain_exp.report",
+        description="Tables and plots of every job of a sweep (or of one run): report.csv, report.md and "
+                    "effect_vs_dup.png, plus the failed jobs with the last error line of their logs.")
+    parser.add_argument("dir", type=Path, help="a sweep dir (hydra.sweep.dir) or a run dir")
+    parser.add_argument("--out", type=Path, default=None, help="where to write the report (default: DIR)")
+    args = parser.parse_args(argv)
+    try:
+        rep = write_report(args.dir, args.out)
+    except (FileNotFoundError, LookupError) as e:
+        print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
+        return 2
+    _print_report(rep)
+    if not rep["rows"] and all(j.results is None for j in rep["jobs"]):
+        print(f"error: {Path(args.dir).resolve()}: no job has results.json ({len(rep['failed'])} failed)",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -86,3 +86,18 @@ class Tracker:
 
     def __exit__(self, *exc) -> None:
         self.finish()
+
+
+class NullTracker:
+    """The tracker of ranks other than 0: logs nothing."""
+
+    wandb_dir = None
+
+    def log(self, metrics: Dict[str, float], step: int) -> None:
+        pass
+
+    def __enter__(self) -> "NullTracker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass

@@ -1,0 +1,201 @@
+"""Sweeps and reports: the ``conf/sweep`` presets expand into valid jobs, the wrapper scripts, the report CLI
+(``python -m pretrain_exp.report``) on a real multirun with a failed job, and checkpoint sweeps over a base series."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from pretrain_exp.config import to_config
+from tests.conftest import CACHE_DIR, CONF_DIR, ROOT, compose
+
+SWEEPS = sorted(p.stem for p in (CONF_DIR / "sweep").glob("*.yaml"))
+#: jobs each preset expands into
+JOBS = {"demo_grid": 3, "seeds_x_dups": 4, "seeds_x_steps": 4}
+#: sweep dir of the 2-job tiny sweep shared by the report tests: 4 steps, dup counts 0/1/2/4 (fits 4 steps)
+TINY_SWEEP = ["experiment=tiny", "training.num_steps=4", "insertion.experiments.fictional_bios.repetitions=[0,1,2,4]",
+              "training.num_threads=1"]
+
+
+def _env(**extra: str) -> dict:
+    env = {**os.environ, "PRETRAIN_EXP_CACHE": str(CACHE_DIR), "HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true",
+           "PYTHONPATH": str(ROOT)}
+    env.pop("PRETRAIN_EXP_RUNS", None)
+    return env | extra
+
+
+def _run(args, cwd: Path, env: dict, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{args}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def _compose_with_hydra(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose("config", overrides=["run_dir=/nonexistent-run-dir", f"cache_dir={CACHE_DIR}",
+                                                  *overrides], return_hydra_config=True)
+
+
+def _sweep_jobs(params) -> list:
+    """The job override lists the basic sweeper makes of ``hydra.sweeper.params``."""
+    parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
+    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+# --- presets and scripts ------------------------------------------------------------------------------------------
+def test_sweep_presets_exist():
+    assert set(JOBS) <= set(SWEEPS)
+
+
+@pytest.mark.parametrize("name", SWEEPS)
+def test_sweep_preset_expands_into_valid_jobs(name):
+    cfg = _compose_with_hydra(f"+sweep={name}")
+    params = cfg.hydra.sweeper.params
+    assert params, f"conf/sweep/{name}.yaml sets no hydra.sweeper.params"
+    jobs = _sweep_jobs(params)
+    assert len(jobs) == JOBS.get(name, len(jobs)) and len(jobs) >= 2
+    seen = []
+    for job in jobs:
+        exp = to_config(compose(f"+sweep={name}", *job))  # every job composes and validates
+        seen.append(exp)
+    if name == "seeds_x_dups":
+        reps = sorted({(e.seed, tuple(e.insertion.experiments["fictional_bios"].repetitions)) for e in seen})
+        assert reps == [(s, r) for s in (0, 1) for r in ((0, 1, 4, 16), (0, 2, 8, 32))]
+    if name == "seeds_x_steps":
+        assert sorted((e.seed, e.model.checkpoint_step) for e in seen) == [(0, 4), (0, 8), (1, 4), (1, 8)]
+        for e in seen:
+            assert e.model.asset is None and e.model.name == "base_series"
+            assert e.model.path.endswith(f"/base_series-smollm2_135m-step0-seed0/checkpoints/"
+                                         f"checkpoint-{e.model.checkpoint_step}")
+    if name == "demo_grid":
+        assert sorted(e.seed for e in seen) == [0, 1, 2] and {e.name for e in seen} == {"default"}
+
+
+def test_sweep_preset_overrides_compose_with_a_tiny_base_series():
+    overrides = ["+sweep=seeds_x_steps", "experiment=tiny", "model=base_series_tiny", "model.checkpoint_step=8"]
+    exp = to_config(compose(*overrides))
+    assert (exp.name, exp.model.name, exp.model.checkpoint_step) == ("tiny", "base_series_tiny", 8)
+    assert exp.model.path.endswith("/base_series-tiny_llama-step0-seed0/checkpoints/checkpoint-8")
+
+
+def test_cli_accepts_sweep_presets(tmp_path):
+    out = _run(["-m", "pretrain_exp", "+sweep=seeds_x_dups", "--cfg", "hydra"], ROOT, _env()).stdout
+    assert "choice([0,1,4,16],[0,2,8,32])" in out and "seed: 0,1" in out
+
+
+@pytest.mark.parametrize("script", sorted((ROOT / "multirun_scripts").glob("*.sh")), ids=lambda p: p.name)
+def test_multirun_scripts(script):
+    text = script.read_text()
+    assert os.access(script, os.X_OK) and text.startswith("#!/usr/bin/env bash\n")
+    assert "set -euo pipefail" in text and '"$@"' in text
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    if script.stem == "report":
+        assert "-m pretrain_exp.report" in text
+    else:
+        assert f"-m pretrain_exp -m +sweep={script.stem} " in text and script.stem in SWEEPS
+
+
+def test_report_of_a_dir_without_jobs(tmp_path):
+    proc = _run(["-m", "pretrain_exp.report", str(tmp_path)], ROOT, _env(), check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"error: {tmp_path.resolve()}: no job dirs (dirs with .hydra/ or config.resolved.yaml) under it"]
+    assert not list(tmp_path.iterdir())
+
+
+# --- real sweeps ----------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_report_of_a_real_sweep_with_a_failed_job(tmp_path, tiny_model_dir):
+    sweep = tmp_path / "sweep"
+    env = _env(PRETRAIN_EXP_RUNS=str(tmp_path / "runs"))
+    _run(["-m", "pretrain_exp", "-m", *TINY_SWEEP, "seed=0,1", "wandb=disabled", f"hydra.sweep.dir={sweep}"],
+         ROOT, env)
+    # a third job into the same sweep dir, through the submitit launcher (its logs land in <sweep>/.submitit/ as
+    # on SLURM), that fails in training: an Adam beta of 2 passes the config checks and fails when the optimizer
+    # is built. W&B offline has written files by then, so the failed job keeps its dir.
+    failed = _run(["-m", "pretrain_exp", "-m", *TINY_SWEEP, "seed=2", "wandb=offline", "training.adam_beta1=2.0",
+                   "training.max_retries=0", "hydra/launcher=submitit_local", f"hydra.sweep.dir={sweep}",
+                   "hydra.sweep.subdir=2"], ROOT, env, check=False)
+    assert failed.returncode != 0
+    assert not (sweep / "2" / "results.json").exists()
+
+    proc = _run(["-m", "pretrain_exp.report", str(sweep)], ROOT, env)
+    paths = [sweep / "report.csv", sweep / "report.md", sweep / "effect_vs_dup.png"]
+    for p in paths:
+        assert f"wrote {p}" in proc.stdout
+    assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with open(paths[0], newline="") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    # seed is the only override that differs between the finished jobs, and it has its own column
+    assert reader.fieldnames == ["job", "seed", "checkpoint_step", "step", "experiment", "dup_count", "n_items",
+                                 "mean_loss", "ci_low", "ci_high", "effect"]
+    assert len(rows) == 2 * 4
+    assert sorted({(r["job"], r["seed"], r["checkpoint_step"], r["step"]) for r in rows}) == [
+        ("0", "0", "0", "4"), ("1", "1", "0", "4")]
+    for job in ("0", "1"):
+        mine = {int(r["dup_count"]): r for r in rows if r["job"] == job}
+        assert sorted(mine) == [0, 1, 2, 4]
+        res = json.loads((sweep / job / "results.json").read_text())
+        for want in res["per_dup"]:
+            got = mine[want["dup_count"]]
+            assert float(got["mean_loss"]) == pytest.approx(want["mean_loss"], rel=1e-12)
+            assert float(got["effect"]) == pytest.approx(res["per_dup"][0]["mean_loss"] - want["mean_loss"])
+            assert int(got["n_items"]) == want["n_items"] == 4 and got["experiment"] == "fictional_bios"
+        assert float(mine[0]["effect"]) == 0.0
+
+    md = paths[1].read_text()
+    assert "## Failed" in md and md.count("| fictional_bios |") == 8
+    failed_rows = [line for line in md.split("## Failed", 1)[1].splitlines()
+                   if line.startswith("| ") and not line.startswith("| job |")]
+    assert len(failed_rows) == 1, md
+    # the job's dir (or, should the bad beta ever be refused at config time, its submitit log)
+    assert failed_rows[0].startswith(("| 2 | ", "| submitit job ")), failed_rows[0]
+    assert "error: " in failed_rows[0] and "beta" in failed_rows[0] and "_log.err" in failed_rows[0]
+    assert "seed=2" in failed_rows[0] or failed_rows[0].startswith("| submitit job ")
+    assert "failed" in proc.stdout and "beta" in proc.stdout
+
+    # a single run dir is a report root too (here: --out elsewhere leaves the run dir as it was)
+    one = _run(["-m", "pretrain_exp.report", str(sweep / "1"), "--out", str(tmp_path / "one")], ROOT, env)
+    assert "failed" not in one.stdout
+    with open(tmp_path / "one" / "report.csv", newline="") as f:
+        assert [r["seed"] for r in csv.DictReader(f)] == ["1"] * 4
+    assert not (sweep / "1" / "report.csv").exists()
+
+
+@pytest.mark.slow
+def test_base_series_checkpoints_are_continued(tmp_path, tiny_model_dir):
+    """``experiment=base_series_tiny`` keeps every checkpoint; ``model=base_series_tiny`` continues one of them
+    (runs root ``runs/`` relative to the working directory, as by default)."""
+    env = _env()
+    _run(["-m", "pretrain_exp", "experiment=base_series_tiny", "training.num_steps=8", "training.num_threads=1",
+          "wandb=disabled"], tmp_path, env)
+    series = tmp_path / "runs" / "base_series-tiny_llama-step0-seed0"
+    assert sorted(p.name for p in (series / "checkpoints").iterdir()) == ["checkpoint-4", "checkpoint-8"]
+    assert json.loads((series / "results.json").read_text())["plan"]["num_insertions"] == 0
+
+    proc = _run(["-m", "pretrain_exp", *TINY_SWEEP, "model=base_series_tiny", "model.checkpoint_step=4",
+                 "wandb=disabled"], tmp_path, env)
+    run_dir = tmp_path / "runs" / "tiny-base_series_tiny-step4-seed0"
+    assert proc.stdout.strip().splitlines()[-1] == f"run dir: {run_dir.resolve()}"
+    res = json.loads((run_dir / "results.json").read_text())
+    B, L = 8, 128
+    assert res["model"]["path"] == f"runs/{series.name}/checkpoints/checkpoint-4"
+    assert res["model"]["checkpoint_step"] == 4 and res["step"] == 8
+    assert res["plan"]["window"] == [4 * B * L, 8 * B * L]
+    manifest = [json.loads(line) for line in (run_dir / "manifest.jsonl").read_text().splitlines()]
+    assert len(manifest) == res["plan"]["num_insertions"] == 4 * (1 + 2 + 4)
+    assert all(4 * B * L <= m["position"] < 8 * B * L and m["step"] in (5, 6, 7, 8) for m in manifest)
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert sorted({m["step"] for m in metrics if "train/loss" in m}) == [5, 6, 7, 8]
+    assert sorted(p.name for p in (run_dir / "evals").iterdir()) == ["step8"]

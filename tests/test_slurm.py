@@ -1,0 +1,139 @@
+"""Sweeps on a real SLURM cluster (``../shared/tools/slurm-localhost.sh up``; skipped where no controller answers).
+
+Every test runs the real CLI with ``hydra/launcher=slurm_cpu`` (the ``slurm`` preset without a GPU request) on
+partition ``debug``: Hydra's submitit launcher submits one array task per job and waits for all of them.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CACHE_DIR, ROOT
+
+
+def _controller_answers() -> bool:
+    if shutil.which("sinfo") is None:
+        return False
+    try:
+        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+pytestmark = [
+    pytest.mark.slow, pytest.mark.slurm,
+    pytest.mark.skipif(not _controller_answers(), reason="no SLURM controller answers `sinfo` "
+                       "(start one with ../shared/tools/slurm-localhost.sh up)"),
+]
+
+BASE = ["hydra/launcher=slurm_cpu", "hydra.launcher.partition=debug", "experiment=tiny", "wandb=disabled",
+        "training.num_threads=1"]
+
+
+def sweep_cmd(sweep_dir: Path, *overrides: str) -> list[str]:
+    return [sys.executable, "-m", "pretrain_exp", "-m", *BASE, f"hydra.sweep.dir={sweep_dir}", *overrides]
+
+
+def env(tmp_path: Path) -> dict:
+    return os.environ | {"PRETRAIN_EXP_CACHE": str(CACHE_DIR), "PRETRAIN_EXP_RUNS": str(tmp_path / "runs"),
+                         "PYTHONPATH": str(ROOT), "WANDB_SILENT": "true"}
+
+
+def run_sweep(tmp_path: Path, sweep_dir: Path, *overrides: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(sweep_cmd(sweep_dir, *overrides), cwd=ROOT, env=env(tmp_path), capture_output=True,
+                          text=True, timeout=1200)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def slurm_job_ids(sweep_dir: Path) -> set[str]:
+    """SLURM job ids of a sweep (submitit's folders are named ``<job id>[_<array index>]``)."""
+    return {p.name.split("_")[0] for p in (sweep_dir / ".submitit").iterdir() if p.name[:1].isdigit()}
+
+
+def job_dirs(sweep_dir: Path) -> list[Path]:
+    return sorted((p for p in sweep_dir.iterdir() if (p / ".hydra").is_dir()), key=lambda p: int(p.name))
+
+
+def test_2x2_sweep_runs_as_array_tasks_and_the_report_gathers_4_jobs(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    run_sweep(tmp_path, sweep_dir, "seed=0,1", "training.learning_rate=0.005,0.01")
+    jobs = job_dirs(sweep_dir)
+    assert len(jobs) == 4
+    for job in jobs:
+        assert (job / "config.resolved.yaml").is_file() and (job / "results.json").is_file(), job
+        assert json.loads((job / "results.json").read_text())["step"] == 12
+    assert len(slurm_job_ids(sweep_dir)) == 1, "all four jobs should be tasks of one SLURM array"
+    report = subprocess.run([sys.executable, "-m", "pretrain_exp.report", str(sweep_dir)], cwd=ROOT,
+                            env=env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr
+    with open(sweep_dir / "report.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len({r["job"] for r in rows}) == 4
+    assert {(r["seed"], r["training.learning_rate"]) for r in rows} == {
+        ("0", "0.005"), ("0", "0.01"), ("1", "0.005"), ("1", "0.01")}
+
+
+def test_nproc_per_node_2_runs_two_ranks_under_torchrun_in_the_job(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    run_sweep(tmp_path, sweep_dir, "training.nproc_per_node=2", "hydra.launcher.cpus_per_task=2", "seed=0")
+    (job,) = job_dirs(sweep_dir)
+    ranks = sorted(p.parent.name for p in (job / "torchrun").rglob("stderr.log"))
+    assert ranks == ["0", "1"]
+    assert json.loads((job / "results.json").read_text())["step"] == 12
+
+
+def test_an_over_asking_job_fails_fast_with_a_clear_message(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    t0 = time.perf_counter()
+    proc = run_sweep(tmp_path, sweep_dir, "training.nproc_per_node=4", "training.micro_batch_size=2",
+                     "hydra.launcher.cpus_per_task=2", "seed=0",
+                     check=False)
+    assert proc.returncode != 0
+    logs = "".join(p.read_text() for p in (sweep_dir / ".submitit").rglob("*_log.err"))
+    assert "training.nproc_per_node=4 but this job's allocation has 2 CPUs" in logs
+    assert not list(sweep_dir.rglob("checkpoint-*"))
+    assert time.perf_counter() - t0 < 120
+
+
+def test_a_preempted_job_is_requeued_and_resumes_from_its_checkpoint(tmp_path):
+    """USR2 (what SLURM sends before preemption/timeout) mid-training: submitit checkpoints the Hydra job,
+    requeues it, and the re-run continues from the job's newest checkpoint instead of starting over."""
+    sweep_dir = tmp_path / "sweep"
+    overrides = ["seed=0", "training.num_steps=48", "training.checkpoint_interval=4",
+                 "insertion.experiments.fictional_bios.repetitions=[0,1,2,4]", "eval=[insertion_loss]"]
+    proc = subprocess.Popen(sweep_cmd(sweep_dir, *overrides), cwd=ROOT, env=env(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 600
+        while not list(sweep_dir.glob("0/checkpoints/checkpoint-*")):
+            assert proc.poll() is None and time.time() < deadline, "job never wrote a checkpoint"
+            time.sleep(0.5)
+        (job_id,) = slurm_job_ids(sweep_dir)
+        subprocess.run(["scancel", "--signal=USR2", "--full", job_id], check=True)
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    job = sweep_dir / "0"
+    log = (job / "pretrain_exp.log").read_text()
+    assert "resuming from" in log, log[-2000:]
+    res = json.loads((job / "results.json").read_text())
+    assert res["step"] == 48
+    trained_steps = [json.loads(line)["step"] for line in (job / "metrics.jsonl").read_text().splitlines()
+                     if "train/loss" in line]
+    assert trained_steps.count(1) == 1 and max(trained_steps) == 48  # resumed, not restarted from step 1
+    sacct = subprocess.run(["sacct", "-n", "-X", "-j", job_id, "-o", "State"], capture_output=True,
+                           text=True).stdout
+    assert "COMPLETED" in sacct
