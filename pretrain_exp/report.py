@@ -157,8 +157,8 @@ def print_table(results: dict) -> None:
 #: the fixed columns of ``report.csv`` (the swept override keys come between ``job`` and ``seed``)
 REPORT_COLUMNS = ("seed", "checkpoint_step", "step", "experiment", "dup_count", "n_items", "mean_loss", "ci_low",
                   "ci_high", "effect")
-#: override keys shown by a fixed column already
-_SHOWN_KEYS = {"seed": "seed", "model.checkpoint_step": "checkpoint_step"}
+#: override keys shown by a fixed column already (``seed``, ``checkpoint_step``)
+_SHOWN_KEYS = ("seed", "model.checkpoint_step")
 #: folders of a job dir (or a sweep dir) that never hold a job dir
 _NOT_JOBS = {"checkpoints", "evals", "plots", "wandb"}
 _SUBMITIT_LOG = re.compile(r"^(?P<job_id>.+)_(?P<rank>\d+)_log\.(?P<kind>out|err)$")
@@ -260,8 +260,8 @@ def _column_name(key: str) -> str:
 
 
 def job_label(job: Job, keys: Sequence[str]) -> str:
-    """Legend label of a job: its swept overrides, seed and checkpoint step where they vary (else its name)."""
-    parts = [f"{k}={job.overrides[k]}" for k in list(_SHOWN_KEYS) + list(keys) if k in job.overrides]
+    """Legend label of a job: its seed, checkpoint-step and swept overrides (else its name)."""
+    parts = [f"{k}={job.overrides[k]}" for k in (*_SHOWN_KEYS, *keys) if k in job.overrides]
     return " ".join(parts) or job.name
 
 

@@ -31,7 +31,7 @@ def test_hydra_help_cfg_and_defaults_tree(tmp_path):
     job = cli("--cfg", "job", runs=tmp_path).stdout
     assert "fictional_bios:" in job and "repetitions:" in job
     tree = cli("--info", "defaults-tree", runs=tmp_path).stdout
-    assert "insertion/fictional_bios" in tree and "training/demo" in tree
+    assert "insertion: fictional_bios" in tree and "training: demo" in tree and "eval/memorization" in tree
     hydra_cfg = cli("--cfg", "hydra", runs=tmp_path).stdout
     assert "name: pretrain_exp" in hydra_cfg
 
@@ -83,7 +83,7 @@ def test_eval_only_and_eval_on_load(tmp_path, tiny_model_dir):
     assert res["step"] == 0 and not (run_dir / "checkpoints").exists()
     assert res["plan"]["num_insertions"] == 0  # an empty window holds no insertions
     cli(*TINY, "eval.on_load=true", "training.num_steps=4", "name=onload", "wandb.add_step_to_name=true",
-        runs=runs)
+        "insertion.experiments.fictional_bios.repetitions=[0,1,2,4]", runs=runs)
     res = json.loads((runs / "onload-tiny_llama-step0-seed0" / "results.json").read_text())
     assert sorted(res["by_step"]) == ["0", "4"]
 
@@ -100,3 +100,19 @@ def test_demo_shows_memorization_by_dup_count(tmp_path):
     means = [rows[d]["mean_loss"] for d in (0, 1, 4, 16)]
     assert np.all(np.diff(means) < 0), means
     assert rows[16]["ci_high"] < rows[0]["ci_low"]
+
+
+@pytest.mark.slow
+def test_cleanup_of_bulky_files_and_of_the_whole_run_dir(tmp_path, tiny_model_dir):
+    runs = tmp_path / "runs"
+    short = ["training.num_steps=4", "training.keep_last_checkpoints=0", "eval=[insertion_loss]",
+             "insertion.experiments.fictional_bios.repetitions=[0,1,2,4]", "wandb=disabled"]
+    cli(*TINY, *short, "name=bulky", "training.cleanup=bulky", runs=runs)
+    ckpts = runs / "bulky-tiny_llama-step0-seed0" / "checkpoints"
+    assert [p.name for p in ckpts.iterdir()] == ["checkpoint-4"]
+    kept = {p.name for p in (ckpts / "checkpoint-4").iterdir()}
+    assert "model.safetensors" in kept and not any(n.startswith(("optimizer", "rng_state", "scheduler")) for n in kept)
+    assert (runs / "bulky-tiny_llama-step0-seed0" / "results.json").is_file()
+    proc = cli(*TINY, *short, "name=gone", "training.cleanup=all", runs=runs)
+    assert "fictional_bios" in proc.stdout  # the table was printed before the run dir went away
+    assert not (runs / "gone-tiny_llama-step0-seed0").exists()
