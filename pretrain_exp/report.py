@@ -248,7 +248,9 @@ def swept_keys(jobs: Sequence[Job]) -> List[str]:
     are left out. A single job's keys are all its overrides."""
     keys: List[str] = []
     for j in jobs:
-        keys += [k for k in list(j.overrides) + j.sweeper_keys if k not in keys]
+        for k in (*j.overrides, *j.sweeper_keys):
+            if k not in keys:
+                keys.append(k)
     if len(jobs) > 1:
         keys = [k for k in keys if len({j.overrides.get(k) for j in jobs}) > 1
                 or any(k in j.sweeper_keys for j in jobs)]
@@ -290,9 +292,10 @@ def report_rows(jobs: Sequence[Job], keys: Sequence[str]) -> List[dict]:
 def last_error_line(text: str) -> Tuple[int, str]:
     """The most telling failure line of a log: ``(priority, line)``, higher is better, ``(0, "")`` if none.
 
-    Priority 4: the last ``error: ...`` line (what the entry point prints for an error of the user's making, and
-    SLURM's ``slurmstepd: error: ...``); 3: the exception line closing the last Python traceback; 2: the last
-    ERROR/CRITICAL log record; 1: the last WARNING log record (e.g. a failed training attempt before a retry).
+    Priority 4: the last ``error: ...`` line or log record (what the entry point prints, and logs in a sweep, for
+    an error of the user's making; SLURM's ``slurmstepd: error: ...``); 3: the exception line closing the last
+    Python traceback; 2: the last ERROR/CRITICAL log record; 1: the last WARNING log record (e.g. a failed
+    training attempt before a retry).
     """
     best: Dict[int, str] = {}
     in_tb = False
@@ -306,11 +309,12 @@ def last_error_line(text: str) -> Tuple[int, str]:
         if in_tb and not line[:1].isspace():
             best[3] = s
             in_tb = False
-        if s.startswith("error: ") or " error: " in s:
-            best[4] = s[s.index("error: "):] if s.startswith("error: ") else s
         m = _LOG_LEVEL.search(s)
-        if m:
-            best[1 if m[1] == "WARNING" else 2] = s[m.end():]
+        msg = s[m.end():] if m else s  # a log record: its message
+        if msg.startswith("error: ") or " error: " in msg:
+            best[4] = msg
+        elif m:
+            best[1 if m[1] == "WARNING" else 2] = msg
     if not best:
         return 0, ""
     top = max(best)
@@ -469,7 +473,7 @@ def write_report(root: Path, out_dir: Optional[Path] = None) -> dict:
     """Collect every job under ``root`` and write ``report.csv``, ``report.md`` and ``effect_vs_dup.png`` into
     ``out_dir`` (default ``root``).
 
-    :returns: ``{"jobs", "rows", "columns", "failed", "paths"}``.
+    :returns: ``{"jobs", "keys" (swept override keys), "rows", "columns", "failed", "paths"}``.
     :raises FileNotFoundError: if ``root`` is not a directory.
     :raises LookupError: if it holds no job dir and no submitit log of one.
     """
@@ -495,23 +499,35 @@ def write_report(root: Path, out_dir: Optional[Path] = None) -> dict:
     title = f"{root.name}: mean insertion loss by dup count (95% CI)"
     write_text(paths["md"], report_markdown(title, rows, columns, failed))
     plot_effect_vs_dup(rows, {j.name: job_label(j, keys) for j in done}, paths["png"], title)
-    return {"jobs": jobs, "rows": rows, "columns": columns, "failed": failed, "paths": paths}
+    return {"jobs": jobs, "keys": keys, "rows": rows, "columns": columns, "failed": failed, "paths": paths}
 
 
 def _print_report(rep: dict) -> None:
+    """Print the report's table (compact headers; report.md has the CSV's) and failures with rich, then the paths."""
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=max(120, Console().width))
-    columns = rep["columns"]
+    console = Console(width=max(140, Console().width))
+    keys = rep["keys"]
+    short = [k.rsplit(".", 1)[-1] for k in keys]  # a dotted override key by its last part where that is unique
     done = sum(1 for j in rep["jobs"] if j.results is not None)
     if rep["rows"]:
-        table = Table(title=f"{done} job(s): mean insertion loss by dup count (95% CI); "
+        table = Table(title=f"{done} job(s): mean insertion loss by dup count (95% bootstrap CI); "
                             "effect = loss(dup 0) - loss(dup)")
-        for c in columns:
-            table.add_column(c, justify="left" if c in ("job", "experiment") else "right")
+        table.add_column("job", no_wrap=True)
+        names = [name if short.count(name) == 1 else k for k, name in zip(keys, short)]
+        one = len(keys) > 2  # many swept keys: one "overrides" column of name=value pairs
+        for name in ["overrides"] if one else names:
+            table.add_column(name, overflow="fold")
+        for c in ("seed", "ckpt step", "step", "experiment", "dup", "items", "mean loss", "95% CI", "effect"):
+            table.add_column(c, no_wrap=True, justify="left" if c == "experiment" else "right")
         for r in rep["rows"]:
-            table.add_row(*(_fmt(r.get(c)) for c in columns))
+            values = [_fmt(r.get(_column_name(k))) for k in keys]
+            if one:
+                values = [" ".join(f"{n}={v}" for n, v in zip(names, values) if v not in ("", "-"))]
+            table.add_row(str(r["job"]), *values, _fmt(r["seed"]), _fmt(r["checkpoint_step"]),
+                          _fmt(r["step"]), r["experiment"], _fmt(r["dup_count"]), _fmt(r["n_items"]),
+                          _fmt(r["mean_loss"]), f"[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]", _fmt(r["effect"]))
         console.print(table)
     else:
         console.print(f"{done} job(s) with results, no per-dup rows (no insertion experiment finished)")
