@@ -259,7 +259,8 @@ def test_tokenize_cli_missing_source(smollm2_dir, tmp_path):
 
 # --- (d) token dtype --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("vocab, dtype", [(1, np.uint16), (SMOLLM2_VOCAB, np.uint16), (65535, np.uint16),
+@pytest.mark.parametrize("vocab, dtype", [(1, np.uint8), (256, np.uint8), (257, np.uint16),
+                                          (SMOLLM2_VOCAB, np.uint16), (65535, np.uint16),
                                           (65536, np.uint16), (65537, np.uint32), (100_352, np.uint32),
                                           (2 ** 32, np.uint32)])
 def test_dtype_for_vocab(vocab, dtype):

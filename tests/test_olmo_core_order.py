@@ -213,7 +213,7 @@ def test_resume_continues_at_row_n_times_b(corpus, tmp_path, epoch, resume_batch
         check_batch(batch, order, range(start, start + B))
 
 
-@pytest.mark.parametrize("vocab", [257, 50_280, 65_536, 65_537, 100_278])
+@pytest.mark.parametrize("vocab", [2, 256, 257, 50_280, 65_536, 65_537, 100_278])
 def test_dtype_inference_agrees(vocab):
     """OLMo-core infers the token dtype from the vocab size when ``dtype`` is unset; ours must give the same."""
     config = olmo_data.NumpyFSLDatasetConfig(
@@ -222,17 +222,3 @@ def test_dtype_inference_agrees(vocab):
         sequence_length=L,
     )
     assert np.dtype(config.get_dtype()) == dtype_for_vocab(vocab)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="OLMo-core infers uint8 for vocab_size <= 256 (NumpyDatasetConfig.get_dtype), dtype_for_vocab gives "
-    "uint16: a framework building an OLMo-core dataset over our files must pass dtype explicitly",
-)
-def test_dtype_inference_tiny_vocab():
-    config = olmo_data.NumpyFSLDatasetConfig(
-        tokenizer=olmo_data.TokenizerConfig(vocab_size=256, eos_token_id=EOS, pad_token_id=PAD),
-        paths=["unused.npy"],
-        sequence_length=L,
-    )
-    assert np.dtype(config.get_dtype()) == dtype_for_vocab(256)

@@ -20,10 +20,13 @@ from pretrain_exp.errors import DataError
 
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
-    """Smallest OLMo token dtype for a vocabulary: ``uint16`` up to 65,536 ids, else ``uint32``.
+    """Smallest token dtype for a vocabulary, as OLMo-core infers it (``NumpyDatasetConfig.get_dtype``):
+    ``uint8`` up to 256 ids, ``uint16`` up to 65,536, else ``uint32``.
 
     :raises DataError: if ``vocab_size`` does not fit in ``uint32``.
     """
+    if vocab_size <= 2**8:
+        return np.dtype(np.uint8)
     if vocab_size <= 2**16:
         return np.dtype(np.uint16)
     if vocab_size <= 2**32:
