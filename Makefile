@@ -40,8 +40,8 @@ lint: install ## flake8 + isort check
 bench: install ## plan-building and Plan.apply benchmark (prints times, memory and ratios)
 	$(PY) benchmarks/plan_build.py $(ARGS)
 
-dry-run: install ## print the composed, resolved config of the default run
-	$(PY) -m pretrain_exp --cfg job --resolve $(ARGS)
+dry-run: install ## print the composed config of the default run (add ARGS="key=value ...")
+	$(PY) -m pretrain_exp --cfg job $(ARGS)
 
 clean: ## delete runs/ and caches in the checkout (not .venv, not ~/.cache/pretrain_exp)
 	rm -rf runs outputs multirun .pytest_cache

@@ -66,7 +66,7 @@ def register(name: str, config: type):
 
 
 def _load_all() -> None:
-    from evals import insertion_loss, memorization, perplexity  # noqa: F401  (registration side effect)
+    from evals import insertion_loss, memorization, mia, perplexity  # noqa: F401  (registration side effect)
 
 
 def register_eval_schemas(cs) -> None:

@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments, default_data_collator
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+    default_data_collator,
+)
 
 from frameworks.base import Checkpoint, Framework, LogFn
 from pretrain_exp.config import Precision
@@ -127,6 +134,7 @@ class HFFramework(Framework):
         t = self.cfg.training
         trainer = _OrderedTrainer(
             model=model, args=self.training_arguments(), train_dataset=rows, data_collator=default_data_collator,
+            processing_class=AutoTokenizer.from_pretrained(str(self.model_dir)),  # saved with every checkpoint
             callbacks=[_Segment(until_step - s0, s0, t.global_batch_size * t.sequence_length, log_fn)])
         log.info("training steps %d -> %d (%s)", start.step, until_step, "resumed" if resume else "fresh")
         trainer.train(resume_from_checkpoint=str(resume) if resume else None)

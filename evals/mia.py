@@ -1,0 +1,166 @@
+"""Membership inference: can a per-item score tell inserted items (members) from never-inserted controls?
+
+Three reference-free scores per plan item, all oriented so that higher = "more likely a member", computed from
+the per-token losses ``l_t = -ln p(x[t+1] | x[:t+1])`` (nats) over the item's ``n`` predicted tokens (positions
+``1..len-1``, as in the insertion-loss eval):
+
+* ``loss`` = ``-mean(l)``: the loss attack (Yeom et al. 2018, "Privacy Risk in Machine Learning"; the
+  perplexity metric of Carlini et al. 2021).
+* ``zlib`` = ``-mean(l) / zlib_bytes``: Carlini et al. 2021, "Extracting Training Data from Large Language
+  Models" (USENIX Security), ratio of the log-perplexity ``ln(ppl) = mean(l)`` to the zlib entropy
+  ``zlib_bytes = len(zlib.compress(text))`` (bytes, default level). Their reference code ranks by
+  ``zlib_bytes / ln(ppl)`` (descending); ``-ln(ppl) / zlib_bytes = -1 / that`` ranks identically whenever
+  ``ln(ppl) > 0`` and stays finite as ``ln(ppl) -> 0``. ``text`` is the item decoded with
+  ``ctx.tokenizer.decode(tokens, skip_special_tokens=True)`` (UTF-8), or without a tokenizer the
+  little-endian int32 bytes of the tokens.
+* ``min_k`` = mean of ``-l_t`` over the ``k = max(1, floor(n * min_k_percent / 100))`` tokens with the
+  largest ``l_t`` (lowest probability): Min-K% Prob, Shi et al. 2024, "Detecting Pretraining Data from Large
+  Language Models" (ICLR). ``min_k_percent = 100`` gives the ``loss`` score.
+
+Per experiment, each dup count ``d > 0`` (members) is compared with the experiment's dup-0 controls
+(non-members) by the ROC AUC of each score, with a percentile-bootstrap 95% CI.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+from scipy.stats import rankdata
+
+from evals.registry import EvalContext, EvalResult, register
+from evals.scoring import plan_item_rows, token_losses
+from pretrain_exp.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+SCORES = ("loss", "zlib", "min_k")
+_CHUNK_ELEMENTS = 1 << 22  #: resampled values ranked at once (bounds memory to a few x 32 MiB)
+
+
+@dataclass
+class MiaConf:
+    """Schema of a ``mia`` eval.
+
+    :raises ConfigError: if ``min_k_percent`` is not in ``(0, 100]``.
+    """
+
+    type: str = "mia"
+    min_k_percent: float = 20.0  #: Min-K% Prob: share of lowest-probability tokens averaged (Shi et al.: 20)
+
+    def __post_init__(self):
+        if not 0.0 < self.min_k_percent <= 100.0:
+            raise ConfigError("eval.tasks.mia.min_k_percent", f"must be in (0, 100], got {self.min_k_percent}")
+
+
+def item_bytes(tokens: np.ndarray, tokenizer: Optional[Any]) -> bytes:
+    """The bytes whose zlib-compressed length is an item's zlib entropy.
+
+    :param tokens: token ids, shape ``(length,)``.
+    :returns: ``tokenizer.decode(tokens, skip_special_tokens=True)`` as UTF-8, or with ``tokenizer=None`` the
+        tokens as little-endian int32 (4 bytes per token).
+    """
+    if tokenizer is not None:
+        return tokenizer.decode(np.asarray(tokens).tolist(), skip_special_tokens=True).encode("utf-8")
+    return np.asarray(tokens).astype("<i4").tobytes()
+
+
+def membership_scores(losses: np.ndarray, text: bytes, min_k_percent: float) -> Dict[str, float]:
+    """The ``loss``, ``zlib`` and ``min_k`` scores of one item (definitions in the module docstring).
+
+    :param losses: per-token losses in nats, shape ``(n,)``, ``n >= 1`` (from :func:`token_losses`).
+    :param text: the item's bytes for the zlib entropy (see :func:`item_bytes`).
+    :param min_k_percent: Min-K% share, in ``(0, 100]``.
+    :returns: ``{"loss": nats/token, "zlib": nats/token per compressed byte, "min_k": nats/token}``, each
+        higher for items the model finds more likely (members).
+    """
+    lo = np.asarray(losses, dtype=np.float64)
+    mean = float(lo.mean())
+    k = max(1, int(lo.size * min_k_percent / 100.0))
+    return {"loss": -mean, "zlib": -mean / len(zlib.compress(text)),
+            "min_k": -float(np.sort(lo)[lo.size - k:].mean())}
+
+
+def roc_auc(members: np.ndarray, nonmembers: np.ndarray) -> np.ndarray:
+    """ROC AUC of scores where higher = member, as the Mann-Whitney U statistic over ``n1 * n0``.
+
+    ``AUC = P(member score > non-member score) + P(tie) / 2`` over all member/non-member pairs: ``U`` is the
+    members' rank sum (average ranks, so a tie counts 1/2) minus ``n1 (n1 + 1) / 2`` (Mann & Whitney 1947;
+    Hanley & McNeil 1982, "The meaning and use of the area under a ROC curve").
+
+    :param members: scores, shape ``(..., n1)``; :param nonmembers: shape ``(..., n0)``, same leading shape,
+        ``n1, n0 >= 1``.
+    :returns: AUC in ``[0, 1]``, shape ``(...)`` (a 0-d array for 1-d inputs); 0.5 = chance.
+    """
+    m, o = np.asarray(members, dtype=np.float64), np.asarray(nonmembers, dtype=np.float64)
+    n1, n0 = m.shape[-1], o.shape[-1]
+    ranks = rankdata(np.concatenate([m, o], axis=-1), axis=-1)
+    return (ranks[..., :n1].sum(axis=-1) - n1 * (n1 + 1) / 2.0) / (n1 * n0)
+
+
+def bootstrap_auc(members: np.ndarray, nonmembers: np.ndarray, samples: int, seed: int,
+                  level: float = 0.95) -> Tuple[float, float, float]:
+    """:func:`roc_auc` and its percentile-bootstrap confidence interval.
+
+    Each resample draws ``n1`` members and ``n0`` non-members with replacement, independently
+    (``numpy.random.Generator(PCG64(seed))``; equal shapes and seeds give equal draws, so the scores of one
+    group are resampled identically). Vectorized, in chunks of about ``2**22`` ranked values.
+
+    :param members: scores, shape ``(n1,)``; :param nonmembers: shape ``(n0,)``; both non-empty.
+    :param samples: bootstrap resamples; ``0`` skips the interval.
+    :returns: ``(auc, low, high)`` floats; ``low, high`` are the ``(1 -+ level) / 2`` quantiles of the
+        resampled AUCs, ``nan`` when ``samples == 0``.
+    """
+    m, o = np.asarray(members, dtype=np.float64), np.asarray(nonmembers, dtype=np.float64)
+    auc = float(roc_auc(m, o))
+    if samples == 0:
+        return auc, float("nan"), float("nan")
+    rng = np.random.Generator(np.random.PCG64(seed))
+    chunk = max(1, _CHUNK_ELEMENTS // (m.size + o.size))
+    aucs = []
+    for s in range(0, samples, chunk):
+        b = min(chunk, samples - s)
+        aucs.append(roc_auc(m[rng.integers(0, m.size, (b, m.size))], o[rng.integers(0, o.size, (b, o.size))]))
+    low, high = np.percentile(np.concatenate(aucs), [50.0 * (1.0 - level), 50.0 * (1.0 + level)])
+    return auc, float(low), float(high)
+
+
+@register("mia", MiaConf)
+def mia(cfg: MiaConf, ctx: EvalContext) -> EvalResult:
+    """Membership scores of every plan item and their AUCs, members (dup ``d > 0``) vs dup-0 controls.
+
+    :returns: ``rows``: one per item with at least 2 tokens, ``{item_id, experiment, dup_count, loss, zlib,
+        min_k}``; ``per_dup``: per experiment with controls, dup count ``d > 0`` and score, ``{experiment,
+        dup_count, n_members, n_nonmembers, score, auc, ci_low, ci_high}`` (CI: :func:`bootstrap_auc` with
+        ``ctx.bootstrap_samples`` and ``ctx.seed``); ``metrics``: ``{experiment}/dup{d}/{score}_auc``. An
+        experiment without dup-0 items yields no AUCs (logged).
+    """
+    plan = ctx.plan
+    tokens = [plan.item_tokens(i) for i in range(plan.num_items)]
+    losses = token_losses(ctx.model, tokens, ctx.batch_size)
+    rows = [dict(r, **membership_scores(lo, item_bytes(t, ctx.tokenizer), cfg.min_k_percent))
+            for r, t, lo in zip(plan_item_rows(plan), tokens, losses) if lo.size]
+    groups = defaultdict(list)
+    for r in rows:
+        groups[(r["experiment"], r["dup_count"])].append(r)
+    per_dup, metrics = [], {}
+    for exp in sorted({e for e, _ in groups}):
+        dups = sorted(d for e, d in groups if e == exp and d > 0)
+        controls = groups.get((exp, 0))
+        if not controls:
+            log.warning("mia: experiment %r has no dup-0 controls; no AUC for its dup counts %s", exp, dups)
+            continue
+        for d in dups:
+            members = groups[(exp, d)]
+            for score in SCORES:
+                auc, low, high = bootstrap_auc([r[score] for r in members], [r[score] for r in controls],
+                                               ctx.bootstrap_samples, ctx.seed)
+                per_dup.append({"experiment": exp, "dup_count": d, "n_members": len(members),
+                                "n_nonmembers": len(controls), "score": score, "auc": auc, "ci_low": low,
+                                "ci_high": high})
+                metrics[f"{exp}/dup{d}/{score}_auc"] = auc
+    return EvalResult(metrics=metrics, per_dup=per_dup, rows=rows)

@@ -1,0 +1,207 @@
+"""Tests of the membership-inference eval (scores, AUC, bootstrap, config) on a tiny real Llama model."""
+
+from __future__ import annotations
+
+import logging
+import math
+import zlib
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from sklearn.metrics import roc_auc_score
+
+from evals.mia import MiaConf, bootstrap_auc, item_bytes, membership_scores, roc_auc
+from evals.registry import EVALS, EvalContext, parse_task_configs, run_eval
+from pretrain_exp.errors import ConfigError
+from pretrain_exp.insertion.plan import Plan
+from tests.conftest import make_config
+
+EOS = 0
+VOCAB = 128
+TEXT_LEN = 20
+
+
+def tiny_model(seed: int = 0) -> transformers.LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                                   max_position_embeddings=256, eos_token_id=EOS, pad_token_id=EOS)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def make_plan(items, experiments=("bios",)) -> Plan:
+    """A plan with the given ``(tokens, dup_count, experiment_index)`` items and no insertions."""
+    lengths = [len(t) for t, _, _ in items]
+    return Plan(sequence_length=64, global_batch_size=1, window=(0, 64), experiments=list(experiments),
+                token_offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+                tokens=np.concatenate([np.asarray(t) for t, _, _ in items]).astype(np.uint16),
+                item_experiment=np.array([e for _, _, e in items], np.int32),
+                item_dup_count=np.array([d for _, d, _ in items], np.int32),
+                positions=np.empty(0, np.int64), item_ids=np.empty(0, np.int32),
+                dup_index=np.empty(0, np.int32))
+
+
+def random_item(rng, n: int = TEXT_LEN) -> list:
+    return [EOS] + rng.integers(1, VOCAB, size=n).tolist() + [EOS]
+
+
+def ctx_for(model, plan, tokenizer=None, samples=500) -> EvalContext:
+    return EvalContext(model=model, tokenizer=tokenizer, plan=plan, held_out=np.empty((0, 8), np.int64), step=0,
+                       batch_size=3, bootstrap_samples=samples, seed=1234)
+
+
+class StubTokenizer:
+    """Decodes ids as space-separated words, dropping EOS when asked to skip special tokens."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        return " ".join(f"w{i}" for i in ids if not (skip_special_tokens and i == EOS))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _threads():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A tiny model trained on the 4 dup-4 items of a plan that also has 4 dup-0 controls."""
+    rng = np.random.default_rng(0)
+    items = [(random_item(rng), 4 if k % 2 else 0, 0) for k in range(8)]
+    plan = make_plan(items)
+    model = tiny_model().train()
+    batch = torch.tensor([t for t, d, _ in items if d], dtype=torch.long)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(60):
+        loss = model(input_ids=batch, labels=batch).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval(), plan
+
+
+# ------------------------------------------------------------ AUC and bootstrap
+
+def pairwise_auc(members, nonmembers) -> float:
+    m, o = np.asarray(members)[:, None], np.asarray(nonmembers)[None, :]
+    return float(((m > o) + 0.5 * (m == o)).mean())
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_roc_auc_matches_pairwise_count_with_ties(seed):
+    rng = np.random.default_rng(seed)
+    m, o = rng.integers(0, 6, size=13).astype(float), rng.integers(0, 6, size=9).astype(float)  # many ties
+    assert float(roc_auc(m, o)) == pytest.approx(pairwise_auc(m, o), abs=1e-12)
+    assert float(roc_auc(m, o)) == pytest.approx(roc_auc_score([1] * 13 + [0] * 9, np.r_[m, o]), abs=1e-12)
+    # batched over a leading axis
+    mb, ob = rng.normal(size=(4, 7)).round(1), rng.normal(size=(4, 3)).round(1)
+    np.testing.assert_allclose(roc_auc(mb, ob), [pairwise_auc(a, b) for a, b in zip(mb, ob)], atol=1e-12)
+
+
+def test_roc_auc_extremes():
+    assert float(roc_auc([5.0, 6.0, 7.0], [1.0, 2.0])) == 1.0
+    assert float(roc_auc([1.0, 2.0], [5.0, 6.0, 7.0])) == 0.0
+    assert float(roc_auc(np.full(4, 3.0), np.full(6, 3.0))) == 0.5
+    assert float(roc_auc([1.0], [1.0])) == 0.5
+
+
+def test_bootstrap_auc_ci_and_determinism():
+    rng = np.random.default_rng(0)
+    m, o = rng.normal(1.0, 1.0, size=40), rng.normal(0.0, 1.0, size=50)
+    auc, low, high = bootstrap_auc(m, o, 1000, seed=3)
+    assert auc == pytest.approx(pairwise_auc(m, o))
+    assert 0.0 <= low < auc < high <= 1.0
+    # standard error of the AUC (Hanley & McNeil 1982) sets the CI width roughly
+    q1, q2 = auc / (2 - auc), 2 * auc ** 2 / (1 + auc)
+    se = math.sqrt((auc * (1 - auc) + 39 * (q1 - auc ** 2) + 49 * (q2 - auc ** 2)) / (40 * 50))
+    assert high - low == pytest.approx(2 * 1.96 * se, rel=0.25)
+    assert bootstrap_auc(m, o, 1000, seed=3) == (auc, low, high)
+    assert bootstrap_auc(m, o, 1000, seed=4) != (auc, low, high)
+    assert bootstrap_auc([3.0, 4.0], [1.0, 2.0], 200, seed=0) == (1.0, 1.0, 1.0)
+    a, lo, hi = bootstrap_auc(m, o, 0, seed=0)
+    assert a == auc and math.isnan(lo) and math.isnan(hi)
+
+
+# ------------------------------------------------------------ scores
+
+def test_membership_scores_definitions():
+    losses = np.array([1.0, 2.0, 3.0, 4.0, 10.0], np.float32)
+    text = b"some item text"
+    s = membership_scores(losses, text, 40.0)  # k = floor(5 * 0.4) = 2 highest losses: 10 and 4
+    assert s["loss"] == pytest.approx(-4.0)
+    assert s["zlib"] == pytest.approx(-4.0 / len(zlib.compress(text)))
+    assert s["min_k"] == pytest.approx(-7.0)
+    assert membership_scores(losses, text, 100.0)["min_k"] == pytest.approx(s["loss"], abs=1e-12)
+    assert membership_scores(losses, text, 1.0)["min_k"] == -10.0  # k is at least 1
+
+
+def test_item_bytes():
+    tokens = np.array([0, 5, 300, 0], np.uint16)
+    assert item_bytes(tokens, None) == np.array([0, 5, 300, 0], "<i4").tobytes()
+    assert len(item_bytes(tokens, None)) == 16
+    assert item_bytes(tokens, StubTokenizer()) == b"w5 w300"
+
+
+# ------------------------------------------------------------ the eval
+
+def test_mia_separates_trained_items_from_controls(trained):
+    model, plan = trained
+    res = run_eval(MiaConf(), ctx_for(model, plan))
+    assert [r["item_id"] for r in res.rows] == list(range(8))
+    assert set(res.rows[0]) == {"item_id", "experiment", "dup_count", "loss", "zlib", "min_k"}
+    assert [(g["experiment"], g["dup_count"], g["score"]) for g in res.per_dup] == [
+        ("bios", 4, "loss"), ("bios", 4, "zlib"), ("bios", 4, "min_k")]
+    by_score = {g["score"]: g for g in res.per_dup}
+    for g in res.per_dup:
+        assert (g["n_members"], g["n_nonmembers"]) == (4, 4)
+        assert 0.0 <= g["ci_low"] <= g["auc"] <= g["ci_high"] <= 1.0
+        assert res.metrics[f"bios/dup4/{g['score']}_auc"] == g["auc"]
+    assert by_score["loss"]["auc"] == 1.0
+    assert by_score["min_k"]["auc"] >= 0.9
+    assert set(res.metrics) == {"bios/dup4/loss_auc", "bios/dup4/zlib_auc", "bios/dup4/min_k_auc"}
+    # the loss score is minus the insertion-loss eval's mean loss
+    ins = run_eval(EVALS["insertion_loss"].config(), ctx_for(model, plan))
+    np.testing.assert_allclose([r["loss"] for r in res.rows], [-r["loss"] for r in ins.rows], atol=1e-6)
+    # Min-100% Prob is the mean log-probability, i.e. the loss score
+    full = run_eval(MiaConf(min_k_percent=100.0), ctx_for(model, plan))
+    np.testing.assert_allclose([r["min_k"] for r in full.rows], [r["loss"] for r in res.rows], atol=1e-9)
+
+
+def test_mia_zlib_uses_decoded_text_and_skips_experiments_without_controls(caplog):
+    rng = np.random.default_rng(1)
+    items = [(random_item(rng, 9), 0, 0), (random_item(rng, 14), 2, 0), (random_item(rng, 5), 2, 0),
+             (random_item(rng, 7), 4, 1), (random_item(rng, 11), 16, 1), ([EOS], 0, 0)]  # last: no loss
+    plan = make_plan(items, experiments=("a", "b"))
+    with caplog.at_level(logging.WARNING, logger="evals.mia"):
+        res = run_eval(MiaConf(), ctx_for(tiny_model(1), plan, tokenizer=StubTokenizer(), samples=50))
+    assert [r["item_id"] for r in res.rows] == [0, 1, 2, 3, 4]
+    for r, (tokens, _, _) in zip(res.rows, items):
+        text = StubTokenizer().decode(tokens, skip_special_tokens=True).encode()
+        assert r["zlib"] == pytest.approx(r["loss"] / len(zlib.compress(text)), rel=1e-12)
+    assert {(g["experiment"], g["dup_count"]) for g in res.per_dup} == {("a", 2)}
+    assert all(g["n_members"] == 2 and g["n_nonmembers"] == 1 for g in res.per_dup)
+    assert not any(k.startswith("b/") for k in res.metrics)
+    assert any("'b'" in rec.getMessage() and "no dup-0 controls" in rec.getMessage() for rec in caplog.records)
+
+
+# ------------------------------------------------------------ config
+
+@pytest.mark.parametrize("value", [0.0, -5.0, 100.5])
+def test_mia_conf_rejects_out_of_range(value):
+    with pytest.raises(ConfigError, match=r"eval\.tasks\.mia\.min_k_percent"):
+        MiaConf(min_k_percent=value)
+    with pytest.raises(ConfigError, match=r"eval\.tasks\.mia\.min_k_percent"):
+        parse_task_configs({"mia": {"type": "mia", "min_k_percent": value}})
+
+
+def test_mia_config_composes(tmp_path):
+    cfg = make_config("eval=mia", run_dir=tmp_path)
+    assert cfg.eval.tasks == {"mia": MiaConf(min_k_percent=20.0)}
+    cfg = make_config("eval=mia", "eval.tasks.mia.min_k_percent=5", run_dir=tmp_path)
+    assert cfg.eval.tasks["mia"].min_k_percent == 5.0
+    with pytest.raises(ConfigError, match=r"eval\.tasks\.mia\.min_k_percent"):
+        make_config("eval=mia", "eval.tasks.mia.min_k_percent=0", run_dir=tmp_path)
