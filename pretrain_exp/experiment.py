@@ -114,7 +114,7 @@ class Experiment:
         self.order = DataOrder(files, self.L, self.B, cfg.data.seed, cfg.data.first_epoch)
         self.window = step_window(self.start_step, self.num_steps, self.L, self.B)
         self._check_held_out()
-        self.plan, self.items = self._plan()
+        self.plan = self._plan()
         self.rows = TrainingRows(self.order, self.plan, self.start_step * self.B, self.num_steps * self.B)
         if self.main and cfg.insertion.verify and self.plan.num_insertions:
             verify_plan(self.plan, self.rows.row, self.order.row_tokens,
@@ -130,7 +130,7 @@ class Experiment:
                               f"the {n} held-out rows [{ho[0]}, {self.order.rows_per_epoch}) of the first epoch; "
                               "lower data.held_out_rows or train fewer steps")
 
-    def _plan(self):
+    def _plan(self) -> Plan:
         cfg = self.cfg
         items = {name: load_items(name, exp, tokenizer=self.tokenizer, vocab_size=self.vocab_size,
                                   sequence_length=self.L, seed=cfg.insertion.seed)
@@ -148,7 +148,7 @@ class Experiment:
         log.info("plan: %d items, %d insertions, %d tokens (%.2f%% of the %d-token window)", plan.num_items,
                  plan.num_insertions, int(plan.lengths.sum()),
                  100 * plan.lengths.sum() / max(1, self.window[1] - self.window[0]), self.window[1] - self.window[0])
-        return plan, items
+        return plan
 
     # --- evaluation -------------------------------------------------------------------------------------
     def evaluate(self, ckpt: Checkpoint, tracker: Tracker) -> Dict[str, dict]:

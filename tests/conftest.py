@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+import transformers
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 
 from pretrain_exp.config import ExperimentConfig, register_configs, to_config
+from pretrain_exp.insertion.plan import Plan
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
@@ -29,6 +34,16 @@ def make_config(*overrides: str, run_dir: str | Path) -> ExperimentConfig:
     return to_config(compose(*overrides, run_dir=run_dir))
 
 
+@pytest.fixture(autouse=True)
+def _restore_root_logging():
+    """Undo logging handlers a test installs (an in-process Hydra run binds them to pytest's captured streams)."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
 @pytest.fixture(scope="session")
 def cache_dir() -> Path:
     return CACHE_DIR
@@ -40,3 +55,56 @@ def tiny_model_dir(cache_dir) -> Path:
     from pretrain_exp.data.assets import hf_model_dir
 
     return hf_model_dir("tiny_llama", cache_dir)
+
+
+# --- a tiny in-memory model and plan for the eval tests --------------------------------------------------
+
+EOS = 0
+VOCAB = 128
+TEXT_LEN = 20
+
+
+def tiny_model(seed: int = 0) -> transformers.LlamaForCausalLM:
+    """A random 2-layer Llama with a 128-token vocabulary (EOS = pad = 0), in eval mode."""
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                                   max_position_embeddings=256, eos_token_id=EOS, pad_token_id=EOS)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def make_plan(items, experiments=("bios",)) -> Plan:
+    """A plan with the given ``(tokens, dup_count, experiment_index)`` items and no insertions."""
+    lengths = [len(t) for t, _, _ in items]
+    return Plan(sequence_length=64, global_batch_size=1, window=(0, 64), experiments=list(experiments),
+                token_offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+                tokens=np.concatenate([np.asarray(t) for t, _, _ in items]).astype(np.uint16),
+                item_experiment=np.array([e for _, _, e in items], np.int32),
+                item_dup_count=np.array([d for _, d, _ in items], np.int32),
+                positions=np.empty(0, np.int64), item_ids=np.empty(0, np.int32),
+                dup_index=np.empty(0, np.int32))
+
+
+def random_item(rng, n: int = TEXT_LEN) -> list:
+    """``[EOS] + n random tokens + [EOS]``."""
+    return [EOS] + rng.integers(1, VOCAB, size=n).tolist() + [EOS]
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A tiny model trained (60 Adam steps) on the 4 dup-4 items of a plan that also has 4 dup-0 controls."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    items = [(random_item(rng), 4 if k % 2 else 0, 0) for k in range(8)]
+    plan = make_plan(items)
+    model = tiny_model().train()
+    batch = torch.tensor([t for t, d, _ in items if d], dtype=torch.long)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(60):
+        loss = model(input_ids=batch, labels=batch).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    torch.set_num_threads(old)
+    return model.eval(), plan

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-import transformers
 
 import evals.insertion_loss  # noqa: F401  (registration)
 import evals.memorization  # noqa: F401
@@ -17,35 +16,7 @@ from evals.registry import EVALS, EvalContext, parse_task_configs, run_eval
 from evals.scoring import greedy_decode
 from evals.stats import bootstrap_ci, per_dup_summary
 from pretrain_exp.errors import ConfigError
-from pretrain_exp.insertion.plan import Plan
-
-EOS = 0
-VOCAB = 128
-TEXT_LEN = 20
-
-
-def tiny_model(seed: int = 0) -> transformers.LlamaForCausalLM:
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-                                   max_position_embeddings=256, eos_token_id=EOS, pad_token_id=EOS)
-    return transformers.LlamaForCausalLM(cfg).eval()
-
-
-def make_plan(items, experiments=("bios",)) -> Plan:
-    """A plan with the given ``(tokens, dup_count, experiment_index)`` items and no insertions."""
-    lengths = [len(t) for t, _, _ in items]
-    return Plan(sequence_length=64, global_batch_size=1, window=(0, 64), experiments=list(experiments),
-                token_offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-                tokens=np.concatenate([np.asarray(t) for t, _, _ in items]).astype(np.uint16),
-                item_experiment=np.array([e for _, _, e in items], np.int32),
-                item_dup_count=np.array([d for _, d, _ in items], np.int32),
-                positions=np.empty(0, np.int64), item_ids=np.empty(0, np.int32),
-                dup_index=np.empty(0, np.int32))
-
-
-def random_item(rng, n: int = TEXT_LEN) -> list:
-    return [EOS] + rng.integers(1, VOCAB, size=n).tolist() + [EOS]
+from tests.conftest import EOS, TEXT_LEN, VOCAB, make_plan, random_item, tiny_model
 
 
 def ctx_for(model, plan=None, held_out=None, batch_size=3, samples=500) -> EvalContext:
@@ -68,23 +39,6 @@ def _threads():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
-
-
-@pytest.fixture(scope="module")
-def trained():
-    """A tiny model trained on the 4 dup-4 items of a plan that also has 4 dup-0 controls."""
-    rng = np.random.default_rng(0)
-    items = [(random_item(rng), 4 if k % 2 else 0, 0) for k in range(8)]
-    plan = make_plan(items)
-    model = tiny_model().train()
-    batch = torch.tensor([t for t, d, _ in items if d], dtype=torch.long)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(60):
-        loss = model(input_ids=batch, labels=batch).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return model.eval(), plan
 
 
 # ------------------------------------------------------------ registry

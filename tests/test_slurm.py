@@ -134,6 +134,10 @@ def test_a_preempted_job_is_requeued_and_resumes_from_its_checkpoint(tmp_path):
     trained_steps = [json.loads(line)["step"] for line in (job / "metrics.jsonl").read_text().splitlines()
                      if "train/loss" in line]
     assert trained_steps.count(1) == 1 and max(trained_steps) == 48  # resumed, not restarted from step 1
-    sacct = subprocess.run(["sacct", "-n", "-X", "-j", job_id, "-o", "State"], capture_output=True,
-                           text=True).stdout
+    for _ in range(60):  # the accounting record lags the job's end by a few seconds
+        sacct = subprocess.run(["sacct", "-n", "-X", "-j", job_id, "-o", "State"], capture_output=True,
+                               text=True).stdout
+        if "COMPLETED" in sacct:
+            break
+        time.sleep(1)
     assert "COMPLETED" in sacct
