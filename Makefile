@@ -12,10 +12,13 @@ PRELOAD = LD_PRELOAD=$$(ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 2>
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-$(STAMP): setup.cfg setup.py constraints/torch-cpu.txt
+# torch is pinned through a constraint file so that nothing pulls a newer torch with GBs of CUDA wheels here;
+# setup.cfg keeps the range (torch>=2.4,<2.14) that GPU users install against.
+$(STAMP): setup.cfg setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q -c constraints/torch-cpu.txt torch==2.13.0 2>&1 | grep -v "is ignored" || true
-	$(PY) -m pip install -q -c constraints/torch-cpu.txt -e '.[dev,olmo]' 2>&1 | grep -v "is ignored" || true
+	echo "torch==2.13.0" > $(VENV)/torch-constraint.txt
+	$(PY) -m pip install -q -c $(VENV)/torch-constraint.txt torch==2.13.0 2>&1 | grep -v "is ignored" || true
+	$(PY) -m pip install -q -c $(VENV)/torch-constraint.txt -e '.[dev,olmo]' 2>&1 | grep -v "is ignored" || true
 	$(PY) -c "import torch, transformers, hydra, lm_eval, olmo_core" && touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install the project (idempotent); tcmalloc via apt when root
