@@ -116,7 +116,7 @@ def test_a_preempted_job_is_requeued_and_resumes_from_its_checkpoint(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 600
-        while not list(sweep_dir.glob("0/checkpoints/checkpoint-*")):
+        while not list(sweep_dir.glob("0/checkpoints/checkpoint-*/trainer_state.json")):  # a complete checkpoint
             assert proc.poll() is None and time.time() < deadline, "job never wrote a checkpoint"
             time.sleep(0.5)
         (job_id,) = slurm_job_ids(sweep_dir)
