@@ -133,6 +133,9 @@ class PlacementConf:
     unit: RangeUnit = RangeUnit.fraction
     position_key: str = "position"  #: ``explicit`` only: jsonl key holding the global token position
     allow_row_crossing: bool = False  #: ``explicit`` only: let an item span two rows
+    steps: List[int] = field(default_factory=list)  #: random/range: only the batches of these global steps
+    every_n_steps: int = 0  #: random/range: only the batches of steps S+n, S+2n, ... of the run (0 = all)
+    max_per_batch: int = 0  #: random/range: at most this many copies of the experiment per global batch (0 = any)
 
 
 @dataclass

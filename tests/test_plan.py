@@ -29,7 +29,7 @@ from pretrain_exp.data.token_files import TokenFiles, write_token_file
 from pretrain_exp.errors import CheckpointError, ConfigError, InsertionError
 from pretrain_exp.insertion.placement import Occupancy, expand_copies
 from pretrain_exp.insertion.plan import Plan, build_plan
-from pretrain_exp.insertion.sources import ItemSet, load_items, sha256_tokens
+from pretrain_exp.insertion.sources import ItemSet, load_items, sha256_tokens, validate_experiment
 from pretrain_exp.insertion.verify import verify_plan
 
 VOCAB = 50_000
@@ -739,3 +739,79 @@ def test_twenty_thousand_items_at_scale():
         plan.apply(q, row)
         got[q * L - window[0]:(q + 1) * L - window[0]] = row
     np.testing.assert_array_equal(got, want)
+
+
+# --- step-based placement: exact steps, every n-th step, at most k per batch ------------------------------
+
+def _steps_of(plan, B, L):
+    return plan.positions // L // B + 1
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_exact_steps_and_every_n_steps(seed):
+    L, B, S, n = 32, 4, 10, 12  # a run continuing step 10 for 12 steps
+    window = (S * B * L, (S + n) * B * L)
+    rng = np.random.default_rng(seed)
+    items = {"a": make_items("a", rng.integers(3, 12, size=6), [2] * 6, rng),
+             "b": make_items("b", rng.integers(3, 12, size=6), [1] * 6, rng)}
+    exps = {"a": conf(steps=[12, 17, 22]), "b": conf(every_n_steps=4)}
+    plan = build_plan(items, exps, window, L, B, seed=seed, vocab_size=VOCAB)
+    steps = _steps_of(plan, B, L)
+    exp_of = plan.item_experiment[plan.item_ids]
+    assert set(steps[exp_of == plan.experiments.index("a")].tolist()) <= {12, 17, 22}
+    assert set(steps[exp_of == plan.experiments.index("b")].tolist()) <= {14, 18, 22}  # S+4, S+8, S+12
+    check_invariants(plan, items, exps, window, L)
+
+
+def test_every_n_steps_within_a_range():
+    L, B = 32, 2
+    window = (0, 40 * B * L)
+    rng = np.random.default_rng(0)
+    items = {"a": make_items("a", [5] * 8, [1] * 8, rng)}
+    exps = {"a": conf("range", start=0.5, end=1.0, every_n_steps=5)}
+    plan = build_plan(items, exps, window, L, B, seed=0, vocab_size=VOCAB)
+    assert set(_steps_of(plan, B, L).tolist()) <= {25, 30, 35, 40}
+
+
+@pytest.mark.parametrize("cap", [1, 2])
+def test_at_most_k_copies_per_batch(cap):
+    L, B = 64, 8
+    window = (0, 10 * B * L)
+    rng = np.random.default_rng(cap)
+    items = {"a": make_items("a", rng.integers(4, 10, size=5), [2] * 5, rng)}  # 10 copies over 10 batches
+    plan = build_plan(items, {"a": conf(max_per_batch=cap)}, window, L, B, seed=0, vocab_size=VOCAB)
+    _, counts = np.unique(_steps_of(plan, B, L), return_counts=True)
+    assert counts.max() <= cap and counts.sum() == 10
+    if cap == 1:
+        assert counts.size == 10  # one copy in every batch
+
+
+def test_too_many_copies_for_one_per_batch_is_an_error():
+    L, B = 64, 8
+    items = {"a": make_items("a", [5] * 11, [1] * 11, np.random.default_rng(0))}
+    with pytest.raises(InsertionError, match="11 copies at most 1 per batch need 11 batches; the placement allows 10"):
+        build_plan(items, {"a": conf(max_per_batch=1)}, (0, 10 * B * L), L, B, seed=0, vocab_size=VOCAB)
+
+
+@pytest.mark.parametrize("placement,key,needle", [
+    (dict(steps=[3, 99]), "insertion.experiments.a.placement.steps", "steps [99] are outside the run's steps [3, 12]"),
+    (dict(steps=[2]), "insertion.experiments.a.placement.steps", "outside the run's steps"),
+])
+def test_steps_outside_the_run_are_config_errors(placement, key, needle):
+    L, B = 32, 2
+    items = {"a": make_items("a", [5], [1], np.random.default_rng(0))}
+    with pytest.raises(ConfigError) as e:
+        build_plan(items, {"a": conf(**placement)}, (2 * B * L, 12 * B * L), L, B, seed=0, vocab_size=VOCAB)
+    assert e.value.key == key and needle in str(e.value)
+
+
+@pytest.mark.parametrize("placement,key", [
+    (dict(steps=[0]), "insertion.experiments.x.placement.steps"),
+    (dict(every_n_steps=-1), "insertion.experiments.x.placement.every_n_steps"),
+    (dict(max_per_batch=-2), "insertion.experiments.x.placement.max_per_batch"),
+    (dict(steps=[3], every_n_steps=2), "insertion.experiments.x.placement"),
+])
+def test_step_placement_options_are_validated(placement, key):
+    with pytest.raises(ConfigError) as e:
+        validate_experiment("insertion.experiments.x", conf(**placement))
+    assert e.value.key == key

@@ -107,10 +107,41 @@ def row_range(key: str, exp: InsertionExperimentConf, window: tuple[int, int], s
     return lo, hi
 
 
-def place_random(lengths: np.ndarray, rows: tuple[int, int], sequence_length: int, rng: np.random.Generator,
-                 occ: Occupancy, what: str) -> np.ndarray:
-    """Uniform positions for spans of ``lengths`` within rows ``[rows[0], rows[1])``, none crossing a row
-    boundary or overlapping ``occ`` or each other; the spans are added to ``occ``.
+def allowed_rows(key: str, exp: InsertionExperimentConf, window: tuple[int, int], sequence_length: int,
+                 global_batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows a random/range experiment may use, as sorted disjoint intervals ``[starts[i], ends[i])``
+    (``int64``): :func:`row_range`, intersected with the batches of ``placement.steps`` (global steps) or of
+    every ``placement.every_n_steps``-th step of the run (steps S+n, S+2n, ... for a run continuing step S).
+
+    :raises ConfigError: for a step outside the run, or a selection that leaves no row.
+    """
+    lo, hi = row_range(key, exp, window, sequence_length)
+    pl, B = exp.placement, global_batch_size
+    first_step, last_step = window[0] // (sequence_length * B) + 1, window[1] // (sequence_length * B)
+    if pl.steps:
+        bad = [k for k in pl.steps if not first_step <= k <= last_step]
+        if bad:
+            raise ConfigError(f"{key}.placement.steps", f"steps {bad} are outside the run's steps "
+                              f"[{first_step}, {last_step}]")
+        steps = np.unique(np.asarray(pl.steps, dtype=np.int64))
+    elif pl.every_n_steps:
+        steps = np.arange(first_step - 1 + pl.every_n_steps, last_step + 1, pl.every_n_steps, dtype=np.int64)
+    else:
+        return np.array([lo], np.int64), np.array([hi], np.int64)
+    starts, ends = np.clip((steps - 1) * B, lo, hi), np.clip(steps * B, lo, hi)
+    keep = ends > starts
+    if not keep.any():
+        raise ConfigError(f"{key}.placement", "the selected steps hold no row of the placement's range")
+    return starts[keep], ends[keep]
+
+
+def place_random(lengths: np.ndarray, rows: tuple[np.ndarray, np.ndarray], sequence_length: int,
+                 rng: np.random.Generator, occ: Occupancy, what: str, global_batch_size: int = 1,
+                 max_per_batch: int = 0) -> np.ndarray:
+    """Uniform positions for spans of ``lengths`` within the row intervals ``rows`` (as :func:`allowed_rows`
+    returns them; each row equally likely), none crossing a row boundary or overlapping ``occ`` or each other,
+    and, if ``max_per_batch`` > 0, at most that many per global batch of ``global_batch_size`` rows. The spans
+    are added to ``occ``.
 
     :returns: ``int64`` start positions, shape ``lengths.shape``.
     :raises InsertionError: if a copy is longer than a row, or the rows cannot hold the copies (naming
@@ -122,19 +153,31 @@ def place_random(lengths: np.ndarray, rows: tuple[int, int], sequence_length: in
     pos = np.empty(n, dtype=np.int64)
     if n == 0:
         return pos
-    lo, hi = rows
+    r0, r1 = (np.atleast_1d(np.asarray(r, dtype=np.int64)) for r in rows)
+    cum = np.cumsum(r1 - r0)
     if lengths.max() > L:
         raise InsertionError(f"{what}: a copy of {int(lengths.max())} tokens cannot fit in a row of {L} "
                              "tokens")
-    capacity = (hi - lo) * L
+    capacity = int(cum[-1]) * L
+    where = f"rows [{r0[0]}, {r1[-1]})" + (f" ({r0.size} intervals)" if r0.size > 1 else "")
     if lengths.sum() > capacity:
-        raise InsertionError(f"{what}: {int(lengths.sum())} tokens to insert do not fit in rows [{lo}, {hi}) "
+        raise InsertionError(f"{what}: {int(lengths.sum())} tokens to insert do not fit in {where} "
                              f"({capacity} tokens)")
+    B = global_batch_size
+    if max_per_batch:
+        batches = np.unique(np.concatenate([np.arange(a // B, (b - 1) // B + 1) for a, b in zip(r0, r1)]))
+        if n > batches.size * max_per_batch:
+            raise InsertionError(f"{what}: {n} copies at most {max_per_batch} per batch need "
+                                 f"{-(-n // max_per_batch)} batches; the placement allows {batches.size}")
+    placed_batches = np.empty(0, dtype=np.int64)
     pending = np.arange(n)
     for _ in range(MAX_ROUNDS):
         m = pending.size
         ln = lengths[pending]
-        s = rng.integers(lo, hi, size=m, dtype=np.int64) * L + (rng.random(m) * (L - ln + 1)).astype(np.int64)
+        u = rng.integers(0, cum[-1], size=m, dtype=np.int64)
+        i = np.searchsorted(cum, u, side="right")
+        row = r0[i] + u - (cum[i] - (r1[i] - r0[i]))
+        s = row * L + (rng.random(m) * (L - ln + 1)).astype(np.int64)
         e = s + ln
         free = np.flatnonzero(~occ.conflicts(s, e))
         order = free[np.argsort(s[free], kind="stable")]
@@ -143,6 +186,9 @@ def place_random(lengths: np.ndarray, rows: tuple[int, int], sequence_length: in
         if order.size > 1:
             clash[1:] = ss[1:] < np.maximum.accumulate(ee)[:-1]
         acc = order[~clash]
+        if max_per_batch:
+            acc = _cap_per_batch(acc, s[acc] // L // B, placed_batches, max_per_batch)
+            placed_batches = np.concatenate([placed_batches, s[acc] // L // B])
         pos[pending[acc]] = s[acc]
         occ.add(s[acc], e[acc])
         keep = np.ones(m, dtype=bool)
@@ -150,11 +196,28 @@ def place_random(lengths: np.ndarray, rows: tuple[int, int], sequence_length: in
         pending = pending[keep]
         if pending.size == 0:
             return pos
-    used = np.clip(occ.ends, lo * L, hi * L) - np.clip(occ.starts, lo * L, hi * L)  # parts inside the rows
-    fill = int(used.sum()) / max(capacity, 1)
+    used = sum(int((np.clip(occ.ends, a * L, b * L) - np.clip(occ.starts, a * L, b * L)).sum())
+               for a, b in zip(r0, r1))
     raise InsertionError(f"{what}: could not place {pending.size} of {n} copies without overlap after "
-                         f"{MAX_ROUNDS} rounds (rows [{lo}, {hi}) are {fill:.0%} full); use a longer window or "
-                         "fewer repetitions")
+                         f"{MAX_ROUNDS} rounds ({where} are {used / max(capacity, 1):.0%} full); use a longer window "
+                         "or fewer repetitions")
+
+
+def _cap_per_batch(cand: np.ndarray, batch: np.ndarray, placed: np.ndarray, cap: int) -> np.ndarray:
+    """The candidates (in their given order) that keep every batch at ``<= cap`` copies, given the batches of
+    the copies ``placed`` already."""
+    have = np.zeros(batch.size, dtype=np.int64)
+    if placed.size:
+        ub, uc = np.unique(placed, return_counts=True)
+        idx = np.minimum(np.searchsorted(ub, batch), ub.size - 1)
+        have = np.where(ub[idx] == batch, uc[idx], 0)
+    order = np.argsort(batch, kind="stable")
+    b_sorted = batch[order]
+    first = np.searchsorted(b_sorted, b_sorted, side="left")
+    rank = np.arange(b_sorted.size) - first
+    ok = np.zeros(cand.size, dtype=bool)
+    ok[order] = rank + have[order] < cap
+    return cand[ok]
 
 
 def expand_copies(dup_counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -29,11 +29,11 @@ from pretrain_exp.data.token_files import dtype_for_vocab
 from pretrain_exp.errors import CheckpointError, InsertionError
 from pretrain_exp.insertion.placement import (
     Occupancy,
+    allowed_rows,
     expand_copies,
     explicit_positions,
     place_explicit,
     place_random,
-    row_range,
 )
 from pretrain_exp.insertion.sources import ItemSet, experiment_rng, sha256_tokens
 
@@ -240,9 +240,9 @@ def build_plan(items: Dict[str, ItemSet], experiments: Dict[str, InsertionExperi
             continue
         loc_item, loc_dup = expand_copies(dups[first_item[k]:first_item[k + 1]])
         ids = loc_item + first_item[k]
-        rows = row_range(f"insertion.experiments.{n}", exp, window, L)
+        rows = allowed_rows(f"insertion.experiments.{n}", exp, window, L, global_batch_size)
         pos = place_random(lengths[ids], rows, L, experiment_rng(seed, n + "/placement"), occ,
-                           f"insertion.experiments.{n}")
+                           f"insertion.experiments.{n}", global_batch_size, exp.placement.max_per_batch)
         copy_item.append(ids), copy_dup.append(loc_dup), copy_pos.append(pos)
 
     pos = np.concatenate(copy_pos) if copy_pos else np.empty(0, np.int64)

@@ -156,6 +156,16 @@ def validate_experiment(key: str, exp: InsertionExperimentConf) -> None:
         if exp.repetitions != 1:
             raise ConfigError(f"{key}.repetitions", "explicit placement takes dup counts from the positions "
                               "given per item (an int or a list); leave repetitions at 1")
+    if pl.steps and pl.every_n_steps:
+        raise ConfigError(f"{key}.placement", "set placement.steps or placement.every_n_steps, not both")
+    for name in ("every_n_steps", "max_per_batch"):
+        if getattr(pl, name) < 0:
+            raise ConfigError(f"{key}.placement.{name}", f"must be >= 0 (0 = no restriction), got {getattr(pl, name)}")
+    if any(k < 1 for k in pl.steps):
+        raise ConfigError(f"{key}.placement.steps", f"global steps are >= 1, got {list(pl.steps)}")
+    if pl.kind == PlacementKind.explicit and (pl.steps or pl.every_n_steps or pl.max_per_batch):
+        raise ConfigError(f"{key}.placement", "steps / every_n_steps / max_per_batch apply to random and range "
+                          "placement, not explicit")
     if pl.allow_row_crossing and pl.kind != PlacementKind.explicit:
         raise ConfigError(f"{key}.placement.allow_row_crossing", "only explicit placements may cross rows")
 
