@@ -213,9 +213,12 @@ class Experiment:
             results = report.summarize(cfg, self.plan, evaluated, self._all_evaluated(),
                                        time.perf_counter() - t_start)
             report.write_json(self.run_dir / "results.json", results)
-            report.plot_per_dup(results, self.run_dir / "plots" / "loss_vs_dup.png")
+            plots = {"loss_vs_dup": report.plot_per_dup, "loss_vs_step": report.plot_loss_vs_step}
+            for name, plot in plots.items():
+                plot(results, self.run_dir / "plots" / f"{name}.png")
             if tracker.wandb_dir is not None:
-                tracker.run.log({"plots/loss_vs_dup": _wandb_image(self.run_dir / "plots" / "loss_vs_dup.png")})
+                tracker.run.log({f"plots/{name}": _wandb_image(self.run_dir / "plots" / f"{name}.png")
+                                 for name in plots})
         self._cleanup()
         return results
 

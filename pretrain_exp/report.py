@@ -94,36 +94,44 @@ def summarize(cfg: ExperimentConfig, plan, evaluated_now: Dict[int, dict], evalu
 
 
 def plot_per_dup(results: dict, path: Path) -> None:
-    """PNG of mean insertion loss vs dup count (95% CI bars), one line per experiment; written atomically."""
+    """PNG of mean insertion loss vs dup count (95% CI bars) at the last evaluated step, one line per
+    experiment; written atomically."""
+    rows = [dict(r, job=r["experiment"]) for r in results.get("per_dup", [])]
+    plot_effect_vs_dup(rows, {}, path, f"{results.get('run_name')} at step {results.get('step')}")
+
+
+_LOSS_KEY = re.compile(r"^(?P<exp>.+)/dup(?P<dup>\d+)/mean_loss$")
+
+
+def plot_loss_vs_step(results: dict, path: Path) -> None:
+    """PNG of mean insertion loss vs global step, one line per experiment and dup count, from every evaluated
+    step (``results["by_step"]``): learning while an item is inserted, forgetting after its last insertion."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = results.get("per_dup", [])
+    series: Dict[Tuple[str, int], List[Tuple[int, float]]] = {}
+    for step, tasks in results.get("by_step", {}).items():
+        for metrics in tasks.values():
+            for key, value in metrics.items():
+                m = _LOSS_KEY.match(key)
+                if m and value is not None:
+                    series.setdefault((m["exp"], int(m["dup"])), []).append((int(step), value))
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    for exp in sorted({r["experiment"] for r in rows}):
-        rs = sorted((r for r in rows if r["experiment"] == exp), key=lambda r: r["dup_count"])
-        x = [r["dup_count"] for r in rs]
-        y = [r["mean_loss"] for r in rs]
-        lo = [r["mean_loss"] - (r["ci_low"] if r["ci_low"] is not None else r["mean_loss"]) for r in rs]
-        hi = [(r["ci_high"] if r["ci_high"] is not None else r["mean_loss"]) - r["mean_loss"] for r in rs]
-        ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, label=exp)
-    ax.set_xscale("symlog", linthresh=1)
-    ax.set_xlabel("dup count (0 = never-inserted control)")
+    multi = len({e for e, _ in series}) > 1
+    for (exp, dup), pts in sorted(series.items()):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{exp + ' ' if multi else ''}dup {dup}")
+    ax.set_xlabel("global step")
     ax.set_ylabel("mean loss per token (nats)")
-    ax.set_title(f"{results.get('run_name')} at step {results.get('step')}", fontsize=9)
-    if rows:
+    ax.set_title(f"{results.get('run_name')}: insertion loss by step", fontsize=9)
+    if series:
         ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".png")
-    os.close(fd)
-    fig.savefig(tmp, dpi=120)
+    _save_png(fig, path)
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def print_table(results: dict) -> None:
@@ -441,7 +449,9 @@ def plot_effect_vs_dup(rows: Sequence[dict], labels: Dict[str, str], path: Path,
         y = [r["mean_loss"] for r in rs]
         lo = [r["mean_loss"] - (r["ci_low"] if r["ci_low"] is not None else r["mean_loss"]) for r in rs]
         hi = [(r["ci_high"] if r["ci_high"] is not None else r["mean_loss"]) - r["mean_loss"] for r in rs]
-        label = labels.get(job, job) + (f" / {exp}" if len(experiments) > 1 else "")
+        label = labels.get(job, job)
+        if len(experiments) > 1 and exp != label:
+            label += f" / {exp}"
         ax.errorbar([r["dup_count"] for r in rs], y, yerr=[lo, hi], marker="o", capsize=3, label=label, alpha=0.85)
     ax.set_xscale("symlog", linthresh=1)
     ax.set_xlabel("dup count (0 = never-inserted control)")

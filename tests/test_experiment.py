@@ -43,7 +43,7 @@ def test_tiny_run_writes_everything_and_resumes(tmp_path, tiny_model_dir):
     run_dir = runs / "tiny-tiny_llama-step0-seed0"
     assert proc.stdout.strip().splitlines()[-1] == f"run dir: {run_dir.resolve()}"
     for name in ("config.resolved.yaml", "plan.npz", "manifest.jsonl", "items.jsonl", "metrics.jsonl",
-                 "results.json", "plots/loss_vs_dup.png", "pretrain_exp.log"):
+                 "results.json", "plots/loss_vs_dup.png", "plots/loss_vs_step.png", "pretrain_exp.log"):
         assert (run_dir / name).is_file(), name
     assert list((run_dir / "wandb").glob("offline-run-*")), "W&B offline run missing"
     assert sorted(p.name for p in (run_dir / "evals").iterdir()) == ["step12", "step4", "step8"]
