@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
@@ -35,6 +35,7 @@ class EvalContext:
     batch_size: int
     bootstrap_samples: int
     seed: int
+    cache_dir: Optional[str] = None  #: the run's asset cache (None: ``$PRETRAIN_EXP_CACHE`` or ``~/.cache/...``)
 
 
 @dataclass
@@ -66,7 +67,7 @@ def register(name: str, config: type):
 
 
 def _load_all() -> None:
-    from evals import insertion_loss, memorization, mia, perplexity  # noqa: F401  (registration side effect)
+    from evals import benchmark, insertion_loss, memorization, mia, perplexity  # noqa: F401  (registration side effect)
 
 
 def register_eval_schemas(cs) -> None:

