@@ -27,7 +27,10 @@ def cli(*args: str, runs: Path, check: bool = True) -> subprocess.CompletedProce
 
 def test_hydra_help_cfg_and_defaults_tree(tmp_path):
     out = cli("--help", runs=tmp_path).stdout
-    assert "insertion: fictional_bios, none, texts, tokens" in out
+    groups = dict(line.strip().split(": ", 1) for line in out.splitlines() if line.startswith(
+        ("insertion: ", "eval: ", "framework: ", "training: ")))
+    assert set(groups["insertion"].split(", ")) == {p.stem for p in (ROOT / "conf" / "insertion").glob("*.yaml")}
+    assert "insertion_loss" in groups["eval"] and groups["framework"] == "hf"
     job = cli("--cfg", "job", runs=tmp_path).stdout
     assert "fictional_bios:" in job and "repetitions:" in job
     tree = cli("--info", "defaults-tree", runs=tmp_path).stdout
