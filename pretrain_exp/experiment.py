@@ -159,21 +159,21 @@ class Experiment:
         from transformers import AutoModelForCausalLM
 
         out_dir = self.run_dir / "evals" / f"step{ckpt.step}"
-        results, todo = {}, {}
+        results, pending = {}, {}
         for name, task in self.cfg.eval.tasks.items():
             f = out_dir / f"{name}.json"
             if f.is_file():
                 results[name] = json.loads(f.read_text())
             else:
-                todo[name] = task
-        if todo:
+                pending[name] = task
+        if pending:
             held = np.stack([self.order.row_tokens(int(q)) for q in self.order.held_out_rows(
                 self.cfg.data.held_out_rows)]) if self.cfg.data.held_out_rows else np.empty((0, self.L), np.int64)
             with ckpt.as_hf_temporary() as hf_dir:
                 model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
                 ctx = EvalContext(model, self.tokenizer, self.plan, held, ckpt.step, self.cfg.eval.batch_size,
                                   self.cfg.eval.bootstrap_samples, self.cfg.seed, self.cfg.cache_dir)
-                for name, task in todo.items():
+                for name, task in pending.items():
                     t0 = time.perf_counter()
                     res: EvalResult = run_eval(task, ctx)
                     rec = {"task": name, "type": task.type, "step": ckpt.step, **asdict(res),
