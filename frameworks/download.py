@@ -264,6 +264,14 @@ class _Fetcher:
         self.url, self.dir, self.kwargs = url, ckpt_dir, kwargs
         self.files: List[str] = []
 
+    @classmethod
+    def unless_complete(cls, url: str, ckpt_dir: Path, **kwargs) -> Optional["_Fetcher"]:
+        """A fetcher for ``ckpt_dir``, or ``None`` if its completion marker says it is already complete."""
+        if _read_marker(ckpt_dir):
+            log.info("%s: complete, nothing to download", ckpt_dir)
+            return None
+        return cls(url, ckpt_dir, **kwargs)
+
     def get(self, rel: str) -> Path:
         """Fetch required file ``rel``; raises :class:`RemoteFileNotFound` naming its URL on a 404."""
         path = download_file(f"{self.url}/{rel}", self.dir / rel, **self.kwargs)
@@ -312,11 +320,10 @@ def download_olmo2_checkpoint(base_url: str, step: int, dest_dir: str | os.PathL
     """
     url = olmo2_checkpoint_url(base_url, step)
     ckpt_dir = Path(dest_dir) / f"step{int(step)}-unsharded"
-    if _read_marker(ckpt_dir):
-        log.info("%s: complete, nothing to download", ckpt_dir)
+    fetch = _Fetcher.unless_complete(url, ckpt_dir, max_retries=max_retries, base_delay_s=base_delay_s,
+                                     sleep=sleep, timeout_s=timeout_s)
+    if fetch is None:
         return ckpt_dir
-    fetch = _Fetcher(url, ckpt_dir, max_retries=max_retries, base_delay_s=base_delay_s, sleep=sleep,
-                     timeout_s=timeout_s)
     fetch.get("config.yaml")
     fetch.get("train.pt")
     fetch.first_of(["model.safetensors", "model.pt"], required=True, what="model state")
@@ -349,11 +356,10 @@ def download_olmo_core_checkpoint(base_url: str, step: int, dest_dir: str | os.P
     """
     url = olmo_core_checkpoint_url(base_url, step)
     ckpt_dir = Path(dest_dir) / f"step{int(step)}"
-    if _read_marker(ckpt_dir):
-        log.info("%s: complete, nothing to download", ckpt_dir)
+    fetch = _Fetcher.unless_complete(url, ckpt_dir, max_retries=max_retries, base_delay_s=base_delay_s,
+                                     sleep=sleep, timeout_s=timeout_s)
+    if fetch is None:
         return ckpt_dir
-    fetch = _Fetcher(url, ckpt_dir, max_retries=max_retries, base_delay_s=base_delay_s, sleep=sleep,
-                     timeout_s=timeout_s)
     fetch.get(".metadata.json")
     fetch.get("config.json")
     fetch.probe("data_paths.txt")

@@ -91,6 +91,15 @@ def random_item(rng, n: int = TEXT_LEN) -> list:
 
 
 @pytest.fixture(scope="module")
+def one_torch_thread():
+    """Run a module's tests with 1 torch thread (small models on a shared 2-core box), then restore."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
 def trained():
     """A tiny model trained (60 Adam steps) on the 4 dup-4 items of a plan that also has 4 dup-0 controls."""
     old = torch.get_num_threads()

@@ -33,12 +33,7 @@ def hand_loss(model, tokens) -> float:
     return float(F.cross_entropy(logits[:-1], ids[0, 1:]))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _threads():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ------------------------------------------------------------ registry

@@ -8,7 +8,6 @@ import zlib
 
 import numpy as np
 import pytest
-import torch
 from sklearn.metrics import roc_auc_score
 
 from evals.mia import MiaConf, bootstrap_auc, item_bytes, membership_scores, roc_auc
@@ -29,12 +28,7 @@ class StubTokenizer:
         return " ".join(f"w{i}" for i in ids if not (skip_special_tokens and i == EOS))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _threads():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ------------------------------------------------------------ AUC and bootstrap
