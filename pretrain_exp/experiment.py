@@ -18,6 +18,7 @@ continues from the newest checkpoint (bit-identical to an uninterrupted run on C
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import random
@@ -151,6 +152,12 @@ class Experiment:
         return plan
 
     # --- evaluation -------------------------------------------------------------------------------------
+    @functools.cached_property
+    def held_out(self) -> np.ndarray:
+        """The held-out rows' tokens, read once: ``int64`` array of shape ``(data.held_out_rows, L)``."""
+        rows = self.order.held_out_rows(self.cfg.data.held_out_rows)
+        return np.stack([self.order.row_tokens(int(q)) for q in rows]) if rows.size else np.empty((0, self.L), np.int64)
+
     def evaluate(self, ckpt: Checkpoint, tracker: Tracker) -> Dict[str, dict]:
         """Run every ``eval.tasks`` entry on ``ckpt`` (skipping tasks already saved for its step).
 
@@ -167,11 +174,9 @@ class Experiment:
             else:
                 pending[name] = task
         if pending:
-            held = np.stack([self.order.row_tokens(int(q)) for q in self.order.held_out_rows(
-                self.cfg.data.held_out_rows)]) if self.cfg.data.held_out_rows else np.empty((0, self.L), np.int64)
             with ckpt.as_hf_temporary() as hf_dir:
                 model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
-                ctx = EvalContext(model, self.tokenizer, self.plan, held, ckpt.step, self.cfg.eval.batch_size,
+                ctx = EvalContext(model, self.tokenizer, self.plan, self.held_out, ckpt.step, self.cfg.eval.batch_size,
                                   self.cfg.eval.bootstrap_samples, self.cfg.seed, self.cfg.cache_dir)
                 for name, task in pending.items():
                     t0 = time.perf_counter()
