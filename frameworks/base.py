@@ -9,6 +9,7 @@ at step S + n.
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, Optional
 
 from pretrain_exp.config import ExperimentConfig
+from pretrain_exp.errors import CheckpointError
 
 #: called with (metrics, global step) for every logged training scalar
 LogFn = Callable[[Dict[str, float], int], None]
@@ -50,12 +52,45 @@ class Checkpoint:
 
 
 class Framework(ABC):
-    """One training framework, bound to one run (config + run dir)."""
+    """One training framework, bound to one run (config + run dir).
+
+    The defaults here are the HF ones: the initial checkpoint is an HF model dir (``model.asset`` converted
+    once, or ``model.path``) that also holds the tokenizer and ``config.json``'s ``vocab_size``.
+    """
 
     def __init__(self, cfg: ExperimentConfig, model_dir: Path):
         self.cfg = cfg
-        self.model_dir = Path(model_dir)  #: HF dir of the initial checkpoint
+        self.model_dir = Path(model_dir)  #: dir of the initial checkpoint (framework format)
         self.run_dir = Path(cfg.run_dir)
+
+    @classmethod
+    def resolve_model(cls, cfg: ExperimentConfig) -> Path:
+        """The initial checkpoint's dir (an asset is fetched and converted once into the cache).
+
+        :raises CheckpointError: if ``model.path`` is not an HF model dir, or ``model.url`` is set (HF
+            checkpoints are not downloaded by URL).
+        """
+        from pretrain_exp.data.assets import hf_model_dir
+
+        if cfg.model.asset is not None:
+            return hf_model_dir(cfg.model.asset, cfg.cache_dir)
+        if cfg.model.url is not None:
+            raise CheckpointError(f"model.url={cfg.model.url}: the {cfg.framework.name} framework loads HF model "
+                                  "dirs (model.path or model.asset); URLs are for OLMo checkpoints")
+        path = Path(cfg.model.path)
+        if not (path / "config.json").is_file():
+            raise CheckpointError(f"model.path={path}: missing checkpoint (no config.json in that directory)")
+        return path
+
+    @property
+    def tokenizer_path(self) -> str:
+        """HF tokenizer dir or asset name of the run (``model.tokenizer``, else the model dir)."""
+        return self.cfg.model.tokenizer or str(self.model_dir)
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the model's embedding matrix (``config.json``'s ``vocab_size``); 0 if unknown."""
+        return int(json.loads((self.model_dir / "config.json").read_text()).get("vocab_size", 0))
 
     def initial_checkpoint(self) -> Checkpoint:
         """The checkpoint the run starts from (step ``model.checkpoint_step``)."""

@@ -8,6 +8,7 @@ from pretrain_exp.errors import ConfigError
 
 FRAMEWORKS = {
     "hf": "frameworks.hf.framework:HFFramework",
+    "olmo_core": "frameworks.olmo_core.framework:OlmoCoreFramework",
 }
 
 
@@ -19,4 +20,10 @@ def get_framework_class(name: str) -> type:
     if name not in FRAMEWORKS:
         raise ConfigError("framework.name", f"unknown framework {name!r}; allowed: {sorted(FRAMEWORKS)}")
     module, cls = FRAMEWORKS[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+    try:
+        return getattr(importlib.import_module(module), cls)
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] != "olmo_core":
+            raise
+        raise ConfigError("framework.name", f"framework {name!r} needs OLMo-core: pip install -e '.[olmo]' "
+                          "(ai2-olmo-core==3.0.0)") from None

@@ -90,7 +90,7 @@ ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3
 class FrameworkConf:
     """Training framework (``framework=`` option); see :mod:`frameworks`."""
 
-    name: str = MISSING  #: registry name: ``hf`` (``olmo_core``, ``olmo2`` once installed)
+    name: str = MISSING  #: registry name: ``hf``, ``olmo_core`` or ``olmo2`` (the last two need the ``olmo`` extra)
     attn_implementation: str = "sdpa"  #: HF attention kernel (``sdpa``, ``eager``, ``flash_attention_2``)
 
 
@@ -100,9 +100,11 @@ class ModelConf:
 
     name: str = MISSING  #: short name used in run names
     asset: Optional[str] = None  #: registry asset (see ASSETS in :mod:`pretrain_exp.data.assets`)
-    path: Optional[str] = None  #: local HF model dir (exclusive with ``asset``)
+    path: Optional[str] = None  #: local checkpoint dir in the framework's format (exclusive with ``asset``, ``url``)
     checkpoint_step: int = 0  #: step the checkpoint is at; training continues at positions from S*B*L
     dtype: str = "float32"  #: dtype the weights are loaded in (master weights)
+    url: Optional[str] = None  #: base URL holding ``step<N>[-unsharded]/`` checkpoint folders (olmo_core, olmo2)
+    tokenizer: Optional[str] = None  #: HF tokenizer dir or asset (e.g. ``dolma2``); default: the model dir's
 
 
 @dataclass
@@ -238,8 +240,8 @@ class ExperimentConfig:
         from pretrain_exp.insertion.sources import validate_experiment
 
         get_framework_class(self.framework.name)  # raises ConfigError listing the frameworks
-        if (self.model.asset is None) == (self.model.path is None):
-            raise ConfigError("model", "set exactly one of model.asset and model.path")
+        if sum(x is not None for x in (self.model.asset, self.model.path, self.model.url)) != 1:
+            raise ConfigError("model", "set exactly one of model.asset, model.path and model.url")
         if self.model.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError("model.dtype", f"unknown dtype {self.model.dtype!r}; allowed: float32, bfloat16, float16")
         if self.framework.attn_implementation not in ATTN_IMPLEMENTATIONS:

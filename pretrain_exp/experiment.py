@@ -37,7 +37,6 @@ from frameworks.base import Checkpoint
 from frameworks.registry import get_framework_class
 from pretrain_exp import report
 from pretrain_exp.config import Cleanup, ExperimentConfig
-from pretrain_exp.data.assets import hf_model_dir
 from pretrain_exp.data.order import DataOrder, step_window
 from pretrain_exp.data.rows import TrainingRows
 from pretrain_exp.data.token_files import TokenFiles, dtype_for_vocab
@@ -81,19 +80,6 @@ def with_retries(fn: Callable[[], T], max_retries: int, base_delay_s: float, wha
     raise AssertionError("unreachable")
 
 
-def resolve_model_dir(cfg: ExperimentConfig) -> Path:
-    """HF dir of the initial checkpoint (a model asset is fetched and converted once).
-
-    :raises CheckpointError: if ``model.path`` is not an HF model dir.
-    """
-    if cfg.model.asset is not None:
-        return hf_model_dir(cfg.model.asset, cfg.cache_dir)
-    path = Path(cfg.model.path)
-    if not (path / "config.json").is_file():
-        raise CheckpointError(f"model.path={path}: missing checkpoint (no config.json in that directory)")
-    return path
-
-
 class Experiment:
     """One run's prepared state (data order, plan, framework); :meth:`run` executes the loop."""
 
@@ -105,10 +91,11 @@ class Experiment:
         t = cfg.training
         self.L, self.B = t.sequence_length, t.global_batch_size
         self.start_step, self.num_steps = cfg.model.checkpoint_step, t.num_steps
-        self.model_dir = resolve_model_dir(cfg)
-        self.tokenizer = load_tokenizer(str(self.model_dir), cfg.cache_dir)
-        model_config = json.loads((self.model_dir / "config.json").read_text())
-        self.vocab_size = int(model_config.get("vocab_size", len(self.tokenizer)))
+        framework_class = get_framework_class(cfg.framework.name)
+        self.model_dir = framework_class.resolve_model(cfg)
+        self.framework = framework_class(cfg, self.model_dir)
+        self.tokenizer = load_tokenizer(self.framework.tokenizer_path, cfg.cache_dir)
+        self.vocab_size = self.framework.vocab_size or len(self.tokenizer)
         paths = cfg.data.paths or tokenize_source(cfg.data.text, self.tokenizer, cfg.data.token_dir,
                                                   cfg.cache_dir, cfg.data.text_key)
         files = TokenFiles(paths, dtype_for_vocab(max(self.vocab_size, len(self.tokenizer))))
@@ -120,7 +107,6 @@ class Experiment:
         if self.main and cfg.insertion.verify and self.plan.num_insertions:
             verify_plan(self.plan, self.rows.row, self.order.row_tokens,
                         (self.rows.first_row, self.rows.first_row + len(self.rows)), seed=cfg.seed)
-        self.framework = get_framework_class(cfg.framework.name)(cfg, self.model_dir)
 
     def _check_held_out(self) -> None:
         n = self.cfg.data.held_out_rows

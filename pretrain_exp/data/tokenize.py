@@ -24,7 +24,8 @@ import tempfile
 from pathlib import Path
 from typing import List
 
-from pretrain_exp.data.assets import ASSETS, GGUF_MEMBERS, TINY_MODELS, get_asset, hf_model_dir, iter_texts
+from pretrain_exp.data.assets import (ASSETS, GGUF_MEMBERS, TINY_MODELS, TOKENIZERS, get_asset, hf_model_dir, iter_texts,
+                                      tokenizer_dir)
 from pretrain_exp.data.token_files import dtype_for_vocab, write_token_file
 from pretrain_exp.errors import DataError, PretrainExpError
 
@@ -34,14 +35,16 @@ MAX_TOKENS_PER_FILE = 1 << 28  #: a new token file starts after this many tokens
 
 
 def load_tokenizer(name_or_path: str, cache_dir: str | Path):
-    """An HF tokenizer from a local dir or a model asset name.
+    """An HF tokenizer from a local dir, a model asset name or a tokenizer asset name (``dolma2``).
 
     :raises DataError: if it cannot be loaded or has no EOS token.
     """
     from transformers import AutoTokenizer
 
     models = sorted(GGUF_MEMBERS) + sorted(TINY_MODELS)
-    if name_or_path in ASSETS or name_or_path in TINY_MODELS:
+    if name_or_path in TOKENIZERS:
+        path = tokenizer_dir(name_or_path, cache_dir)
+    elif name_or_path in ASSETS or name_or_path in TINY_MODELS:
         path = hf_model_dir(name_or_path, cache_dir)
     else:
         path = Path(name_or_path).expanduser()

@@ -1,0 +1,134 @@
+"""OLMo-core checkpoints: the model config they carry, a pickle-free check of their trainer state, HF export.
+
+An OLMo-core checkpoint ``step<N>/`` (what ``olmo_core.train.Trainer`` writes, and what AI2 publishes for
+OLMo-3) holds ``.metadata.json``, ``config.json`` (the experiment config; its ``model`` entry is a serialized
+``TransformerConfig``), ``train/rank<r>.pt`` (trainer state: step, data-loader position and dataset fingerprint,
+RNG states) and ``model_and_optim/`` (torch DCP shards). A model-only checkpoint (``config.json`` + DCP shards
+directly in the folder, no ``train/``) is a valid initial checkpoint too: training then starts at step 0 of the
+data order with fresh optimizer state.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from frameworks.base import Checkpoint
+from pretrain_exp.errors import CheckpointError
+
+_reconstruct = (np._core if hasattr(np, "_core") else np.core).multiarray._reconstruct
+#: the non-tensor types an OLMo-core ``train/rank<r>.pt`` holds (numpy RNG state; paths in older versions),
+#: each under the name numpy 1.x and 2.x pickle it by
+TRAIN_STATE_SAFE_GLOBALS = [
+    pathlib.PosixPath, pathlib.PurePosixPath, np.dtype, np.ndarray,
+    _reconstruct, (_reconstruct, "numpy.core.multiarray._reconstruct"),
+    *(type(np.dtype(t)) for t in (np.uint8, np.uint16, np.uint32, np.uint64, np.int64, np.float64)),
+]
+
+
+def model_config(ckpt_dir: Path, cuda: Optional[bool] = None):
+    """The ``olmo_core.nn.transformer.TransformerConfig`` in ``<ckpt_dir>/config.json`` (key ``model``).
+
+    Without CUDA the attention backend is switched to ``torch`` (SDPA with an explicit sliding-window mask),
+    since OLMo-3's default ``flash_2`` needs a GPU; the weights and the model's function are unchanged.
+
+    :raises CheckpointError: if ``config.json`` is missing or has no ``model`` entry.
+    """
+    from olmo_core.nn.attention.backend import AttentionBackendName
+    from olmo_core.nn.transformer import TransformerConfig
+
+    path = Path(ckpt_dir) / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing (an OLMo-core checkpoint carries its experiment config there)")
+    raw = json.loads(path.read_text())
+    if not isinstance(raw, dict) or "model" not in raw:
+        raise CheckpointError(f"{path}: no 'model' entry (expected an OLMo-core experiment config)")
+    config = TransformerConfig.from_dict(raw["model"])
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    if not cuda and config.block.sequence_mixer is not None:
+        mixer = config.block.sequence_mixer
+        if getattr(mixer, "backend", None) not in (None, AttentionBackendName.torch):
+            mixer.backend = AttentionBackendName.torch
+        if hasattr(mixer, "use_flash"):
+            mixer.use_flash = None
+    return config
+
+
+def check_train_state(ckpt_dir: Path) -> Optional[dict]:
+    """Load ``train/rank0.pt`` with ``weights_only=True`` (allow-list :data:`TRAIN_STATE_SAFE_GLOBALS`).
+
+    OLMo-core itself reads trainer state with full unpickling; calling this first refuses a file that holds
+    anything but tensors, containers, paths and numpy RNG state before OLMo-core touches it.
+
+    :returns: the trainer state dict, or ``None`` for a model-only checkpoint.
+    :raises CheckpointError: if a ``train/rank*.pt`` holds other objects (or cannot be read).
+    """
+    states = sorted((Path(ckpt_dir) / "train").glob("rank*.pt"))
+    first = None
+    for path in states:
+        try:
+            with torch.serialization.safe_globals(TRAIN_STATE_SAFE_GLOBALS):
+                state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001  (UnpicklingError, or a truncated file)
+            raise CheckpointError(f"{path}: trainer state refused by weights_only loading "
+                                  f"({' '.join(str(e).split())[:200]})") from None
+        first = state if first is None else first
+    return first
+
+
+def checkpoint_step(ckpt_dir: Path) -> Optional[int]:
+    """``global_step`` recorded in a checkpoint's trainer state (``None`` for a model-only checkpoint)."""
+    state = check_train_state(ckpt_dir)
+    return None if state is None else int(state["global_step"])
+
+
+def load_model(ckpt_dir: Path):
+    """The checkpoint's model (``olmo_core`` ``Transformer``, fp32, CPU, eval mode) with its weights loaded.
+
+    :raises CheckpointError: if the folder holds no DCP model state.
+    """
+    from olmo_core.distributed.checkpoint import load_model_and_optim_state
+
+    ckpt_dir = Path(ckpt_dir)
+    state_dir = ckpt_dir / "model_and_optim" if (ckpt_dir / "model_and_optim").is_dir() else ckpt_dir
+    if not (state_dir / ".metadata").is_file():
+        raise CheckpointError(f"{ckpt_dir}: no model state (neither model_and_optim/.metadata nor .metadata)")
+    model = model_config(ckpt_dir).build(init_device="cpu")
+    load_model_and_optim_state(str(state_dir), model)
+    return model.eval()
+
+
+def save_hf(model, tokenizer, out_dir: Path) -> Path:
+    """Write ``model`` (an OLMo-core ``Transformer``) as an HF model dir with OLMo-core's own converter
+    (``olmo_core.nn.hf.checkpoint.save_hf_model``: ``Olmo2ForCausalLM`` / ``Olmo3ForCausalLM`` and friends),
+    plus the tokenizer; EOS/pad ids come from the tokenizer."""
+    from olmo_core.nn.hf.checkpoint import save_hf_model
+
+    out_dir = Path(out_dir)
+    save_hf_model(str(out_dir), model.state_dict(), model, save_overwrite=True)
+    config_path = out_dir / "config.json"
+    config = json.loads(config_path.read_text())
+    config.update(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                  bos_token_id=tokenizer.bos_token_id)
+    if config.get("max_position_embeddings", -1) <= 0:  # OLMo-core has no such limit; RoPE extrapolates
+        config["max_position_embeddings"] = 65536
+    config_path.write_text(json.dumps(config, indent=2))
+    tokenizer.save_pretrained(str(out_dir))
+    return out_dir
+
+
+class OlmoCoreCheckpoint(Checkpoint):
+    """An OLMo-core checkpoint folder at a global step; :meth:`to_hf` converts it for the evals."""
+
+    def __init__(self, path: Path, step: int, tokenizer):
+        super().__init__(Path(path), int(step))
+        self.tokenizer = tokenizer
+
+    def to_hf(self, out_dir: Path) -> Path:
+        """Write the HF export of this checkpoint to ``out_dir`` (see :func:`save_hf`); returns ``out_dir``."""
+        return save_hf(load_model(self.path), self.tokenizer, out_dir)

@@ -1,0 +1,80 @@
+"""Tiny OLMo-core models that train on a CPU in seconds (tests, demos), built once into the asset cache.
+
+``olmo3_tiny`` has OLMo-3's shape at toy size: reordered-norm blocks with QK-norm, SwiGLU, RoPE θ = 500,000,
+RMSNorm ε = 1e-6, untied embeddings, the dolma2 vocabulary padded to 100,352, and OLMo-3's attention pattern
+(three sliding-window layers, then one full-attention layer; ``TransformerConfig.olmo3_*`` in OLMo-core 3.0.0)
+with a 64-token window. It is randomly initialised with OLMo-core's own initialisation (seed 0) and saved as a
+model-only OLMo-core checkpoint (``config.json`` + torch DCP shards).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from pretrain_exp.data.assets import _complete, _lock
+from pretrain_exp.errors import DataError
+
+DOLMA2_PADDED_VOCAB = 100_352  #: dolma2's 100,278 ids padded to a multiple of 128, as OLMo-2/3 models do
+
+#: name -> OLMo-core ``TransformerConfig.llama_like`` arguments (plus the sliding-window pattern)
+TINY_MODELS = {
+    "olmo3_tiny": dict(d_model=32, n_layers=4, n_heads=4, window=64),
+}
+
+
+def tiny_model_config(name: str):
+    """The ``TransformerConfig`` of tiny preset ``name`` (attention backend ``torch``).
+
+    :raises DataError: for an unknown name.
+    """
+    from olmo_core.nn.attention import SlidingWindowAttentionConfig
+    from olmo_core.nn.attention.backend import AttentionBackendName
+    from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
+
+    if name not in TINY_MODELS:
+        raise DataError(f"model asset {name!r} is not an OLMo-core preset; presets: {sorted(TINY_MODELS)}")
+    spec = dict(TINY_MODELS[name])
+    window = spec.pop("window")
+    return TransformerConfig.llama_like(
+        vocab_size=DOLMA2_PADDED_VOCAB, qk_norm=True, rope_theta=500_000, layer_norm_eps=1e-6,
+        block_name=TransformerBlockType.reordered_norm, hidden_size_multiple_of=32,
+        attn_backend=AttentionBackendName.torch,
+        sliding_window=SlidingWindowAttentionConfig(pattern=[window, window, window, -1],
+                                                    force_full_attention_on_first_layer=False,
+                                                    force_full_attention_on_last_layer=True),
+        **spec)
+
+
+def tiny_checkpoint(name: str, cache_dir: str | Path) -> Path:
+    """The model-only OLMo-core checkpoint dir of tiny preset ``name`` (built once, cached).
+
+    :raises DataError: for an unknown name.
+    """
+    import torch
+    from olmo_core.distributed.checkpoint import save_model_and_optim_state
+
+    config = tiny_model_config(name)
+    out = Path(cache_dir) / "models" / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with _lock(out.parent / f".{name}.lock"):
+        if _complete(out) is not None:
+            return out
+        shutil.rmtree(out, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{name}-"))
+        try:
+            torch.manual_seed(0)
+            model = config.build(init_device="cpu")
+            model.init_weights(device=torch.device("cpu"))
+            save_model_and_optim_state(str(tmp), model)
+            (tmp / "config.json").write_text(json.dumps({"model": config.as_config_dict()}, indent=2))
+            (tmp / ".complete.json").write_text(json.dumps({"preset": name}))
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return out
