@@ -41,7 +41,7 @@ from pretrain_exp.data.order import DataOrder, step_window
 from pretrain_exp.data.rows import TrainingRows
 from pretrain_exp.data.token_files import TokenFiles, dtype_for_vocab
 from pretrain_exp.data.tokenize import load_tokenizer, tokenize_source
-from pretrain_exp.errors import CheckpointError, ConfigError, PretrainExpError, TrainingError
+from pretrain_exp.errors import ConfigError, PretrainExpError, TrainingError
 from pretrain_exp.insertion.plan import Plan, build_plan
 from pretrain_exp.insertion.sources import load_items
 from pretrain_exp.insertion.verify import verify_plan

@@ -222,7 +222,8 @@ class OlmoCoreFramework(Framework):
         rank, world = _world()
         cuda = torch.cuda.is_available()
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-        bf16 = t.precision == Precision.bf16 or (t.precision == Precision.auto and cuda and torch.cuda.is_bf16_supported())
+        bf16 = t.precision == Precision.bf16 or (
+            t.precision == Precision.auto and cuda and torch.cuda.is_bf16_supported())
         L = t.sequence_length
         seed_all(cfg.seed)
         model = model_config(self.model_dir).build(init_device="meta" if cuda else "cpu")
@@ -299,4 +300,3 @@ def init_distributed() -> None:
         torch.distributed.init_process_group(backend="cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-

@@ -24,8 +24,16 @@ import tempfile
 from pathlib import Path
 from typing import List
 
-from pretrain_exp.data.assets import (ASSETS, GGUF_MEMBERS, TINY_MODELS, TOKENIZERS, get_asset, hf_model_dir, iter_texts,
-                                      tokenizer_dir)
+from pretrain_exp.data.assets import (
+    ASSETS,
+    GGUF_MEMBERS,
+    TINY_MODELS,
+    TOKENIZERS,
+    get_asset,
+    hf_model_dir,
+    iter_texts,
+    tokenizer_dir,
+)
 from pretrain_exp.data.token_files import dtype_for_vocab, write_token_file
 from pretrain_exp.errors import DataError, PretrainExpError
 
