@@ -1,0 +1,172 @@
+"""The ``olmo_core`` framework on the tiny OLMo-3-shaped preset, real dolma2 tokens of the Shakespeare corpus.
+
+OLMo-core's own Trainer trains; these tests check what we add around it: the rows it trains are the run's rows
+with the plan applied, its checkpoints resume (after a kill, and as initial checkpoints with trainer state),
+two torchrun processes train what one process trains, the HF export reproduces the logits, and trainer state is
+read without unpickling arbitrary objects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pretrain_exp.errors import CheckpointError
+from tests.conftest import CACHE_DIR, ROOT, make_config
+
+pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
+
+from frameworks.olmo_core import framework as olmo_core_framework  # noqa: E402
+from frameworks.olmo_core.checkpoint import check_train_state, load_model, save_hf  # noqa: E402
+from frameworks.olmo_core.presets import tiny_checkpoint  # noqa: E402
+
+#: 6 steps of 4 rows x 128 tokens in segments of 2; 8 bios at dup counts 0/1/2/4
+RUN = ["framework=olmo_core", "training=tiny", "training.num_steps=6", "training.global_batch_size=4",
+       "training.micro_batch_size=2", "training.checkpoint_interval=2", "training.num_threads=1",
+       "data.held_out_rows=8", "insertion.experiments.fictional_bios.num_items=8",
+       "insertion.experiments.fictional_bios.repetitions=[0,1,2,4]", "wandb=disabled"]
+
+
+def cli(*args: str, runs: Path, check: bool = True, wait: bool = True):
+    env = os.environ | {"PRETRAIN_EXP_RUNS": str(runs), "PRETRAIN_EXP_CACHE": str(CACHE_DIR), "WANDB_SILENT": "true"}
+    cmd = [sys.executable, "-m", "pretrain_exp", *args]
+    if not wait:
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def weights(ckpt_dir: Path) -> dict:
+    return {k: v.clone() for k, v in load_model(ckpt_dir).state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt() -> Path:
+    return tiny_checkpoint("olmo3_tiny", CACHE_DIR)
+
+
+def test_hf_export_reproduces_the_olmo_core_logits(tiny_ckpt, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from pretrain_exp.data.tokenize import load_tokenizer
+
+    tok = load_tokenizer("dolma2", CACHE_DIR)
+    model = load_model(tiny_ckpt)
+    out = save_hf(model, tok, tmp_path / "hf")
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "olmo3" and config["eos_token_id"] == 100257 and config["vocab_size"] == 100352
+    assert config["layer_types"] == ["sliding_attention"] * 3 + ["full_attention"]
+    hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    ids = torch.tensor([tok("To be, or not to be, that is the question: whether 'tis nobler in the mind to "
+                            "suffer the slings and arrows of outrageous fortune").input_ids * 3])  # > the 64-token window
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids), rtol=1e-5, atol=1e-5)
+
+
+class _Evil:
+    pass
+
+
+def test_trainer_state_is_read_without_unpickling_and_its_step_checked(tiny_ckpt, tmp_path):
+    ckpt = tmp_path / "step3"
+    (ckpt / "train").mkdir(parents=True)
+    torch.save({"global_step": 3, "rng": {"numpy": np.random.get_state()}}, ckpt / "train" / "rank0.pt")
+    assert check_train_state(ckpt)["global_step"] == 3
+    (ckpt / "config.json").write_text((tiny_ckpt / "config.json").read_text())
+    fw = olmo_core_framework.OlmoCoreFramework(make_config("framework=olmo_core", run_dir=tmp_path / "run"), ckpt)
+    with pytest.raises(CheckpointError, match="checkpoint_step=0.*at step 3"):
+        fw.initial_checkpoint()
+    torch.save({"global_step": 3, "payload": _Evil()}, ckpt / "train" / "rank0.pt")
+    with pytest.raises(CheckpointError, match="refused by weights_only loading"):
+        check_train_state(ckpt)
+
+
+@pytest.mark.slow
+def test_olmo_core_trains_exactly_the_runs_rows_with_the_plan_applied(tmp_path, monkeypatch):
+    """Every row OLMo-core's data loader hands the train module, after our pre_step callback, is
+    ``TrainingRows.row(q)``: the training-order row with the planned spans written."""
+    from pretrain_exp.experiment import Experiment
+
+    seen = []
+    original = olmo_core_framework._insertion_callback
+
+    def recording(rows, rank, world):
+        inner = original(rows, rank, world)
+
+        class Record(type(inner)):
+            def pre_step(self, batch):
+                super().pre_step(batch)
+                seen.append((self.trainer.global_step, batch["input_ids"].clone()))
+
+        return Record()
+
+    monkeypatch.setattr(olmo_core_framework, "_insertion_callback", recording)
+    cfg = make_config(*RUN, "training.num_steps=4", "eval=[]", run_dir=tmp_path / "run")
+    exp = Experiment(cfg)
+    assert exp.plan.num_insertions == 2 * (1 + 2 + 4)
+    exp.run()
+    B = cfg.training.global_batch_size
+    assert [k for k, _ in seen] == [1, 2, 3, 4]
+    inserted = 0
+    for k, ids in seen:
+        for i in range(B):
+            q = (k - 1) * B + i
+            np.testing.assert_array_equal(ids[i].numpy(), exp.rows.row(q))
+            inserted += not np.array_equal(exp.rows.row(q), exp.order.row_tokens(q))
+    assert inserted == len(np.unique(exp.plan.affected_rows()))
+    assert (tmp_path / "run" / "checkpoints" / "step4" / "config.json").is_file()
+
+
+@pytest.mark.slow
+def test_cli_run_kill_resume_torchrun_and_continuing_a_checkpoint_with_trainer_state(tmp_path):
+    """One uninterrupted CLI run (with evals) is the reference for: a run killed mid-segment and re-run (equal
+    final weights), a 2-process torchrun (gloo) run (same rows and insertions: equal plan, weights equal to float
+    tolerance), and a new run whose initial checkpoint is the reference's step-2 checkpoint with its trainer state
+    (OLMo-core restores data position and fingerprint; our callback checks every row it trains)."""
+    runs = tmp_path / "runs"
+    ref = runs / "ref"
+    proc = cli(*RUN, "eval=[insertion_loss]", f"hydra.run.dir={ref}", runs=runs)
+    res = json.loads((ref / "results.json").read_text())
+    assert res["step"] == 6 and [r["dup_count"] for r in res["per_dup"]] == [0, 1, 2, 4]
+    metrics = [json.loads(line) for line in (ref / "metrics.jsonl").read_text().splitlines()]
+    assert sorted({m["step"] for m in metrics if "train/loss" in m}) == [1, 2, 3, 4, 5, 6]
+    assert any("train/tokens_per_s" in m for m in metrics)
+    final = weights(ref / "checkpoints" / "step6")
+    assert "run dir:" in proc.stdout
+
+    killed = runs / "killed"
+    p = cli(*RUN, "eval=[]", f"hydra.run.dir={killed}", runs=runs, wait=False)
+    deadline = time.monotonic() + 600
+    while not (killed / "checkpoints" / "step2" / ".metadata.json").is_file():
+        assert p.poll() is None and time.monotonic() < deadline, "run ended before its first checkpoint"
+        time.sleep(0.2)
+    time.sleep(1.0)  # into the next segment
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert not (killed / "checkpoints" / "step6").exists()
+    cli(*RUN, "eval=[]", f"hydra.run.dir={killed}", runs=runs)
+    for k, v in weights(killed / "checkpoints" / "step6").items():
+        torch.testing.assert_close(v, final[k], rtol=0, atol=0, msg=k)
+
+    two = runs / "two"
+    cli(*RUN, "eval=[]", "training.nproc_per_node=2", f"hydra.run.dir={two}", runs=runs)
+    assert (two / "plan.npz").read_bytes() == (ref / "plan.npz").read_bytes()
+    for k, v in weights(two / "checkpoints" / "step6").items():
+        torch.testing.assert_close(v, final[k], rtol=1e-4, atol=1e-5, msg=k)
+
+    cont = runs / "cont"
+    cli(*RUN, "eval=[]", "insertion=none", "training.num_steps=2", f"model.path={ref / 'checkpoints' / 'step2'}",
+        "model.asset=null", "model.checkpoint_step=2", f"hydra.run.dir={cont}", runs=runs)
+    assert json.loads((cont / "results.json").read_text())["step"] == 4
+    assert check_train_state(cont / "checkpoints" / "step4")["global_step"] == 4
