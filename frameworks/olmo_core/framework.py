@@ -122,6 +122,25 @@ def _config_callback(config_json: Path, rank: int):
     return SaveModelConfig()
 
 
+def _start_callback(step: int, tokens_per_step: int):
+    from olmo_core.train.callbacks import Callback
+
+    class StartAt(Callback):
+        """``post_checkpoint_loaded``: a checkpoint without trainer state (model-only, or converted from
+        OLMo-2) leaves the trainer at step 0; put the trainer and its data loader at the run's first step."""
+
+        def post_checkpoint_loaded(self, path):
+            trainer = self.trainer
+            if trainer.global_step == 0 and step > 0:
+                state = trainer.data_loader.state_dict()
+                state.update(batches_processed=step, tokens_processed=step * tokens_per_step)
+                trainer.data_loader.load_state_dict(state)
+                trainer.global_step = step
+                trainer.global_train_tokens_seen = step * tokens_per_step
+
+    return StartAt()
+
+
 def _log_callback(log_fn: LogFn):
     from olmo_core.train.callbacks import Callback
 
@@ -187,16 +206,39 @@ class OlmoCoreFramework(Framework):
 
         return load_tokenizer(self.tokenizer_path, self.cfg.cache_dir)
 
+    @property
+    def loader_seed(self) -> int:
+        """OLMo-core data-loader seed giving the run's order: OLMo-core shuffles epoch ``e`` with
+        ``PCG64(seed + e)`` from ``e = 1``, the run's first epoch is ``PCG64(data.seed + data.first_epoch)``."""
+        return self.cfg.data.seed + self.cfg.data.first_epoch - 1
+
     def initial_checkpoint(self) -> Checkpoint:
-        """The checkpoint at ``model.checkpoint_step``.
+        """The checkpoint at ``model.checkpoint_step``; its trainer state (if any) must match the run's data
+        order, since OLMo-core resumes the data loader from it.
 
         :raises CheckpointError: if its trainer state is at another step (or is refused by the safe loader).
+        :raises ConfigError: if its data loader used another sequence length, batch size or seed.
         """
-        step = self.cfg.model.checkpoint_step
+        cfg, t = self.cfg, self.cfg.training
+        step = cfg.model.checkpoint_step
         state = check_train_state(self.model_dir)
-        if state is not None and int(state["global_step"]) != step:
-            raise CheckpointError(f"model.checkpoint_step={step}, but {self.model_dir}/train/rank0.pt is at step "
-                                  f"{state['global_step']}")
+        if state is not None:
+            if int(state["global_step"]) != step:
+                raise CheckpointError(f"model.checkpoint_step={step}, but {self.model_dir}/train/rank0.pt is at "
+                                      f"step {state['global_step']}")
+            dl = state.get("data_loader", {})
+            if dl.get("sequence_length", t.sequence_length) != t.sequence_length:
+                raise ConfigError("training.sequence_length", f"{t.sequence_length}, but the checkpoint's data "
+                                  f"loader used {dl['sequence_length']}")
+            if dl.get("batches_processed") and dl["tokens_processed"] // dl["batches_processed"] != (
+                    t.global_batch_size * t.sequence_length):
+                raise ConfigError("training.global_batch_size", f"{t.global_batch_size} rows, but the checkpoint's "
+                                  f"data loader took {dl['tokens_processed'] // dl['batches_processed']} tokens "
+                                  "per step")
+            if dl.get("seed", self.loader_seed) != self.loader_seed:
+                raise ConfigError("data.seed", f"{cfg.data.seed} (first_epoch {cfg.data.first_epoch}) gives "
+                                  f"OLMo-core seed {self.loader_seed}, but the checkpoint's data loader used "
+                                  f"seed {dl['seed']}")
         return OlmoCoreCheckpoint(self.model_dir, step, self._tokenizer())
 
     def latest_checkpoint(self) -> Optional[Checkpoint]:
@@ -208,14 +250,28 @@ class OlmoCoreFramework(Framework):
                 best = (int(m[1]), d)
         return None if best is None else OlmoCoreCheckpoint(best[1], best[0], self._tokenizer())
 
+    @staticmethod
+    def _dp_config(world: int, cuda: bool):
+        """Data parallelism over the torchrun ranks: FSDP (bf16 params, fp32 reductions) on GPUs, as the OLMo
+        recipes shard a 7B model; DDP on CPUs (gloo); none for one process."""
+        from olmo_core.config import DType
+        from olmo_core.distributed.parallel import DataParallelType
+        from olmo_core.train.train_module import TransformerDataParallelConfig
+
+        if world == 1:
+            return None
+        if cuda:
+            return TransformerDataParallelConfig(name=DataParallelType.fsdp, param_dtype=DType.bfloat16,
+                                                 reduce_dtype=DType.float32)
+        return TransformerDataParallelConfig(name=DataParallelType.ddp)
+
     def _build_trainer(self, start: Checkpoint, until_step: int, rows, log_fn: LogFn):
         from olmo_core.config import DType
         from olmo_core.data import NumpyDataLoaderConfig, NumpyFSLDatasetConfig, TokenizerConfig
-        from olmo_core.distributed.parallel import DataParallelType
         from olmo_core.optim import AdamWConfig
         from olmo_core.train import Duration, TrainerConfig
         from olmo_core.train.callbacks import CheckpointerCallback
-        from olmo_core.train.train_module import TransformerDataParallelConfig, TransformerTrainModuleConfig
+        from olmo_core.train.train_module import TransformerTrainModuleConfig
         from olmo_core.utils import seed_all
 
         cfg, t = self.cfg, self.cfg.training
@@ -226,6 +282,9 @@ class OlmoCoreFramework(Framework):
             t.precision == Precision.auto and cuda and torch.cuda.is_bf16_supported())
         L = t.sequence_length
         seed_all(cfg.seed)
+        from olmo_core.distributed import parallel
+
+        parallel._WORLD_MESH = None  # one mesh per process in OLMo-core; every segment builds a new train module
         model = model_config(self.model_dir).build(init_device="meta" if cuda else "cpu")
         train_module = TransformerTrainModuleConfig(
             rank_microbatch_size=t.micro_batch_size * L,
@@ -234,7 +293,7 @@ class OlmoCoreFramework(Framework):
             max_grad_norm=t.max_grad_norm,
             scheduler=run_scheduler(t.lr_scheduler, t.warmup_steps, cfg.model.checkpoint_step),
             autocast_precision=DType.bfloat16 if bf16 else None,
-            dp_config=TransformerDataParallelConfig(name=DataParallelType.ddp) if world > 1 else None,
+            dp_config=self._dp_config(world, cuda),
         ).build(model, device=device)
         tok = self._tokenizer()
         work_dir = self.run_dir / "olmo_core_work"
@@ -244,11 +303,13 @@ class OlmoCoreFramework(Framework):
                                       else tok.eos_token_id),
             paths=[str(p) for p in rows.order.files.paths], sequence_length=L, work_dir=str(work_dir),
         ).build()
-        data_loader = NumpyDataLoaderConfig(global_batch_size=t.global_batch_size * L, seed=cfg.data.seed,
+        data_loader = NumpyDataLoaderConfig(global_batch_size=t.global_batch_size * L, seed=self.loader_seed,
                                             work_dir=str(work_dir)).build(dataset)
         initial = start.path == self.model_dir
-        model_only = not (Path(start.path) / "model_and_optim").is_dir()
+        has_train_state = (Path(start.path) / "train" / "rank0.pt").is_file()
+        has_optim_state = (Path(start.path) / "model_and_optim").is_dir()  # a model-only one has shards at its top
         callbacks = {
+            "pretrain_exp_start": _start_callback(cfg.model.checkpoint_step, t.global_batch_size * L),
             "pretrain_exp_insertions": _insertion_callback(rows, rank, world),
             "pretrain_exp_metrics": _log_callback(log_fn),
             "pretrain_exp_config": _config_callback(self.model_dir / "config.json", rank),
@@ -257,8 +318,8 @@ class OlmoCoreFramework(Framework):
         trainer = TrainerConfig(
             save_folder=str(self.checkpoint_dir),
             load_path=str(start.path) if initial else None,
-            load_trainer_state=False if model_only else None,
-            load_optim_state=False if model_only else None,
+            load_trainer_state=has_train_state,
+            load_optim_state=has_optim_state,
             max_duration=Duration.steps(cfg.model.checkpoint_step + t.num_steps),
             hard_stop=Duration.steps(until_step),
             metrics_collect_interval=1,
