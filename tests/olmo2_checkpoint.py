@@ -142,6 +142,40 @@ def olmo2_train_state(step: int = STEP, epoch: int = 0) -> Dict[str, Any]:
     }
 
 
+def _numpy_reconstruct():
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy 1.x
+        from numpy.core.multiarray import _reconstruct
+    return _reconstruct
+
+
+class Numpy1Pickler(pickle._Pickler):
+    """A pickler that names numpy's array constructor ``numpy.core.multiarray._reconstruct``, as numpy 1.x
+    (which wrote the published OLMo-2 checkpoints) does; numpy 2 writes ``numpy._core.multiarray``."""
+
+    dispatch = dict(pickle._Pickler.dispatch)
+
+    def save_global(self, obj, name=None):
+        if obj is _numpy_reconstruct():
+            self.write(pickle.GLOBAL + b"numpy.core.multiarray\n_reconstruct\n")
+            self.memoize(obj)
+            return
+        super().save_global(obj, name)
+
+
+class _Numpy1PickleModule:
+    Pickler = Numpy1Pickler
+
+
+def write_train_state(path: Path, state: Dict[str, Any], numpy1_names: bool = True) -> None:
+    """``torch.save`` of a trainer state; ``numpy1_names``: numpy arrays named as numpy 1.x names them."""
+    if numpy1_names:
+        torch.save(state, path, pickle_module=_Numpy1PickleModule)
+    else:
+        torch.save(state, path)
+
+
 def write_olmo_safetensors(state: Dict[str, Any], path: Path) -> None:
     """OLMo's ``state_dict_to_safetensors_file``: nested keys flattened, each key a base64 pickle of
     ``(keys, value_is_pickled)``, non-tensor values pickled into ``uint8`` tensors."""
@@ -164,8 +198,9 @@ def write_olmo_safetensors(state: Dict[str, Any], path: Path) -> None:
 
 
 def write_olmo2_checkpoint(root: Path, data_paths, *, safetensors: bool = False, int_keys: bool = False,
-                           config_changes: Dict[str, Any] | None = None) -> Path:
-    """Write ``<root>/step<STEP>-unsharded/`` and return it. ``config_changes``: dotted key -> value."""
+                           numpy1_names: bool = True, config_changes: Dict[str, Any] | None = None) -> Path:
+    """Write ``<root>/step<STEP>-unsharded/`` and return it. ``config_changes``: dotted key -> value;
+    ``numpy1_names``: see :func:`write_train_state`."""
     ckpt = Path(root) / f"step{STEP}-unsharded"
     ckpt.mkdir(parents=True)
     cfg = olmo2_config(data_paths)
@@ -184,5 +219,5 @@ def write_olmo2_checkpoint(root: Path, data_paths, *, safetensors: bool = False,
     else:
         torch.save(model, ckpt / "model.pt")
         torch.save(optim, ckpt / "optim.pt")
-    torch.save(olmo2_train_state(), ckpt / "train.pt")
+    write_train_state(ckpt / "train.pt", olmo2_train_state(), numpy1_names)
     return ckpt
