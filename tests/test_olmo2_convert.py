@@ -27,6 +27,7 @@ from frameworks.olmo2 import (
     optimizer_state_for,
     read_checkpoint,
     train_position,
+    training_overrides,
     transformer_config,
 )
 from frameworks.olmo2.checkpoint import read_train_state
@@ -302,6 +303,9 @@ def test_optim_state_groups_keep_olmo2_hyperparameters(converted):
     opt = converted.optim_config
     assert (opt.lr, tuple(opt.betas), opt.eps, opt.weight_decay) == (fx.LR, fx.BETAS, fx.EPS, fx.WD)
     assert [(o.params, o.opts) for o in opt.group_overrides] == [(["embeddings.weight"], {"weight_decay": 0.0})]
+    assert training_overrides(converted.config) == {"training.learning_rate": fx.LR, "training.weight_decay": fx.WD,
+                                                    "training.adam_beta1": 0.9, "training.adam_beta2": 0.95,
+                                                    "training.max_grad_norm": 1.0}
 
 
 # --- export -----------------------------------------------------------------------------------------------
@@ -449,7 +453,8 @@ def test_missing_file(tmp_path, token_paths, missing, needle):
 
 
 BAD_CONFIGS = {
-    "llama block": ({"model.block_type": "llama"}, ConfigError, ["model.block_type", "'llama'"]),
+    "llama block": ({"model.block_type": "llama"}, ConfigError, ["model.block_type", "'llama'", "config.yaml"]),
+    "dropout": ({"model.residual_dropout": 0.1}, ConfigError, ["model.residual_dropout", "0.1"]),
     "norm before": ({"model.norm_after": False}, ConfigError, ["model.norm_after"]),
     "tied embeddings": ({"model.weight_tying": True}, ConfigError, ["model.weight_tying"]),
     "lion": ({"optimizer.name": "lionw"}, ConfigError, ["optimizer.name", "'lionw'"]),
@@ -468,13 +473,15 @@ def test_unsupported_config(tmp_path, token_paths, case):
     with pytest.raises(error) as ei:
         load_converted(ckpt)
     one_line(ei, *needles)
+    if error is ConfigError:
+        assert str(ei.value).startswith(f"{ei.value.key}: {ckpt / 'config.yaml'}: ")
 
 
 def test_state_not_matching_config(tmp_path, token_paths):
     ckpt = fx.write_olmo2_checkpoint(tmp_path, token_paths, config_changes={"model.n_layers": 3})
     with pytest.raises(CheckpointError) as ei:
         load_converted(ckpt)
-    one_line(ei, "model state", "transformer.blocks.2.")
+    one_line(ei, str(ckpt), "model state", "transformer.blocks.2.")
     cfg = yaml.safe_load((ckpt / "config.yaml").read_text())
     cfg["model"]["n_layers"] = 2
     cfg["model"]["n_kv_heads"] = 4

@@ -16,6 +16,7 @@ from frameworks.olmo2.convert import (
     export_hf,
     load_converted,
     optimizer_state_for,
+    training_overrides,
     transformer_config,
 )
 from frameworks.olmo2.data_order import DataOrderParams, TrainPosition, data_order, train_position

@@ -13,6 +13,9 @@ Layout, as written by OLMo's ``FullCheckpointer.save_checkpoint`` (allenai/OLMo 
                                     ``epoch``, ``world_size``, checkpoint lists of ``pathlib`` paths, RNG states
                                     (python tuple, numpy ``get_state()`` tuple holding an ``ndarray``, torch tensors)
 
+Memory: ``model.pt``/``optim.pt`` are memory-mapped (``torch.load(mmap=True)``, copy-on-write), so a 7B/13B state
+is paged in as it is used rather than read whole first.
+
 Safety: ``.pt`` files are read with ``torch.load(weights_only=True)``; ``train.pt`` needs ``pathlib`` paths and
 numpy arrays, which are allow-listed by :data:`TRAIN_STATE_SAFE_GLOBALS` (nothing else; any other type is refused).
 OLMo's ``.safetensors`` variant (``olmo/safetensors_util.py``) stores each key as a base64 pickle of
@@ -167,7 +170,7 @@ def _load_state(path: Path) -> Dict[str, Any]:
     if path.suffix == ".safetensors":
         return read_olmo_safetensors(path)
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # pages read on use
     except Exception as e:  # pickle.UnpicklingError, RuntimeError for a truncated zip, ...
         raise CheckpointError(f"{path}: cannot be loaded with weights_only=True: {str(e).splitlines()[0]}") from None
 

@@ -48,7 +48,8 @@ MODEL_DEFAULTS: Dict[str, Any] = {
     "embedding_layer_norm": False, "layer_norm_type": "default", "layer_norm_with_affine": True,
     "layer_norm_eps": 1e-5, "attention_layer_norm_with_affine": True, "include_bias": True,
     "bias_for_layer_norm": None, "scale_logits": False, "embedding_size": 50304, "weight_tying": True,
-    "norm_after": False, "max_sequence_length": 1024,
+    "norm_after": False, "max_sequence_length": 1024, "attention_dropout": 0.1, "residual_dropout": 0.1,
+    "embedding_dropout": 0.1,
 }
 
 #: settings an OLMo-2 checkpoint must have for this conversion (key -> required value); all published
@@ -81,6 +82,10 @@ def model_settings(config: Dict[str, Any], source: str = "config.yaml") -> Dict[
         if got != want and not (isinstance(want, bool) and got is None and want is False):
             raise ConfigError(f"model.{key}", f"{source}: {got!r} is not supported (the OLMo-2 architecture "
                                               f"converted here has {key}={want!r})")
+    for key in ("attention_dropout", "residual_dropout", "embedding_dropout"):
+        if m[key]:
+            raise ConfigError(f"model.{key}", f"{source}: {m[key]!r} is not supported (OLMo-core's OLMo-2 blocks have "
+                                              f"no dropout; OLMo-2 trained with 0.0)")
     if m["bias_for_layer_norm"]:
         raise ConfigError("model.bias_for_layer_norm", f"{source}: layer-norm biases are not supported")
     if m["d_model"] % m["n_heads"]:
@@ -281,6 +286,22 @@ def adamw_config(config: Dict[str, Any]):
     )
 
 
+def training_overrides(config: Dict[str, Any]) -> Dict[str, Any]:
+    """Project config values that continue with OLMo-2's optimizer settings: dotted key -> value
+    (``training.learning_rate`` = OLMo-2's peak ``optimizer.learning_rate``, ``training.weight_decay``,
+    ``training.adam_beta1``/``adam_beta2``, ``training.max_grad_norm``). The learning rate OLMo-2's scheduler had
+    reached at the checkpoint is the ``lr`` of the optimizer state's param groups.
+
+    :raises ConfigError: as :func:`adamw_config`.
+    """
+    opt = adamw_config(config)
+    out = {"training.learning_rate": opt.lr, "training.weight_decay": opt.weight_decay,
+           "training.adam_beta1": opt.betas[0], "training.adam_beta2": opt.betas[1]}
+    if config.get("max_grad_norm") is not None:
+        out["training.max_grad_norm"] = float(config["max_grad_norm"])
+    return out
+
+
 def optimizer_state_for(optimizer: torch.optim.Optimizer, model: torch.nn.Module,
                         converted: Dict[str, Any]) -> Dict[str, Any]:
     """A state dict for ``optimizer.load_state_dict``: ``converted`` (from :func:`convert_optim_state`) laid out
@@ -394,12 +415,20 @@ def load_converted(ckpt_dir: str | Path, *, optimizer: bool = True, dtype: str =
     """
     ck = read_checkpoint(ckpt_dir, optimizer=optimizer)
     position = train_position(ck.train_state)
-    return ConvertedCheckpoint(
-        model_config=transformer_config(ck.config, dtype=dtype, attn_backend=attn_backend),
-        model_state=convert_model_state(ck.model_state, ck.config),
-        optim_state=convert_optim_state(ck.optim_state, ck.config) if ck.optim_state is not None else None,
-        optim_config=adamw_config(ck.config),
-        position=position,
-        data=data_order(ck.config, position, path_prefixes=path_prefixes),
-        config=ck.config,
-    )
+    try:
+        return ConvertedCheckpoint(
+            model_config=transformer_config(ck.config, dtype=dtype, attn_backend=attn_backend),
+            model_state=convert_model_state(ck.model_state, ck.config),
+            optim_state=convert_optim_state(ck.optim_state, ck.config) if ck.optim_state is not None else None,
+            optim_config=adamw_config(ck.config),
+            position=position,
+            data=data_order(ck.config, position, path_prefixes=path_prefixes),
+            config=ck.config,
+        )
+    except ConfigError as e:  # name the file, not just "config.yaml"
+        message = str(e)[len(e.key) + 2:]
+        if message.startswith("config.yaml"):
+            message = str(ck.path / "config.yaml") + message[len("config.yaml"):]
+        raise ConfigError(e.key, message) from None
+    except CheckpointError as e:  # name the checkpoint folder
+        raise CheckpointError(f"{ck.path}: {e}") from None
