@@ -202,14 +202,14 @@ def hf_moments(optim_sd):
             for n in by_key["exp_avg"]}
 
 
-def hf_adamw(model, moments=None):
+def hf_adamw(model, moments=None, lr=fx.LR):
     """torch AdamW over the HF model with OLMo-2's groups (embedding not decayed) and, optionally, moments."""
     named = dict(model.named_parameters())
     no_decay = ["model.embed_tokens.weight"]
     decay = [n for n in named if n not in no_decay]
     opt = torch.optim.AdamW([{"params": [named[n] for n in decay]},
                              {"params": [named[n] for n in no_decay], "weight_decay": 0.0}],
-                            lr=fx.LR, betas=fx.BETAS, eps=fx.EPS, weight_decay=fx.WD)
+                            lr=lr, betas=fx.BETAS, eps=fx.EPS, weight_decay=fx.WD)
     if moments is not None:
         sd = opt.state_dict()
         sd["state"] = {i: moments[n] for i, n in enumerate(decay + no_decay)}
@@ -233,18 +233,23 @@ def to_hf_names(model, tensors):
 
 
 def test_adamw_step_with_converted_moments_matches_hf(converted):
-    """One AdamW step on OLMo-core (OLMo-core's ``AdamWConfig`` groups, converted moments) equals one step on HF
-    (torch AdamW, moments split like the weights): parameters and moments agree after the step."""
+    """One AdamW step on OLMo-core (OLMo-core's ``AdamWConfig`` groups, converted moments and the checkpoint's
+    scheduled lr) equals one step on HF (torch AdamW, moments split like the weights): parameters and moments
+    agree after the step."""
     ids = batch(seed=1)
     ck_optim = fx.olmo2_optim_state(fx.olmo2_model_state())
 
     model_c = core_model(converted).train()
     opt_c = converted.optim_config.build(model_c)
-    opt_c.load_state_dict(optimizer_state_for(opt_c, model_c, converted.optim_state))
+    name_of = {id(p): n for n, p in model_c.named_parameters()}  # a positional load needs the same order
+    assert [[name_of[id(p)] for p in g["params"]] for g in opt_c.param_groups] == \
+        [g["params"] for g in converted.optim_state["param_groups"]]
+    opt_c.load_state_dict(converted.optim_state)  # already in this optimizer's layout, with the saved group fields
+    assert [(g["lr"], g["weight_decay"]) for g in opt_c.param_groups] == [(fx.LR / 2, 0.0), (fx.LR / 2, fx.WD)]
     train_step(model_c, opt_c, ids, hf=False)
 
     model_h = hf_model(fx.olmo2_model_state()).train()
-    opt_h = hf_adamw(model_h, hf_moments(ck_optim))
+    opt_h = hf_adamw(model_h, hf_moments(ck_optim), lr=fx.LR / 2)
     train_step(model_h, opt_h, ids, hf=True)
 
     after_c = to_hf_names(model_c, model_c.state_dict())
@@ -261,7 +266,7 @@ def test_adamw_step_with_converted_moments_matches_hf(converted):
 
     # the moments matter: the same step from zero moments lands elsewhere
     model_0 = hf_model(fx.olmo2_model_state()).train()
-    train_step(model_0, hf_adamw(model_0), ids, hf=True)
+    train_step(model_0, hf_adamw(model_0, lr=fx.LR / 2), ids, hf=True)
     assert max((model_0.state_dict()[n] - after_h[n]).abs().max() for n in after_h) > 1e-4
 
 
@@ -296,9 +301,11 @@ def test_optimizer_state_for_plain_adamw_over_parameters(converted, ckpt_dir):
 
 def test_optim_state_groups_keep_olmo2_hyperparameters(converted):
     groups = converted.optim_state["param_groups"]
-    assert [g["weight_decay"] for g in groups] == [fx.WD, 0.0]
-    assert groups[1]["params"] == ["embeddings.weight"]
-    assert "blocks.0.attention.w_q.weight" in groups[0]["params"] and "sharded" not in groups[0]
+    assert [g["weight_decay"] for g in groups] == [0.0, fx.WD]  # OLMo-core's group order: overrides first
+    assert groups[0]["params"] == ["embeddings.weight"] and "sharded" not in groups[0]
+    model = core_model(converted)
+    assert groups[1]["params"] == [n for n, _ in model.named_parameters()][1:]
+    assert (groups[1]["lr"], groups[1]["initial_lr"]) == (fx.LR * 0.5, fx.LR)  # the scheduled lr at the checkpoint
     assert len(converted.optim_state["state"]) == sum(1 for _ in converted.model_state)
     opt = converted.optim_config
     assert (opt.lr, tuple(opt.betas), opt.eps, opt.weight_decay) == (fx.LR, fx.BETAS, fx.EPS, fx.WD)

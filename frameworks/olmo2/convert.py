@@ -174,6 +174,21 @@ def parameter_map(config: Dict[str, Any]) -> Dict[str, List[Tuple[str, int, int]
     return out
 
 
+def core_parameter_names(config: Dict[str, Any]) -> List[str]:
+    """OLMo-core parameter names of the converted model in ``model.named_parameters()`` order.
+
+    :raises ConfigError: see :func:`model_settings`.
+    """
+    m = model_settings(config)
+    names = ["embeddings.weight"]
+    for i in range(m["n_layers"]):
+        names += [f"blocks.{i}.{n}.weight" for n in (
+            "attention.w_q", "attention.w_k", "attention.w_v", "attention.w_out", "attention.q_norm",
+            "attention.k_norm", "attention_norm", "feed_forward.w1", "feed_forward.w2", "feed_forward.w3",
+            "feed_forward_norm")]
+    return names + ["lm_head.norm.weight", "lm_head.w_out.weight"]
+
+
 def _split(name: str, tensor: torch.Tensor, parts: List[Tuple[str, int, int]], what: str):
     rows = max(end for _, _, end in parts)
     if rows != -1 and (tensor.dim() == 0 or tensor.shape[0] != rows):
@@ -219,11 +234,15 @@ def convert_optim_state(optim_state: Dict[str, Any], config: Dict[str, Any]) -> 
 
     Returns ``{"state": {core_name: {"step": float32 scalar tensor, "exp_avg": T, "exp_avg_sq": T}},
     "param_groups": [{"params": [core_name, ...], "param_names": [...], "lr", "betas", "eps", "weight_decay",
-    ...}]}``: OLMo-2's groups in its order (decay group, then no-decay group), each parameter expanded to its
-    OLMo-core parts in :func:`parameter_map` order. ``exp_avg``/``exp_avg_sq`` are split row-wise like their
-    parameter; every part gets its own copy of ``step`` (torch's AdamW increments it in place). This is the
-    layout ``torch.distributed.checkpoint.state_dict.set_optimizer_state_dict`` accepts; use
-    :func:`optimizer_state_for` for ``optimizer.load_state_dict``.
+    ...}]}``. ``exp_avg``/``exp_avg_sq`` are split row-wise like their parameter; every part gets its own copy of
+    ``step`` (torch's AdamW increments it in place). Groups carry OLMo-2's membership and hyperparameters, laid
+    out as OLMo-core's ``AdamWConfig.build(model)`` lays out :func:`adamw_config`'s groups: OLMo-2 writes
+    [decay, no-decay], OLMo-core builds [override = no-decay, rest], so the group order is reversed, and each
+    group lists its parameters in ``model.named_parameters()`` order (:func:`core_parameter_names`). So
+    ``adamw_config(config).build(model).load_state_dict(result)`` is correct as is;
+    ``torch.distributed.checkpoint.state_dict.set_optimizer_state_dict(model, optim, result)`` matches by name
+    for any optimizer; for any other optimizer layout use :func:`optimizer_state_for` (a plain
+    ``load_state_dict`` matches parameters by position only).
 
     :raises CheckpointError: if the state's names do not match the model layout, a parameter has no
         ``exp_avg``/``exp_avg_sq``, or a moment has the wrong shape.
@@ -242,9 +261,11 @@ def convert_optim_state(optim_state: Dict[str, Any], config: Dict[str, Any]) -> 
         for new, _, _ in pmap[name]:
             state[new] = {"step": torch.as_tensor(step, dtype=torch.float32).clone(), "exp_avg": avg[new],
                           "exp_avg_sq": avg_sq[new]}
+    order = core_parameter_names(config)
     groups = []
-    for g in optim_state["param_groups"]:
-        names = [new for old in g["params"] for new, _, _ in pmap[old]]
+    for g in reversed(optim_state["param_groups"]):
+        members = {new for old in g["params"] for new, _, _ in pmap[old]}
+        names = [n for n in order if n in members]
         groups.append({**{k: g[k] for k in ADAMW_GROUP_FIELDS if k in g}, "params": names,
                        "param_names": list(names)})
     return {"state": state, "param_groups": groups}
