@@ -315,6 +315,26 @@ def test_optim_state_groups_keep_olmo2_hyperparameters(converted):
                                                     "training.max_grad_norm": 1.0}
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_converted_state_roundtrips_through_an_olmo_core_checkpoint(converted, tmp_path):
+    """Model + optimizer loaded from the conversion save and load as an OLMo-core ``model_and_optim`` checkpoint
+    (the format OLMo-core's Trainer resumes from), every parameter, moment and step intact."""
+    from olmo_core.distributed.checkpoint import load_model_and_optim_state, save_model_and_optim_state
+
+    model = core_model(converted)
+    opt = converted.optim_config.build(model)
+    opt.load_state_dict(converted.optim_state)
+    save_model_and_optim_state(tmp_path / "model_and_optim", model, opt)
+    model2 = converted.model_config.build(init_device="cpu")
+    opt2 = converted.optim_config.build(model2)
+    load_model_and_optim_state(tmp_path / "model_and_optim", model2, opt2)
+    named2 = dict(model2.named_parameters())
+    for n, p in model.named_parameters():
+        assert torch.equal(p, named2[n]), n
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(opt.state[p][key], opt2.state[named2[n]][key]), f"{n}.{key}"
+
+
 # --- export -----------------------------------------------------------------------------------------------
 
 
@@ -408,6 +428,9 @@ def test_data_order_continues_olmo2_order(converted, token_paths):
                              "training.global_batch_size": fx.BATCH, "model.checkpoint_step": fx.STEP}
     assert d.olmo2_seed == fx.SEED and d.memmap_dtype == "uint16"
     assert d.instance_filter == {"repetition_max_period": 13, "repetition_min_period": 1, "repetition_max_count": 32}
+    from olmo_core.data import InstanceFilterConfig
+
+    assert InstanceFilterConfig(**d.instance_filter).repetition_max_count == 32  # OLMo-core's own field names
     # OLMo-2's IterableDataset: PCG64(seed + epoch 0) shuffles arange(N); instances are L-token chunks per file
     files = TokenFiles(token_paths, np.uint16)
     n = int(sum(files.num_tokens // fx.SEQ_LEN))
