@@ -62,44 +62,43 @@ REQUIRED_MODEL_SETTINGS: Dict[str, Any] = {
 }
 
 
-def model_settings(config: Dict[str, Any], source: str = "config.yaml") -> Dict[str, Any]:
+def model_settings(config: Dict[str, Any]) -> Dict[str, Any]:
     """The ``model:`` section of an OLMo-2 ``config.yaml`` with OLMo's defaults filled in, checked.
 
     :param config: the whole ``config.yaml`` dict.
-    :param source: file name used in error messages.
     :raises ConfigError: naming the ``model.<key>`` that is missing or has a setting this conversion does not
         reproduce (see :data:`REQUIRED_MODEL_SETTINGS`).
     """
     model = config.get("model")
     if not isinstance(model, dict):
-        raise ConfigError("model", f"{source} has no 'model:' mapping")
+        raise ConfigError("model", "config.yaml has no 'model:' mapping")
     m = {**MODEL_DEFAULTS, **model}
     for key in ("d_model", "n_heads", "n_layers", "vocab_size"):
         if not isinstance(m.get(key), int) or m[key] <= 0:
-            raise ConfigError(f"model.{key}", f"{source}: must be a positive integer, got {m.get(key)!r}")
+            raise ConfigError(f"model.{key}", f"config.yaml: must be a positive integer, got {m.get(key)!r}")
     for key, want in REQUIRED_MODEL_SETTINGS.items():
         got = m[key]
         if got != want and not (isinstance(want, bool) and got is None and want is False):
-            raise ConfigError(f"model.{key}", f"{source}: {got!r} is not supported (the OLMo-2 architecture "
+            raise ConfigError(f"model.{key}", f"config.yaml: {got!r} is not supported (the OLMo-2 architecture "
                                               f"converted here has {key}={want!r})")
     for key in ("attention_dropout", "residual_dropout", "embedding_dropout"):
         if m[key]:
-            raise ConfigError(f"model.{key}", f"{source}: {m[key]!r} is not supported (OLMo-core's OLMo-2 blocks have "
-                                              f"no dropout; OLMo-2 trained with 0.0)")
+            raise ConfigError(f"model.{key}", f"config.yaml: {m[key]!r} is not supported (OLMo-core's OLMo-2 "
+                                              f"blocks have no dropout; OLMo-2 trained with 0.0)")
     if m["bias_for_layer_norm"]:
-        raise ConfigError("model.bias_for_layer_norm", f"{source}: layer-norm biases are not supported")
+        raise ConfigError("model.bias_for_layer_norm", "config.yaml: layer-norm biases are not supported")
     if m["d_model"] % m["n_heads"]:
-        raise ConfigError("model.n_heads", f"{source}: d_model {m['d_model']} is not a multiple of {m['n_heads']}")
+        raise ConfigError("model.n_heads", f"config.yaml: d_model {m['d_model']} is not a multiple of {m['n_heads']}")
     m["n_kv_heads"] = m["n_kv_heads"] or (1 if m["multi_query_attention"] else m["n_heads"])
     if m["n_heads"] % m["n_kv_heads"]:
-        raise ConfigError("model.n_kv_heads", f"{source}: {m['n_kv_heads']} does not divide n_heads {m['n_heads']}")
+        raise ConfigError("model.n_kv_heads", f"config.yaml: {m['n_kv_heads']} does not divide n_heads {m['n_heads']}")
     hidden = m["mlp_hidden_size"] or m["mlp_ratio"] * m["d_model"]
     if hidden % 2:
-        raise ConfigError("model.mlp_hidden_size", f"{source}: SwiGLU needs an even hidden size, got {hidden}")
+        raise ConfigError("model.mlp_hidden_size", f"config.yaml: SwiGLU needs an even hidden size, got {hidden}")
     m["mlp_hidden_size"] = hidden
     m["embedding_size"] = m["embedding_size"] or m["vocab_size"]
     if m["embedding_size"] < m["vocab_size"]:
-        raise ConfigError("model.embedding_size", f"{source}: {m['embedding_size']} < vocab_size {m['vocab_size']}")
+        raise ConfigError("model.embedding_size", f"config.yaml: {m['embedding_size']} < vocab_size {m['vocab_size']}")
     return m
 
 
