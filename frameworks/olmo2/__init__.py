@@ -1,0 +1,22 @@
+"""OLMo-2 (old trainer) checkpoints for OLMo-core: read ``step<N>-unsharded/`` folders and convert their model,
+AdamW state, trainer position and data order. No dependency on the ``ai2-olmo`` package.
+
+- :mod:`frameworks.olmo2.checkpoint`: read ``config.yaml``, ``model.*``, ``optim.*``, ``train.pt`` safely;
+- :mod:`frameworks.olmo2.convert`: OLMo-core ``TransformerConfig``, model and optimizer state, AdamW config,
+  HF export, and :func:`~frameworks.olmo2.convert.load_converted` doing all of it;
+- :mod:`frameworks.olmo2.data_order`: train position and the project config that continues OLMo-2's data order.
+"""
+
+from frameworks.olmo2.checkpoint import OLMo2Checkpoint, read_checkpoint
+from frameworks.olmo2.convert import (
+    ConvertedCheckpoint,
+    adamw_config,
+    convert_model_state,
+    convert_optim_state,
+    export_hf,
+    load_converted,
+    optimizer_state_for,
+    training_overrides,
+    transformer_config,
+)
+from frameworks.olmo2.data_order import DataOrderParams, TrainPosition, data_order, train_position
