@@ -9,6 +9,7 @@ from pretrain_exp.errors import ConfigError
 FRAMEWORKS = {
     "hf": "frameworks.hf.framework:HFFramework",
     "olmo_core": "frameworks.olmo_core.framework:OlmoCoreFramework",
+    "olmo2": "frameworks.olmo2.framework:Olmo2Framework",
 }
 
 

@@ -199,6 +199,7 @@ class TrainingConf:
     nproc_per_node: int = 1  #: processes per node (torchrun) for frameworks that support it
     keep_last_checkpoints: int = 1  #: checkpoints kept in the run dir (0 = all, e.g. for checkpoint sweeps)
     cleanup: Cleanup = Cleanup.none
+    log_rows: bool = False  #: olmo_core/olmo2: write ``rows/rank<r>.jsonl`` (rows and token sha256 trained per step)
 
 
 @dataclass

@@ -412,7 +412,7 @@ class ConvertedCheckpoint:
 
 def load_converted(ckpt_dir: str | Path, *, optimizer: bool = True, dtype: str = "float32",
                    attn_backend: Optional[str] = None,
-                   path_prefixes: Optional[Dict[str, str]] = None) -> ConvertedCheckpoint:
+                   path_prefixes: Optional[Dict[str, str]] = None, remote_ok: bool = False) -> ConvertedCheckpoint:
     """Read a local OLMo-2 ``step<N>-unsharded/`` folder and convert everything to OLMo-core.
 
     Typical use::
@@ -430,6 +430,7 @@ def load_converted(ckpt_dir: str | Path, *, optimizer: bool = True, dtype: str =
         saved dtype; ``load_state_dict`` casts).
     :param attn_backend: see :func:`transformer_config`.
     :param path_prefixes: see :func:`~frameworks.olmo2.data_order.data_order`.
+    :param remote_ok: see :func:`~frameworks.olmo2.data_order.data_order`.
     :raises CheckpointError: for a missing/unreadable file or a state that does not match ``config.yaml``.
     :raises ConfigError: for a ``config.yaml`` setting that is not reproduced (naming its key).
     """
@@ -442,7 +443,7 @@ def load_converted(ckpt_dir: str | Path, *, optimizer: bool = True, dtype: str =
             optim_state=convert_optim_state(ck.optim_state, ck.config) if ck.optim_state is not None else None,
             optim_config=adamw_config(ck.config),
             position=position,
-            data=data_order(ck.config, position, path_prefixes=path_prefixes),
+            data=data_order(ck.config, position, path_prefixes=path_prefixes, remote_ok=remote_ok),
             config=ck.config,
         )
     except ConfigError as e:  # name the file, not just "config.yaml"

@@ -99,7 +99,7 @@ class DataOrderParams:
         }
 
 
-def _data_paths(data: Dict[str, Any], prefixes: Mapping[str, str]) -> List[str]:
+def _data_paths(data: Dict[str, Any], prefixes: Mapping[str, str], remote_ok: bool = False) -> List[str]:
     if data.get("custom_dataset"):
         raise ConfigError("data.custom_dataset", "config.yaml: custom datasets are not reproduced; only token files")
     paths, datasets = data.get("paths"), data.get("datasets")
@@ -117,7 +117,7 @@ def _data_paths(data: Dict[str, Any], prefixes: Mapping[str, str]) -> List[str]:
             if p.startswith(old):
                 p = new + p[len(old):]
                 break
-        if "://" in p and not p.startswith(LOCAL_OR_HTTP):
+        if "://" in p and not p.startswith(LOCAL_OR_HTTP) and not remote_ok:
             raise ConfigError("data.paths", f"config.yaml: {p} is not a local path or http(s) URL; map its prefix "
                                             f"to a local mirror (path_prefixes={{'{p.split('://')[0]}://...': "
                                             f"'/local/dir/'}})")
@@ -126,13 +126,15 @@ def _data_paths(data: Dict[str, Any], prefixes: Mapping[str, str]) -> List[str]:
 
 
 def data_order(config: Dict[str, Any], position: TrainPosition, *,
-               path_prefixes: Optional[Mapping[str, str]] = None) -> DataOrderParams:
+               path_prefixes: Optional[Mapping[str, str]] = None, remote_ok: bool = False) -> DataOrderParams:
     """The data order that continues an OLMo-2 run from ``position``.
 
     :param config: the whole ``config.yaml`` dict.
     :param position: from :func:`train_position`.
     :param path_prefixes: ``{old prefix: new prefix}`` applied to each token-file path (first match wins),
         e.g. ``{"s3://ai2-llm/": "/data/ai2-llm/"}``.
+    :param remote_ok: keep ``s3://``-style paths as they are (for a caller that reads its token files from
+        elsewhere and only compares names).
     :raises ConfigError: naming the ``config.yaml`` key for settings that change the data or its loss mask in a
         way not reproduced (``data.custom_dataset``, ``data.label_mask_paths``, ``data.generate_doc_lengths``),
         missing or remote token files, or a ``data.memmap_dtype`` that is not the vocabulary's dtype.
@@ -145,7 +147,7 @@ def data_order(config: Dict[str, Any], position: TrainPosition, *,
         if data.get(key):
             raise ConfigError(f"data.{key}", f"config.yaml: {data[key]!r} is not reproduced (it changes the loss "
                                              f"mask or attention of the training rows)")
-    paths = _data_paths(data, path_prefixes or {})
+    paths = _data_paths(data, path_prefixes or {}, remote_ok)
     L = model.get("max_sequence_length", 1024)
     B = config.get("global_train_batch_size", 512)
     for key, value in (("model.max_sequence_length", L), ("global_train_batch_size", B)):

@@ -19,6 +19,8 @@ tokens/s (and MFU on GPUs) are forwarded to the run's tracker. Evals read an HF 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import re
@@ -80,11 +82,13 @@ def run_scheduler(name: str, warmup_steps: int, start_step: int):
     return _FromRunStart()
 
 
-def _insertion_callback(rows, rank: int, world: int):
+def _insertion_callback(rows, rank: int, world: int, rows_log: Optional[Path] = None):
     from olmo_core.train.callbacks import Callback
 
     class Insertions(Callback):
-        """``pre_step``: check the rank batch holds rows ``(k-1)·B + r + i·W`` and apply the plan to them."""
+        """``pre_step``: check the rank batch holds rows ``(k-1)·B + r + i·W`` and apply the plan to them;
+        with ``rows_log``, append ``{"step", "rank", "rows": [q, ...], "sha256": [...]}`` (the tokens each row is
+        trained on) to that jsonl file."""
 
         def pre_step(self, batch):
             order, plan = rows.order, rows.plan
@@ -102,6 +106,11 @@ def _insertion_callback(rows, rank: int, world: int):
                         "the checkpoint's data loader")
                 if plan is not None and plan.apply(q, row):
                     ids[i] = torch.from_numpy(row).to(ids.dtype)
+            if rows_log is not None:
+                digests = [hashlib.sha256(r.cpu().numpy().astype(np.int64).tobytes()).hexdigest() for r in ids]
+                with open(rows_log, "a") as f:
+                    f.write(json.dumps({"step": self.trainer.global_step, "rank": rank, "rows": qs.tolist(),
+                                        "sha256": digests}) + "\n")
 
     return Insertions()
 
@@ -265,6 +274,12 @@ class OlmoCoreFramework(Framework):
                                                  reduce_dtype=DType.float32)
         return TransformerDataParallelConfig(name=DataParallelType.ddp)
 
+    def _rows_log(self, rank: int) -> Optional[Path]:
+        if not self.cfg.training.log_rows:
+            return None
+        (self.run_dir / "rows").mkdir(parents=True, exist_ok=True)
+        return self.run_dir / "rows" / f"rank{rank}.jsonl"
+
     def _build_trainer(self, start: Checkpoint, until_step: int, rows, log_fn: LogFn):
         from olmo_core.config import DType
         from olmo_core.data import NumpyDataLoaderConfig, NumpyFSLDatasetConfig, TokenizerConfig
@@ -310,7 +325,7 @@ class OlmoCoreFramework(Framework):
         has_optim_state = (Path(start.path) / "model_and_optim").is_dir()  # a model-only one has shards at its top
         callbacks = {
             "pretrain_exp_start": _start_callback(cfg.model.checkpoint_step, t.global_batch_size * L),
-            "pretrain_exp_insertions": _insertion_callback(rows, rank, world),
+            "pretrain_exp_insertions": _insertion_callback(rows, rank, world, self._rows_log(rank)),
             "pretrain_exp_metrics": _log_callback(log_fn),
             "pretrain_exp_config": _config_callback(self.model_dir / "config.json", rank),
             "checkpointer": CheckpointerCallback(save_interval=t.checkpoint_interval, save_async=False),

@@ -1,0 +1,138 @@
+"""The ``olmo2`` framework: continue an OLMo-2 (old OLMo trainer) ``step<N>-unsharded/`` checkpoint on OLMo-core.
+
+The checkpoint (a tiny preset, ``model.path``, or ``<model.url>/step<model.checkpoint_step>-unsharded/``
+downloaded once) is converted once by :mod:`frameworks.olmo2.convert` — weights and AdamW moments un-fused into
+OLMo-core's OLMo-2 model — and saved as an OLMo-core checkpoint (``config.json`` + ``model_and_optim/``) in the
+cache. Training is then exactly the ``olmo_core`` framework's (:class:`~frameworks.olmo_core.framework.
+OlmoCoreFramework`): OLMo-core's Trainer, insertions by ``pre_step`` callback, the trainer placed at step ``S``
+with its data loader at batch ``S``. Before anything is converted, the run's config must reproduce the
+checkpoint's position and data order (``train.pt``'s step; ``config.yaml``'s sequence length, global batch size
+and seed with OLMo-2 seed ``S`` ≡ OLMo-core seed ``S−1``); a mismatch is one error naming the key to set.
+
+Not reproduced (documented in README.md): OLMo-2's own LR schedule (the run's ``training.lr_scheduler`` applies
+from step S), ``data.instance_filter`` (a loss mask on repetitive instances; logged), token files given by
+``s3://`` paths (the run's ``data.paths`` are read; names are compared and a difference is logged).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from frameworks.olmo_core.framework import OlmoCoreFramework
+from pretrain_exp.config import ExperimentConfig
+from pretrain_exp.data.assets import _complete, _lock
+from pretrain_exp.errors import CheckpointError, ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def olmo2_checkpoint_dir(cfg: ExperimentConfig) -> Path:
+    """The OLMo-2 ``step<N>-unsharded/`` dir of the run (preset built, or URL downloaded, into the cache).
+
+    :raises CheckpointError: if ``model.path`` has no ``config.yaml``.
+    """
+    from frameworks.download import download_olmo2_checkpoint
+    from frameworks.olmo2.presets import tiny_checkpoint
+
+    m = cfg.model
+    if m.asset is not None:
+        return tiny_checkpoint(m.asset, cfg.cache_dir)
+    if m.url is not None:
+        return download_olmo2_checkpoint(m.url, m.checkpoint_step, Path(cfg.cache_dir) / "models" / m.name)
+    path = Path(m.path)
+    if not (path / "config.yaml").is_file():
+        raise CheckpointError(f"model.path={path}: not an OLMo-2 checkpoint (no config.yaml; expected a "
+                              "step<N>-unsharded/ folder)")
+    return path
+
+
+def check_continuation(cfg: ExperimentConfig, source: Path) -> None:
+    """Check that the run continues ``source`` where it stopped, in its data order.
+
+    :raises ConfigError: naming ``model.checkpoint_step``, ``training.sequence_length``,
+        ``training.global_batch_size`` or ``data.seed`` with the value the checkpoint needs.
+    """
+    from frameworks.olmo2.checkpoint import read_config, read_train_state
+    from frameworks.olmo2.data_order import data_order, train_position
+
+    position = train_position(read_train_state(source))
+    order = data_order(read_config(source), position, remote_ok=True)
+    t, d = cfg.training, cfg.data
+    needs = [("model.checkpoint_step", cfg.model.checkpoint_step, order.checkpoint_step),
+             ("training.sequence_length", t.sequence_length, order.sequence_length),
+             ("training.global_batch_size", t.global_batch_size, order.global_batch_size)]
+    for key, ours, theirs in needs:
+        if ours != theirs:
+            raise ConfigError(key, f"{ours}, but {source} needs {key}={theirs} to continue its run")
+    if d.seed + d.first_epoch - 1 != order.seed:
+        raise ConfigError("data.seed", f"{d.seed} with data.first_epoch={d.first_epoch}, but {source} was shuffled "
+                          f"with OLMo-2 seed {order.olmo2_seed}: set data.seed={order.seed} data.first_epoch=1 "
+                          f"(or data.seed={order.olmo2_seed} data.first_epoch=0)")
+    ours = [Path(p).name for p in d.paths]
+    if d.paths and ours != [Path(p).name for p in order.paths]:
+        log.warning("data.paths names differ from the checkpoint's config.yaml data paths (%d vs %d files); the run "
+                    "reads data.paths", len(ours), len(order.paths))
+    if order.instance_filter:
+        log.warning("the checkpoint's data.instance_filter %s is not applied (repetitive instances are trained on)",
+                    order.instance_filter)
+
+
+def convert_to_olmo_core(cfg: ExperimentConfig, source: Path) -> Path:
+    """The OLMo-core checkpoint (``config.json`` + ``model_and_optim/``) converted from ``source``, cached under
+    ``<cache_dir>/models/olmo2-converted/``; the AdamW state is laid out for the optimizer the run builds
+    (``training.learning_rate``, betas, weight decay are part of the cache key)."""
+    import torch
+    from olmo_core.distributed.checkpoint import save_model_and_optim_state
+    from olmo_core.optim import AdamWConfig
+
+    from frameworks.olmo2.convert import load_converted, optimizer_state_for
+
+    t = cfg.training
+    key = hashlib.sha256(json.dumps([str(Path(source).resolve()), t.learning_rate, t.adam_beta1, t.adam_beta2,
+                                     t.weight_decay]).encode()).hexdigest()[:16]
+    out = Path(cfg.cache_dir) / "models" / "olmo2-converted" / f"{Path(source).parent.name}-{Path(source).name}-{key}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with _lock(out.parent / f".{out.name}.lock"):
+        if _complete(out) is not None:
+            return out
+        shutil.rmtree(out, ignore_errors=True)
+        log.info("converting OLMo-2 checkpoint %s to OLMo-core (one time)", source)
+        ck = load_converted(source, remote_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
+        try:
+            model = ck.model_config.build(init_device="cpu")
+            model.load_state_dict(ck.model_state)
+            optim = AdamWConfig(lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2),
+                                weight_decay=t.weight_decay).build(model)
+            if ck.optim_state is not None:
+                optim.load_state_dict(optimizer_state_for(optim, model, ck.optim_state))
+            with torch.no_grad():
+                save_model_and_optim_state(str(tmp / "model_and_optim"), model, optim)
+            (tmp / "config.json").write_text(json.dumps({
+                "model": ck.model_config.as_config_dict(),
+                "olmo2": {"source": str(source), "global_step": ck.position.global_step,
+                          "optimizer_state": ck.optim_state is not None}}, indent=2))
+            (tmp / ".complete.json").write_text(json.dumps({"source": str(source)}))
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return out
+
+
+class Olmo2Framework(OlmoCoreFramework):
+    """Continue an OLMo-2 checkpoint on OLMo-core (module docstring)."""
+
+    @classmethod
+    def resolve_model(cls, cfg: ExperimentConfig) -> Path:
+        """Check the continuation, then return the converted OLMo-core checkpoint dir (converted once)."""
+        source = olmo2_checkpoint_dir(cfg)
+        check_continuation(cfg, source)
+        return convert_to_olmo_core(cfg, source)
