@@ -102,8 +102,9 @@ def test_hf_export_reproduces_the_olmo_core_logits(tiny_ckpt, tmp_path):
     assert config["model_type"] == "olmo3" and config["eos_token_id"] == 100257 and config["vocab_size"] == 100352
     assert config["layer_types"] == ["sliding_attention"] * 3 + ["full_attention"]
     hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
-    ids = torch.tensor([tok("To be, or not to be, that is the question: whether 'tis nobler in the mind to "
-                            "suffer the slings and arrows of outrageous fortune").input_ids * 3])  # > the 64-token window
+    text = ("To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer the slings and "
+            "arrows of outrageous fortune")
+    ids = torch.tensor([tok(text).input_ids * 3])  # longer than the 64-token sliding window
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, model(ids), rtol=1e-5, atol=1e-5)
 
@@ -202,5 +203,7 @@ def test_cli_run_kill_resume_torchrun_and_continuing_a_checkpoint_with_trainer_s
     cont = runs / "cont"
     cli(*RUN, "eval=[]", "insertion=none", "training.num_steps=2", f"model.path={ref / 'checkpoints' / 'step2'}",
         "model.asset=null", "model.checkpoint_step=2", f"hydra.run.dir={cont}", runs=runs)
-    assert json.loads((cont / "results.json").read_text())["step"] == 4
     assert check_train_state(cont / "checkpoints" / "step4")["global_step"] == 4
+    # the data loader resumed at batch 2 of the same order: steps 3 and 4 train the reference's rows
+    assert {k: sorted(v) for k, v in trained_rows(cont).items()} == {
+        k: sorted(v) for k, v in trained_rows(ref).items() if k in (3, 4)}

@@ -2,12 +2,13 @@
 
 The checkpoint (a tiny preset, ``model.path``, or ``<model.url>/step<model.checkpoint_step>-unsharded/``
 downloaded once) is converted once by :mod:`frameworks.olmo2.convert` — weights and AdamW moments un-fused into
-OLMo-core's OLMo-2 model — and saved as an OLMo-core checkpoint (``config.json`` + ``model_and_optim/``) in the
-cache. Training is then exactly the ``olmo_core`` framework's (:class:`~frameworks.olmo_core.framework.
-OlmoCoreFramework`): OLMo-core's Trainer, insertions by ``pre_step`` callback, the trainer placed at step ``S``
-with its data loader at batch ``S``. Before anything is converted, the run's config must reproduce the
-checkpoint's position and data order (``train.pt``'s step; ``config.yaml``'s sequence length, global batch size
-and seed with OLMo-2 seed ``S`` ≡ OLMo-core seed ``S−1``); a mismatch is one error naming the key to set.
+OLMo-core's OLMo-2 model — and saved as an OLMo-core checkpoint without trainer state (``config.json`` + torch
+DCP shards of model and optimizer) in the cache. Training is then exactly the ``olmo_core`` framework's
+(:class:`~frameworks.olmo_core.framework.OlmoCoreFramework`): OLMo-core's Trainer, insertions by ``pre_step``
+callback, the trainer placed at step ``S`` with its data loader at batch ``S``. Before anything is converted, the
+run's config must reproduce the checkpoint's position and data order (``train.pt``'s step; ``config.yaml``'s
+sequence length, global batch size and seed with OLMo-2 seed ``S`` ≡ OLMo-core seed ``S−1``); a mismatch is one
+error naming the key to set.
 
 Not reproduced (documented in README.md): OLMo-2's own LR schedule (the run's ``training.lr_scheduler`` applies
 from step S), ``data.instance_filter`` (a loss mask on repetitive instances; logged), token files given by
@@ -84,8 +85,8 @@ def check_continuation(cfg: ExperimentConfig, source: Path) -> None:
 
 
 def convert_to_olmo_core(cfg: ExperimentConfig, source: Path) -> Path:
-    """The OLMo-core checkpoint (``config.json`` + ``model_and_optim/``) converted from ``source``, cached under
-    ``<cache_dir>/models/olmo2-converted/``; the AdamW state is laid out for the optimizer the run builds
+    """The OLMo-core checkpoint (``config.json`` + DCP model and optimizer shards) converted from ``source``,
+    cached under ``<cache_dir>/models/olmo2-converted/``; the AdamW state is laid out for the optimizer the run builds
     (``training.learning_rate``, betas, weight decay are part of the cache key)."""
     import torch
     from olmo_core.distributed.checkpoint import save_model_and_optim_state
@@ -113,11 +114,10 @@ def convert_to_olmo_core(cfg: ExperimentConfig, source: Path) -> Path:
             if ck.optim_state is not None:
                 optim.load_state_dict(optimizer_state_for(optim, model, ck.optim_state))
             with torch.no_grad():
-                save_model_and_optim_state(str(tmp / "model_and_optim"), model, optim)
+                save_model_and_optim_state(str(tmp), model, optim)
             (tmp / "config.json").write_text(json.dumps({
-                "model": ck.model_config.as_config_dict(),
-                "olmo2": {"source": str(source), "global_step": ck.position.global_step,
-                          "optimizer_state": ck.optim_state is not None}}, indent=2))
+                "model": ck.model_config.as_config_dict(), "optimizer_state": ck.optim_state is not None,
+                "olmo2": {"source": str(source), "global_step": ck.position.global_step}}, indent=2))
             (tmp / ".complete.json").write_text(json.dumps({"source": str(source)}))
             os.chmod(tmp, 0o755)
             os.replace(tmp, out)

@@ -3,9 +3,10 @@
 An OLMo-core checkpoint ``step<N>/`` (what ``olmo_core.train.Trainer`` writes, and what AI2 publishes for
 OLMo-3) holds ``.metadata.json``, ``config.json`` (the experiment config; its ``model`` entry is a serialized
 ``TransformerConfig``), ``train/rank<r>.pt`` (trainer state: step, data-loader position and dataset fingerprint,
-RNG states) and ``model_and_optim/`` (torch DCP shards). A model-only checkpoint (``config.json`` + DCP shards
-directly in the folder, no ``train/``) is a valid initial checkpoint too: training then starts at step 0 of the
-data order with fresh optimizer state.
+RNG states) and ``model_and_optim/`` (torch DCP shards). A checkpoint without trainer state (``config.json`` + DCP
+shards directly in the folder, no ``train/``; with optimizer state if ``config.json`` says
+``"optimizer_state": true``) is a valid initial checkpoint too: training then starts at ``model.checkpoint_step``
+of the data order.
 """
 
 from __future__ import annotations

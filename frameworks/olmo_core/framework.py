@@ -284,7 +284,7 @@ class OlmoCoreFramework(Framework):
         from olmo_core.config import DType
         from olmo_core.data import NumpyDataLoaderConfig, NumpyFSLDatasetConfig, TokenizerConfig
         from olmo_core.optim import AdamWConfig
-        from olmo_core.train import Duration, TrainerConfig
+        from olmo_core.train import Duration, LoadStrategy, TrainerConfig
         from olmo_core.train.callbacks import CheckpointerCallback
         from olmo_core.train.train_module import TransformerTrainModuleConfig
         from olmo_core.utils import seed_all
@@ -322,7 +322,8 @@ class OlmoCoreFramework(Framework):
                                             work_dir=str(work_dir)).build(dataset)
         initial = start.path == self.model_dir
         has_train_state = (Path(start.path) / "train" / "rank0.pt").is_file()
-        has_optim_state = (Path(start.path) / "model_and_optim").is_dir()  # a model-only one has shards at its top
+        has_optim_state = (Path(start.path) / "model_and_optim").is_dir() or bool(
+            json.loads((Path(start.path) / "config.json").read_text()).get("optimizer_state"))
         callbacks = {
             "pretrain_exp_start": _start_callback(cfg.model.checkpoint_step, t.global_batch_size * L),
             "pretrain_exp_insertions": _insertion_callback(rows, rank, world, self._rows_log(rank)),
@@ -333,6 +334,7 @@ class OlmoCoreFramework(Framework):
         trainer = TrainerConfig(
             save_folder=str(self.checkpoint_dir),
             load_path=str(start.path) if initial else None,
+            load_strategy=LoadStrategy.always,  # never train from scratch silently
             load_trainer_state=has_train_state,
             load_optim_state=has_optim_state,
             max_duration=Duration.steps(cfg.model.checkpoint_step + t.num_steps),
