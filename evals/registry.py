@@ -68,8 +68,8 @@ def register(name: str, config: type):
 
 
 def _load_all() -> None:
-    from evals import benchmark, insertion_loss, memorization, mia, perplexity  # noqa: F401  (registration side effect)
     from evals import gaussian  # noqa: F401
+    from evals import benchmark, insertion_loss, memorization, mia, perplexity  # noqa: F401  (registration side effect)
 
 
 def register_eval_schemas(cs) -> None:
