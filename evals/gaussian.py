@@ -21,7 +21,9 @@ Per experiment and dup count ``d > 0``, every trained pattern ``i`` is scored on
 ``effect = mean_i D_i`` (negative = remembered) with a percentile-bootstrap 95% CI over the patterns, and a
 two-sided permutation p-value: under the null (the model is independent of every pattern) the patterns of the
 group and the controls are exchangeable, so the statistic is recomputed with the pattern labels of the pool
-(group + controls) permuted (:func:`~evals.stats.permutation_p_value`).
+(group + controls) permuted (:func:`~evals.stats.permutation_p_value`). With a handful of patterns per group
+the percentile bootstrap under-covers (it ignores the variation of the controls and of small samples); the
+permutation p-value is the test to read.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """Insertion items: read (jsonl), generate or take from a benchmark (:mod:`~pretrain_exp.insertion.benchmarks`),
+or noise patterns without tokens (``type=gaussian``, :mod:`~pretrain_exp.insertion.gaussian`);
 tokenize, delimit with EOS, check, and assign dup counts.
 
 Dup counts (``repetitions``):
