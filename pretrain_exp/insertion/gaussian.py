@@ -24,6 +24,9 @@ Framework API (one :class:`EmbeddingNoise` per training process)::
         noise.set_rows(q)                                   # LongTensor (b,): training-order rows of its b rows
         loss = model(input_ids=...)                         # the hook adds the planned noise to those rows
     handle.remove()
+
+Under data parallelism each rank passes the rows of its own micro-batch; the hook needs the embedding output as
+a local tensor of shape ``(b, L, d_model)`` (one row per entry of ``q``).
 """
 
 from __future__ import annotations
