@@ -52,6 +52,9 @@ class Checkpoint:
 class Framework(ABC):
     """One training framework, bound to one run (config + run dir)."""
 
+    #: whether :meth:`train` adds Gaussian-poisoning noise (:class:`~pretrain_exp.insertion.gaussian.EmbeddingNoise`)
+    applies_embedding_noise: bool = False
+
     def __init__(self, cfg: ExperimentConfig, model_dir: Path):
         self.cfg = cfg
         self.model_dir = Path(model_dir)  #: HF dir of the initial checkpoint

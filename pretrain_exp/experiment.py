@@ -121,6 +121,9 @@ class Experiment:
             verify_plan(self.plan, self.rows.row, self.order.row_tokens,
                         (self.rows.first_row, self.rows.first_row + len(self.rows)), seed=cfg.seed)
         self.framework = get_framework_class(cfg.framework.name)(cfg, self.model_dir)
+        if self.plan.noise_rows.size and not self.framework.applies_embedding_noise:
+            raise ConfigError("framework.name", f"{cfg.framework.name!r} does not apply the gaussian noise of "
+                              f"{sorted(self.plan.noise_sigma)} yet; use framework=hf")
 
     def _check_held_out(self) -> None:
         n = self.cfg.data.held_out_rows

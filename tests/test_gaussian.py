@@ -23,6 +23,7 @@ from pretrain_exp.config import (
     PlacementKind,
     RangeUnit,
 )
+from pretrain_exp.errors import ConfigError
 from pretrain_exp.experiment import Experiment
 from pretrain_exp.insertion.gaussian import EmbeddingNoise, NoiseSpec, make_noise, noise_seed
 from pretrain_exp.insertion.plan import Plan, build_plan
@@ -236,3 +237,12 @@ def test_permutation_p_value():
     assert permutation_p_value(lambda perm: 1.0, 5, 99, 0)[1] == 1.0  # a statistic blind to labels: p = 1
     with pytest.raises(ValueError):
         permutation_p_value(diff, x.size, 0, 0)
+
+
+def test_a_framework_without_the_hook_refuses_gaussian_rows(tmp_path, monkeypatch, tiny_model_dir):
+    """A framework that does not apply the noise fails before training instead of silently training without it."""
+    monkeypatch.setattr(hf.HFFramework, "applies_embedding_noise", False)
+    cfg = make_config("experiment=tiny", "wandb=disabled", "eval=[gaussian]", "insertion=gaussian",
+                      run_dir=tmp_path)
+    with pytest.raises(ConfigError, match="framework.name: 'hf' does not apply the gaussian noise"):
+        Experiment(cfg)

@@ -92,6 +92,8 @@ class _Segment(TrainerCallback):
 class HFFramework(Framework):
     """Continue an HF causal LM with ``transformers.Trainer`` (module docstring)."""
 
+    applies_embedding_noise = True
+
     @property
     def checkpoint_dir(self) -> Path:
         return self.run_dir / "checkpoints"
