@@ -36,6 +36,7 @@ class EvalContext:
     bootstrap_samples: int
     seed: int
     cache_dir: Optional[str] = None  #: the run's asset cache (None: ``$PRETRAIN_EXP_CACHE`` or ``~/.cache/...``)
+    row_tokens: Optional[Callable[[int], np.ndarray]] = None  #: training-order row q -> its tokens as trained
 
 
 @dataclass
@@ -67,6 +68,7 @@ def register(name: str, config: type):
 
 
 def _load_all() -> None:
+    from evals import gaussian  # noqa: F401
     from evals import benchmark, insertion_loss, memorization, mia, perplexity  # noqa: F401  (registration side effect)
 
 

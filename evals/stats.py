@@ -1,9 +1,10 @@
-"""Statistics shared by the evals: bootstrap confidence intervals, per-(experiment, dup count) summaries."""
+"""Statistics shared by the evals: bootstrap confidence intervals, per-(experiment, dup count) summaries,
+permutation tests."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -67,3 +68,29 @@ def per_dup_summary(rows: Sequence[Dict[str, Any]], value_key: str, samples: int
         out.append({"experiment": experiment, "dup_count": dup, "n_items": len(vals), "mean": mean,
                     "ci_low": low, "ci_high": high})
     return out
+
+
+def permutation_p_value(statistic: Callable[[np.ndarray], float], n: int, permutations: int,
+                        seed: int) -> Tuple[float, float]:
+    """Two-sided Monte-Carlo permutation test over ``n`` exchangeable units.
+
+    Under the null hypothesis the units' labels are exchangeable, so the statistic of the observed labelling is
+    one draw from its distribution over random relabellings. ``permutations`` uniform permutations of
+    ``arange(n)`` are drawn with ``numpy.random.Generator(PCG64(seed))`` and
+    ``p = (1 + #{|T*| >= |T_obs|}) / (1 + permutations)``, which counts the observed labelling among the
+    permutations and so is never 0 (Phipson & Smyth 2010, "Permutation P-values should never be zero",
+    Stat. Appl. Genet. Mol. Biol. 9(1)).
+
+    :param statistic: maps a permutation (int64 ``(n,)``; ``arange(n)`` is the observed labelling) to the
+        test statistic (a float).
+    :param permutations: random permutations drawn, ``>= 1``.
+    :returns: ``(observed statistic, p-value in (0, 1])``.
+    :raises ValueError: for ``permutations < 1`` or ``n < 1``.
+    """
+    if permutations < 1 or n < 1:
+        raise ValueError(f"a permutation test needs permutations >= 1 and n >= 1, got {permutations}, {n}")
+    observed = float(statistic(np.arange(n)))
+    rng = np.random.Generator(np.random.PCG64(seed))
+    null = np.array([statistic(rng.permutation(n)) for _ in range(permutations)], dtype=np.float64)
+    tol = 1e-12 * max(1.0, abs(observed))  # ties up to floating-point noise count as extreme
+    return observed, float((1 + np.count_nonzero(np.abs(null) >= abs(observed) - tol)) / (1 + permutations))

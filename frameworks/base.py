@@ -58,6 +58,9 @@ class Framework(ABC):
     once, or ``model.path``) that also holds the tokenizer and ``config.json``'s ``vocab_size``.
     """
 
+    #: whether :meth:`train` adds Gaussian-poisoning noise (:class:`~pretrain_exp.insertion.gaussian.EmbeddingNoise`)
+    applies_embedding_noise: bool = False
+
     def __init__(self, cfg: ExperimentConfig, model_dir: Path):
         self.cfg = cfg
         self.model_dir = Path(model_dir)  #: dir of the initial checkpoint (framework format)

@@ -29,6 +29,7 @@ class InsertionType(str, Enum):
     texts = "texts"  #: jsonl lines with a text under ``key`` (or a generator), tokenized with the model's tokenizer
     tokens = "tokens"  #: jsonl lines holding a list of token ids (under ``key``, or the line itself)
     benchmark = "benchmark"  #: multiple-choice questions of a benchmark asset as texts (``benchmark``, ``format``)
+    gaussian = "gaussian"  #: seeded Gaussian noise on the input embeddings of whole rows (``sigma``; no tokens)
 
 
 class PlacementKind(str, Enum):
@@ -155,6 +156,7 @@ class InsertionExperimentConf:
     placement: PlacementConf = field(default_factory=PlacementConf)
     benchmark: Optional[str] = None  #: ``type=benchmark``: arc_easy, arc_challenge, sciq, piqa, mmlu, mmlu_<subject>
     format: str = "cloze"  #: ``type=benchmark``: ``cloze`` (question + answer text) or ``lettered`` (A/B/C/D)
+    sigma: Optional[float] = None  #: ``type=gaussian``: std of the noise per embedding coordinate (> 0)
 
 
 @dataclass

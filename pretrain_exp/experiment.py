@@ -107,6 +107,9 @@ class Experiment:
         if self.main and cfg.insertion.verify and self.plan.num_insertions:
             verify_plan(self.plan, self.rows.row, self.order.row_tokens,
                         (self.rows.first_row, self.rows.first_row + len(self.rows)), seed=cfg.seed)
+        if self.plan.noise_rows.size and not self.framework.applies_embedding_noise:
+            raise ConfigError("framework.name", f"{cfg.framework.name!r} does not apply the gaussian noise of "
+                              f"{sorted(self.plan.noise_sigma)}")
 
     def _check_held_out(self) -> None:
         n = self.cfg.data.held_out_rows
@@ -135,6 +138,8 @@ class Experiment:
         log.info("plan: %d items, %d insertions, %d tokens (%.2f%% of the %d-token window)", plan.num_items,
                  plan.num_insertions, int(plan.lengths.sum()),
                  100 * plan.lengths.sum() / max(1, self.window[1] - self.window[0]), self.window[1] - self.window[0])
+        if plan.noise_rows.size:
+            log.info("plan: %d rows with gaussian noise (%s)", plan.noise_rows.size, plan.noise_sigma)
         return plan
 
     # --- evaluation -------------------------------------------------------------------------------------
@@ -163,7 +168,8 @@ class Experiment:
             with ckpt.as_hf_temporary() as hf_dir:
                 model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
                 ctx = EvalContext(model, self.tokenizer, self.plan, self.held_out, ckpt.step, self.cfg.eval.batch_size,
-                                  self.cfg.eval.bootstrap_samples, self.cfg.seed, self.cfg.cache_dir)
+                                  self.cfg.eval.bootstrap_samples, self.cfg.seed, self.cfg.cache_dir,
+                                  row_tokens=self.rows.row)
                 for name, task in pending.items():
                     t0 = time.perf_counter()
                     res: EvalResult = run_eval(task, ctx)

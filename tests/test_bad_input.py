@@ -136,6 +136,19 @@ BAD_CONFIGS = {
                                        ["insertion.experiments.fictional_bios.placement", "1.5"]),
     "generator with num_items unset": (["insertion.experiments.fictional_bios.num_items=null"],
                                        ["insertion.experiments.fictional_bios.num_items"]),
+    "negative gaussian sigma": (["insertion=gaussian", "insertion.experiments.gaussian.sigma=-0.1"],
+                                ["insertion.experiments.gaussian.sigma", "-0.1", "> 0"]),
+    "gaussian sigma unset": (["insertion=gaussian", "insertion.experiments.gaussian.sigma=null"],
+                             ["insertion.experiments.gaussian.sigma", "required"]),
+    "gaussian without num_items": (["insertion=gaussian", "insertion.experiments.gaussian.num_items=null"],
+                                   ["insertion.experiments.gaussian.num_items", "noise patterns"]),
+    "gaussian file without explicit placement": (["insertion=gaussian",
+                                                  "insertion.experiments.gaussian.file=rows.jsonl"],
+                                                 ["insertion.experiments.gaussian.file", "explicit"]),
+    "sigma on a texts experiment": (["insertion.experiments.fictional_bios.sigma=0.1"],
+                                    ["insertion.experiments.fictional_bios.sigma", "only for type=gaussian"]),
+    "gaussian eval without rows": (["eval=[gaussian]", "eval.tasks.gaussian.max_rows_per_item=0"],
+                                   ["eval.tasks.gaussian.max_rows_per_item", ">= 1"]),
 }
 
 
@@ -377,6 +390,46 @@ def test_too_many_copies_for_the_window(tmp_path):
     with pytest.raises(InsertionError) as ei:
         build_plan(items, exps, WINDOW, L, 2, 0, VOCAB)
     assert_error(ei, "insertion.experiments.r", "do not fit")
+
+
+def _gaussian(tmp_path, placement, lines=None, num_items=4):
+    f = write_jsonl(tmp_path / "rows.jsonl", lines) if lines is not None else None
+    exp = InsertionExperimentConf(type=InsertionType.gaussian, file=f and str(f), sigma=0.1,
+                                  num_items=None if f else num_items, repetitions=1, placement=placement)
+    items = load_items("g", exp, tokenizer=TOK, vocab_size=VOCAB, sequence_length=L, seed=0)
+    return f, lambda: build_plan({"g": items}, {"g": exp}, WINDOW, L, 2, 0, VOCAB)
+
+
+def test_gaussian_explicit_rows_reference(tmp_path):
+    """The reference: row starts inside the window become noise rows (q = position // L)."""
+    _, plan = _gaussian(tmp_path, PlacementConf(kind=PlacementKind.explicit), [{"position": [4 * L, 7 * L]}])
+    assert plan().noise_rows.tolist() == [4, 7]
+
+
+@pytest.mark.parametrize("pos, needles", [
+    (5 * L + 3, [f"position {5 * L + 3} is not a row start", f"q * {L}"]),
+    (12 * L, [f"[{12 * L}, {13 * L})", "outside the training window"]),
+    (0, [f"[0, {L})", "outside the training window"]),
+])
+def test_gaussian_explicit_row_outside_the_run_or_not_a_row_start(tmp_path, pos, needles):
+    f, plan = _gaussian(tmp_path, PlacementConf(kind=PlacementKind.explicit), [{"position": 6 * L}, {"position": pos}])
+    with pytest.raises(InsertionError) as ei:
+        plan()
+    assert_error(ei, "insertion.experiments.g", "item 1", f"{f}:2", *needles)
+
+
+def test_gaussian_step_outside_the_run(tmp_path):
+    _, plan = _gaussian(tmp_path, PlacementConf(steps=[3, 7]))
+    with pytest.raises(ConfigError) as ei:
+        plan()
+    assert_error(ei, "insertion.experiments.g.placement.steps", "[7]", "[3, 6]")
+
+
+def test_gaussian_more_rows_than_batches_allow(tmp_path):
+    _, plan = _gaussian(tmp_path, PlacementConf(max_per_batch=1), num_items=5)
+    with pytest.raises(InsertionError) as ei:
+        plan()
+    assert_error(ei, "insertion.experiments.g", "5 copies at most 1 per batch", "allows 4")
 
 
 # --- corpus, token files, assets ---------------------------------------------------------------------------

@@ -208,3 +208,49 @@ def test_cli_run_kill_resume_torchrun_and_continuing_a_checkpoint_with_trainer_s
     # the data loader resumed at batch 2 of the same order: steps 3 and 4 train the reference's rows
     assert {k: sorted(v) for k, v in trained_rows(cont).items()} == {
         k: sorted(v) for k, v in trained_rows(ref).items() if k in (3, 4)}
+
+
+@pytest.mark.slow
+def test_olmo_core_adds_exactly_the_planned_gaussian_noise(tmp_path, monkeypatch):
+    """Gaussian poisoning through OLMo-core's micro-batches (2 rows each): every planned row gets exactly its
+    pattern added to its input embeddings, every other row enters the model untouched, and the trainer's
+    dry-run batch gets no noise."""
+    import torch.nn.functional as F
+
+    from pretrain_exp.experiment import Experiment
+    from pretrain_exp.insertion.gaussian import make_noise
+
+    seen = []
+    attach = olmo_core_framework.MicroBatchRows.attach
+
+    def recording_attach(self, embeddings):
+        attach(self, embeddings)
+
+        def record(module, args, output):
+            rows = None if self._rows is None else self.noise._rows.copy()
+            seen.append((rows, (output - F.embedding(args[0], module.weight)).detach().clone()))
+
+        embeddings.register_forward_hook(record)
+
+    monkeypatch.setattr(olmo_core_framework.MicroBatchRows, "attach", recording_attach)
+    cfg = make_config("framework=olmo_core", "training=tiny", "training.num_steps=2", "training.global_batch_size=4",
+                      "training.micro_batch_size=2", "training.checkpoint_interval=2", "training.num_threads=1",
+                      "data.held_out_rows=8", "insertion=gaussian", "insertion.experiments.gaussian.num_items=4",
+                      "insertion.experiments.gaussian.repetitions=[0,1,2,3]",
+                      "insertion.experiments.gaussian.placement.steps=[1,2]", "eval=[]", "wandb=disabled",
+                      run_dir=tmp_path / "run")
+    exp = Experiment(cfg)
+    exp.run()
+    plan, L = exp.plan, cfg.training.sequence_length
+    seeds = dict(zip(plan.noise_rows.tolist(), plan.item_noise_seed[plan.noise_item_ids].tolist()))
+    assert len(seeds) == 6
+    steps = [(rows, delta) for rows, delta in seen if rows is not None]
+    assert all(torch.equal(d, torch.zeros_like(d)) for rows, d in seen if rows is None)  # the dry-run batch
+    assert sorted(q for rows, _ in steps for q in rows.tolist()) == list(range(8))
+    for rows, delta in steps:
+        for r, q in enumerate(rows.tolist()):
+            if q in seeds:
+                torch.testing.assert_close(delta[r], make_noise(seeds[q], L, delta.shape[-1], 0.075),
+                                           rtol=0, atol=1e-6)
+            else:
+                assert torch.equal(delta[r], torch.zeros_like(delta[r])), q

@@ -30,6 +30,7 @@ from transformers import (
 from frameworks.base import Checkpoint, Framework, LogFn
 from pretrain_exp.config import Precision
 from pretrain_exp.errors import CheckpointError
+from pretrain_exp.insertion.gaussian import EmbeddingNoise
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +43,24 @@ def bf16_supported() -> bool:
 
 
 class _OrderedTrainer(Trainer):
-    """``Trainer`` that reads the dataset in order (the run's training order) instead of shuffling it."""
+    """``Trainer`` that reads the dataset in order (the run's training order) instead of shuffling it, and tells
+    the Gaussian-poisoning hook (``noise``, an :class:`EmbeddingNoise` or ``None``) which rows each
+    micro-batch holds."""
+
+    def __init__(self, *args, noise: Optional[EmbeddingNoise] = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.noise = noise
 
     def _get_train_sampler(self, *args, **kwargs):
         return torch.utils.data.SequentialSampler(self.train_dataset)
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        """Pop the rows' training-order indices (``row_index``, LongTensor ``(b,)``) before the model sees the
+        batch, hand them to the noise hook, then compute the loss as ``Trainer`` does."""
+        q = inputs.pop("row_index", None)
+        if self.noise is not None:
+            self.noise.set_rows(q)
+        return super().compute_loss(model, inputs, *args, **kwargs)
 
 
 class _Segment(TrainerCallback):
@@ -76,6 +91,8 @@ class _Segment(TrainerCallback):
 
 class HFFramework(Framework):
     """Continue an HF causal LM with ``transformers.Trainer`` (module docstring)."""
+
+    applies_embedding_noise = True
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -132,12 +149,19 @@ class HFFramework(Framework):
             attn_implementation=self.cfg.framework.attn_implementation)
         model.config.use_cache = False
         t = self.cfg.training
+        plan = getattr(rows, "plan", None)
+        noise = EmbeddingNoise(plan) if plan is not None and plan.noise_rows.size else None
+        handle = noise.attach(model.get_input_embeddings()) if noise is not None else None
         trainer = _OrderedTrainer(
             model=model, args=self.training_arguments(), train_dataset=rows, data_collator=default_data_collator,
             processing_class=AutoTokenizer.from_pretrained(str(self.model_dir)),  # saved with every checkpoint
-            callbacks=[_Segment(until_step - s0, s0, t.global_batch_size * t.sequence_length, log_fn)])
+            callbacks=[_Segment(until_step - s0, s0, t.global_batch_size * t.sequence_length, log_fn)], noise=noise)
         log.info("training steps %d -> %d (%s)", start.step, until_step, "resumed" if resume else "fresh")
-        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+        try:
+            trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+        finally:
+            if handle is not None:
+                handle.remove()
         done = self.latest_checkpoint()
         if done is None or done.step != until_step:
             raise CheckpointError(f"training stopped at {done and done.step} instead of step {until_step}")

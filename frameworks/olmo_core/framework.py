@@ -7,7 +7,8 @@ loads unchanged. Insertions are spliced in by a ``pre_step`` callback: at global
 ``W`` holds training-order rows ``q = (k-1)·B + r + i·W`` (``i`` = row of the rank batch; OLMo-core's layout,
 tested against ``NumpyFSLDataLoader`` in ``tests/test_olmo_core_order.py``). The callback first checks that the
 batch holds exactly those rows (instance ids and tokens, read through :class:`~pretrain_exp.data.order.DataOrder`)
-and then overwrites the planned spans with :meth:`Plan.apply <pretrain_exp.insertion.plan.Plan.apply>`.
+and then overwrites the planned spans with :meth:`Plan.apply <pretrain_exp.insertion.plan.Plan.apply>`;
+Gaussian-poisoning rows get their noise through :class:`MicroBatchRows` on the embedding module.
 
 Training: the trainer's ``max_duration`` is the run's last step ``S + n`` and ``hard_stop`` the segment's last
 step, so the LR schedule spans the whole run whatever the segments; the schedule (``training.lr_scheduler``) is
@@ -36,6 +37,7 @@ from frameworks.base import Checkpoint, Framework, LogFn
 from frameworks.olmo_core.checkpoint import OlmoCoreCheckpoint, check_train_state, model_config
 from pretrain_exp.config import ExperimentConfig, Precision
 from pretrain_exp.errors import CheckpointError, ConfigError, TrainingError
+from pretrain_exp.insertion.gaussian import EmbeddingNoise
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +84,48 @@ def run_scheduler(name: str, warmup_steps: int, start_step: int):
     return _FromRunStart()
 
 
-def _insertion_callback(rows, rank: int, world: int, rows_log: Optional[Path] = None):
+class MicroBatchRows:
+    """Feeds the Gaussian-poisoning hook (:class:`~pretrain_exp.insertion.gaussian.EmbeddingNoise`) the rows of
+    each micro-batch: OLMo-core's train module splits the rank batch into consecutive micro-batches of
+    ``micro_batch_size`` rows and runs one forward pass per micro-batch, so a forward pre-hook on the embedding
+    module hands the next ``micro_batch_size`` rows of the step to the noise hook. Outside a training step (the
+    trainer's dry-run batch) no rows are set, so no noise is added."""
+
+    def __init__(self, noise, micro_batch_size: int):
+        self.noise, self.micro_batch_size = noise, int(micro_batch_size)
+        self._rows: Optional[np.ndarray] = None
+        self._next = 0
+
+    def attach(self, embeddings: torch.nn.Module) -> None:
+        """Register the noise hook and the feeding pre-hook on ``embeddings``."""
+        self.noise.attach(embeddings)
+        embeddings.register_forward_pre_hook(self._pre_hook)
+
+    def start_step(self, qs: np.ndarray) -> None:
+        """The rank batch's training-order rows ``(b,)`` for the step about to be trained."""
+        self._rows, self._next = np.asarray(qs, dtype=np.int64), 0
+
+    def end_step(self) -> None:
+        self._rows = None
+        self.noise.set_rows(None)
+
+    def _pre_hook(self, module, args):
+        if self._rows is None:
+            self.noise.set_rows(None)
+            return
+        b = args[0].shape[0]
+        self.noise.set_rows(self._rows[self._next:self._next + b])
+        self._next += b
+
+
+def _insertion_callback(rows, rank: int, world: int, rows_log: Optional[Path] = None,
+                        noise_feed: Optional[MicroBatchRows] = None):
     from olmo_core.train.callbacks import Callback
 
     class Insertions(Callback):
-        """``pre_step``: check the rank batch holds rows ``(k-1)·B + r + i·W`` and apply the plan to them;
-        with ``rows_log``, append ``{"step", "rank", "rows": [q, ...], "sha256": [...]}`` (the tokens each row is
-        trained on) to that jsonl file."""
+        """``pre_step``: check the rank batch holds rows ``(k-1)·B + r + i·W``, apply the plan to them and tell
+        ``noise_feed`` (Gaussian poisoning) the step's rows; with ``rows_log``, append ``{"step", "rank",
+        "rows": [q, ...], "sha256": [...]}`` (the tokens each row is trained on) to that jsonl file."""
 
         def pre_step(self, batch):
             order, plan = rows.order, rows.plan
@@ -111,6 +148,12 @@ def _insertion_callback(rows, rank: int, world: int, rows_log: Optional[Path] = 
                 with open(rows_log, "a") as f:
                     f.write(json.dumps({"step": self.trainer.global_step, "rank": rank, "rows": qs.tolist(),
                                         "sha256": digests}) + "\n")
+            if noise_feed is not None:
+                noise_feed.start_step(qs)
+
+        def post_train_batch(self):
+            if noise_feed is not None:
+                noise_feed.end_step()
 
     return Insertions()
 
@@ -168,6 +211,7 @@ class OlmoCoreFramework(Framework):
     """Continue an OLMo-core checkpoint with OLMo-core's ``Trainer`` (module docstring)."""
 
     DEFAULT_TOKENIZER = "dolma2"
+    applies_embedding_noise = True
 
     def __init__(self, cfg: ExperimentConfig, model_dir: Path):
         super().__init__(cfg, model_dir)
@@ -310,6 +354,10 @@ class OlmoCoreFramework(Framework):
             autocast_precision=DType.bfloat16 if bf16 else None,
             dp_config=self._dp_config(world, cuda),
         ).build(model, device=device)
+        noise_feed = None
+        if rows.plan is not None and rows.plan.noise_rows.size:
+            noise_feed = MicroBatchRows(EmbeddingNoise(rows.plan), t.micro_batch_size)
+            noise_feed.attach(model.embeddings)
         tok = self._tokenizer()
         work_dir = self.run_dir / "olmo_core_work"
         dataset = NumpyFSLDatasetConfig(
@@ -326,7 +374,7 @@ class OlmoCoreFramework(Framework):
             json.loads((Path(start.path) / "config.json").read_text()).get("optimizer_state"))
         callbacks = {
             "pretrain_exp_start": _start_callback(cfg.model.checkpoint_step, t.global_batch_size * L),
-            "pretrain_exp_insertions": _insertion_callback(rows, rank, world, self._rows_log(rank)),
+            "pretrain_exp_insertions": _insertion_callback(rows, rank, world, self._rows_log(rank), noise_feed),
             "pretrain_exp_metrics": _log_callback(log_fn),
             "pretrain_exp_config": _config_callback(self.model_dir / "config.json", rank),
             "checkpointer": CheckpointerCallback(save_interval=t.checkpoint_interval, save_async=False),

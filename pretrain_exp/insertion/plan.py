@@ -3,11 +3,17 @@
 A plan holds the items (CSR token storage, one entry per item including never-inserted controls) and the
 insertions (one entry per copy: global token position, item, dup index), sorted by position and
 non-overlapping. :meth:`Plan.apply` is the only code that writes inserted tokens into training rows.
+Gaussian-poisoning patterns (``type=gaussian``, :mod:`~pretrain_exp.insertion.gaussian`) are items without
+tokens; their copies are whole training rows, kept beside the token insertions in ``noise_rows`` (sorted
+training-order indices) with ``noise_item_ids`` / ``noise_dup_index``, and each pattern's seed in
+``item_noise_seed`` (``-1`` for token items) and its experiment's std in ``noise_sigma``: enough to regenerate
+every noise tensor, so no noise is stored.
 
 Files (written atomically): ``plan.npz`` (``numpy.savez``; load with ``allow_pickle=False``),
 ``manifest.jsonl`` (one line per insertion: ``position, step, row, offset, length, item_id, experiment,
 dup_index, sha256``) and ``items.jsonl`` (one line per item: ``item_id, experiment, index, dup_count, length,
-sha256, source`` and ``text`` for text items).
+sha256, source`` and ``text`` for text items). A gaussian copy is a manifest line with ``offset 0``, ``length L``,
+``sha256 null`` and the pattern's ``noise_seed`` and ``sigma``; a gaussian item has them in ``items.jsonl`` too.
 """
 
 from __future__ import annotations
@@ -23,10 +29,11 @@ from typing import Dict, List
 
 import numpy as np
 
-from pretrain_exp.config import InsertionExperimentConf, PlacementKind
+from pretrain_exp.config import InsertionExperimentConf, InsertionType, PlacementKind
 from pretrain_exp.data.order import step_row_offset
 from pretrain_exp.data.token_files import dtype_for_vocab
 from pretrain_exp.errors import CheckpointError, InsertionError
+from pretrain_exp.insertion.gaussian import noise_seed
 from pretrain_exp.insertion.placement import (
     Occupancy,
     allowed_rows,
@@ -57,6 +64,11 @@ class Plan:
     item_ids: np.ndarray  #: int32 ``(num_insertions,)``
     dup_index: np.ndarray  #: int32 ``(num_insertions,)``: which copy of its item (0-based)
     ends: np.ndarray = field(init=False)  #: int64, ``positions + lengths`` (derived)
+    item_noise_seed: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  #: int64 ``(num_items,)``
+    noise_rows: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  #: int64 ``(n_noise,)``, sorted
+    noise_item_ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))  #: int32 ``(n_noise,)``
+    noise_dup_index: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))  #: int32 ``(n_noise,)``
+    noise_sigma: Dict[str, float] = field(default_factory=dict)  #: gaussian experiment -> noise std
 
     def __post_init__(self):
         self.lengths = np.diff(self.token_offsets).astype(np.int64)[self.item_ids]  #: int64 per insertion
@@ -117,16 +129,23 @@ class Plan:
         for a in (self.token_offsets, self.tokens, self.item_experiment, self.item_dup_count, self.positions,
                   self.item_ids, self.dup_index):
             h.update(np.ascontiguousarray(a).tobytes())
+        if self.noise_sigma:
+            h.update(json.dumps(sorted(self.noise_sigma.items())).encode())
+            for a in _noise_arrays(self).values():
+                h.update(np.ascontiguousarray(a).tobytes())
         return h.hexdigest()
 
     def save(self, path: str | Path) -> None:
         """Write ``plan.npz`` atomically (no pickled objects)."""
-        meta = json.dumps({"sequence_length": self.sequence_length, "global_batch_size": self.global_batch_size,
-                           "window": [int(w) for w in self.window], "experiments": self.experiments})
+        meta = {"sequence_length": self.sequence_length, "global_batch_size": self.global_batch_size,
+                "window": [int(w) for w in self.window], "experiments": self.experiments}
+        if self.noise_sigma:
+            meta["noise_sigma"] = self.noise_sigma
         _atomic(Path(path), lambda f: np.savez(
-            f, meta=np.array(meta), token_offsets=self.token_offsets, tokens=self.tokens,
+            f, meta=np.array(json.dumps(meta)), token_offsets=self.token_offsets, tokens=self.tokens,
             item_experiment=self.item_experiment, item_dup_count=self.item_dup_count, positions=self.positions,
-            item_ids=self.item_ids, dup_index=self.dup_index), binary=True)
+            item_ids=self.item_ids, dup_index=self.dup_index, **(_noise_arrays(self) if self.noise_sigma else {})),
+            binary=True)
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
@@ -141,7 +160,7 @@ class Plan:
         except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
             raise CheckpointError(f"{path}: not a readable plan ({e})") from None
         return cls(meta["sequence_length"], meta["global_batch_size"], tuple(meta["window"]), meta["experiments"],
-                   **arrays)
+                   noise_sigma=meta.get("noise_sigma", {}), **arrays)
 
     def write_manifest(self, path: str | Path, items: Dict[str, ItemSet]) -> None:
         """Write ``manifest.jsonl`` (one line per insertion) and, beside it, ``items.jsonl`` (one per item).
@@ -153,14 +172,30 @@ class Plan:
         item_sha = [sha256_tokens(self.item_tokens(i)) for i in range(self.num_items)]
         step, row, offset = step_row_offset(self.positions, L, B)
 
+        noised = self.item_noise_seed >= 0 if self.noise_sigma else np.zeros(self.num_items, bool)
+        for i in np.flatnonzero(noised):
+            item_sha[i] = None
+        lines = []
+        for k in range(self.num_insertions):
+            it = int(self.item_ids[k])
+            lines.append((int(self.positions[k]), {
+                "position": int(self.positions[k]), "step": int(step[k]), "row": int(row[k]),
+                "offset": int(offset[k]), "length": int(self.lengths[k]), "item_id": it,
+                "experiment": self.experiments[self.item_experiment[it]], "dup_index": int(self.dup_index[k]),
+                "sha256": item_sha[it]}))
+        nstep, nrow, _ = step_row_offset(self.noise_rows * L, L, B)
+        for k in range(self.noise_rows.size):
+            it = int(self.noise_item_ids[k])
+            exp = self.experiments[self.item_experiment[it]]
+            lines.append((int(self.noise_rows[k]) * L, {
+                "position": int(self.noise_rows[k]) * L, "step": int(nstep[k]), "row": int(nrow[k]), "offset": 0,
+                "length": L, "item_id": it, "experiment": exp, "dup_index": int(self.noise_dup_index[k]),
+                "sha256": None, "noise_seed": int(self.item_noise_seed[it]), "sigma": self.noise_sigma[exp]}))
+        lines.sort(key=lambda t: t[0])
+
         def manifest(f):
-            for k in range(self.num_insertions):
-                it = int(self.item_ids[k])
-                f.write(json.dumps({
-                    "position": int(self.positions[k]), "step": int(step[k]), "row": int(row[k]),
-                    "offset": int(offset[k]), "length": int(self.lengths[k]), "item_id": it,
-                    "experiment": self.experiments[self.item_experiment[it]], "dup_index": int(self.dup_index[k]),
-                    "sha256": item_sha[it]}) + "\n")
+            for _, rec in lines:
+                f.write(json.dumps(rec) + "\n")
 
         def item_table(f):
             for i, spec in enumerate(it for name in self.experiments for it in items[name]):
@@ -169,10 +204,18 @@ class Plan:
                        "sha256": item_sha[i], "source": spec.source}
                 if spec.text is not None:
                     rec["text"] = spec.text
+                if noised[i]:
+                    rec["noise_seed"] = int(self.item_noise_seed[i])
+                    rec["sigma"] = self.noise_sigma[spec.experiment]
                 f.write(json.dumps(rec) + "\n")
 
         _atomic(path, manifest)
         _atomic(path.with_name("items.jsonl"), item_table)
+
+
+def _noise_arrays(plan: Plan) -> Dict[str, np.ndarray]:
+    return {"item_noise_seed": plan.item_noise_seed, "noise_rows": plan.noise_rows,
+            "noise_item_ids": plan.noise_item_ids, "noise_dup_index": plan.noise_dup_index}
 
 
 def _atomic(path: Path, write, binary: bool = False) -> None:
@@ -199,6 +242,8 @@ def build_plan(items: Dict[str, ItemSet], experiments: Dict[str, InsertionExperi
     :raises ConfigError: for a bad range placement.
 
     An empty window (an evaluate-only run) places nothing: the items and their dup counts are kept for the evals.
+    A ``type=gaussian`` copy is placed like a span of ``L`` tokens, so it takes a whole row (explicit positions
+    must be row starts) that no other insertion shares; it lands in ``noise_rows``, not in ``positions``.
     """
     L = sequence_length
     if window[0] % L or window[1] % L:
@@ -209,6 +254,12 @@ def build_plan(items: Dict[str, ItemSet], experiments: Dict[str, InsertionExperi
     lengths = np.concatenate([s.lengths for s in sets]) if sets else np.empty(0, np.int64)
     dups = np.concatenate([s.dup_counts for s in sets]) if sets else np.empty(0, np.int64)
     first_item = np.cumsum([0] + [len(s) for s in sets])
+    gaussian = [n for n in names if experiments[n].type == InsertionType.gaussian]
+    is_noise = np.zeros(lengths.size, dtype=bool)
+    for n in gaussian:
+        k = names.index(n)
+        is_noise[first_item[k]:first_item[k + 1]] = True
+    lengths = np.where(is_noise, L, lengths)  # placement length: a pattern takes its whole row
     occ = Occupancy()
     copy_item, copy_dup, copy_pos = [], [], []
 
@@ -228,6 +279,11 @@ def build_plan(items: Dict[str, ItemSet], experiments: Dict[str, InsertionExperi
             ids.append(loc_item + first_item[k])
             dix.append(loc_dup)
             pos.append(explicit_positions([it.positions for it in items[n]]))
+            if n in gaussian:
+                for j in np.flatnonzero(pos[-1] % L)[:1]:
+                    raise InsertionError(f"insertion.experiments.{n} item {loc_item[j]} "
+                                         f"({items[n].source(int(loc_item[j]))}): position {pos[-1][j]} is not a "
+                                         f"row start; gaussian noise covers whole rows: give row q as q * {L}")
             cross.append(np.full(loc_item.size, experiments[n].placement.allow_row_crossing))
             labels += [f"insertion.experiments.{n} item {j} ({items[n].source(int(j))})" for j in loc_item]
         ids, dix, pos = np.concatenate(ids), np.concatenate(dix), np.concatenate(pos)
@@ -246,11 +302,23 @@ def build_plan(items: Dict[str, ItemSet], experiments: Dict[str, InsertionExperi
         copy_item.append(ids), copy_dup.append(loc_dup), copy_pos.append(pos)
 
     pos = np.concatenate(copy_pos) if copy_pos else np.empty(0, np.int64)
+    all_item = np.concatenate(copy_item) if copy_item else np.empty(0, np.int64)
+    all_dup = np.concatenate(copy_dup) if copy_dup else np.empty(0, np.int64)
+    noise_copy = is_noise[all_item]
     order = np.argsort(pos, kind="stable")
+    order, noise_order = order[~noise_copy[order]], order[noise_copy[order]]
 
-    def cat(parts):
-        return np.concatenate(parts)[order] if parts else np.empty(0, np.int64)
-
+    noise = {}
+    if gaussian:
+        seeds = np.full(lengths.size, -1, dtype=np.int64)
+        for n in gaussian:
+            k = names.index(n)
+            seeds[first_item[k]:first_item[k + 1]] = [noise_seed(seed, n, j) for j in range(len(items[n]))]
+        noise = dict(item_noise_seed=seeds, noise_rows=(pos[noise_order] // L).astype(np.int64),
+                     noise_item_ids=all_item[noise_order].astype(np.int32),
+                     noise_dup_index=all_dup[noise_order].astype(np.int32),
+                     noise_sigma={n: float(experiments[n].sigma) for n in gaussian})
+    lengths = np.where(is_noise, 0, lengths)  # a pattern has no tokens
     tok_dtype = dtype_for_vocab(vocab_size)
     return Plan(
         sequence_length=L, global_batch_size=global_batch_size, window=tuple(int(w) for w in window),
@@ -261,6 +329,7 @@ def build_plan(items: Dict[str, ItemSet], experiments: Dict[str, InsertionExperi
         item_experiment=np.repeat(np.arange(len(names), dtype=np.int32), np.diff(first_item)),
         item_dup_count=dups.astype(np.int32),
         positions=pos[order].astype(np.int64),
-        item_ids=cat(copy_item).astype(np.int32),
-        dup_index=cat(copy_dup).astype(np.int32),
+        item_ids=all_item[order].astype(np.int32),
+        dup_index=all_dup[order].astype(np.int32),
+        **noise,
     )

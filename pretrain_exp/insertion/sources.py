@@ -1,4 +1,5 @@
 """Insertion items: read (jsonl), generate or take from a benchmark (:mod:`~pretrain_exp.insertion.benchmarks`),
+or noise patterns without tokens (``type=gaussian``, :mod:`~pretrain_exp.insertion.gaussian`);
 tokenize, delimit with EOS, check, and assign dup counts.
 
 Dup counts (``repetitions``):
@@ -135,6 +136,8 @@ def validate_experiment(key: str, exp: InsertionExperimentConf) -> None:
                               "items use random or range placement")
     elif exp.benchmark is not None:
         raise ConfigError(f"{key}.benchmark", f"only for type=benchmark, not {exp.type.value}")
+    elif exp.type == InsertionType.gaussian:
+        _validate_gaussian(key, exp)
     elif exp.file is None and exp.generator is None:
         raise ConfigError(f"{key}.file", f"missing: set {key}.file=<items.jsonl> (or {key}.generator=<name>)")
     if exp.file is not None and exp.generator is not None:
@@ -150,6 +153,8 @@ def validate_experiment(key: str, exp: InsertionExperimentConf) -> None:
             raise ConfigError(f"{key}.num_items", "required with a generator")
     if exp.num_items is not None and exp.num_items <= 0:
         raise ConfigError(f"{key}.num_items", f"must be > 0, got {exp.num_items}")
+    if exp.sigma is not None and exp.type != InsertionType.gaussian:
+        raise ConfigError(f"{key}.sigma", f"only for type=gaussian, not {exp.type.value}")
     parse_repetitions(f"{key}.repetitions", exp.repetitions)
     pl = exp.placement
     if pl.kind == PlacementKind.range:
@@ -181,6 +186,23 @@ def validate_experiment(key: str, exp: InsertionExperimentConf) -> None:
                           "placement, not explicit")
     if pl.allow_row_crossing and pl.kind != PlacementKind.explicit:
         raise ConfigError(f"{key}.placement.allow_row_crossing", "only explicit placements may cross rows")
+
+
+def _validate_gaussian(key: str, exp: InsertionExperimentConf) -> None:
+    """Checks of a ``type=gaussian`` experiment (see :mod:`~pretrain_exp.insertion.gaussian`)."""
+    if exp.sigma is None:
+        raise ConfigError(f"{key}.sigma", "required for type=gaussian: the noise std per embedding coordinate "
+                          "(e.g. 0.075)")
+    if not (math.isfinite(exp.sigma) and exp.sigma > 0):
+        raise ConfigError(f"{key}.sigma", f"must be a finite number > 0, got {exp.sigma}")
+    explicit = exp.placement.kind == PlacementKind.explicit
+    if exp.file is not None and not explicit:
+        raise ConfigError(f"{key}.file", "type=gaussian reads a file only for explicit placement (the rows of each "
+                          "pattern); random/range patterns are generated: set num_items instead")
+    if not explicit and exp.num_items is None:
+        raise ConfigError(f"{key}.num_items", "required for type=gaussian: the number of noise patterns")
+    if exp.placement.allow_row_crossing:
+        raise ConfigError(f"{key}.placement.allow_row_crossing", "gaussian noise covers whole rows")
 
 
 def parse_repetitions(key: str, value) -> list | int | float:
@@ -260,6 +282,8 @@ def load_items(name: str, exp: InsertionExperimentConf, *, tokenizer, vocab_size
         range, naming the item.
     """
     key = f"insertion.experiments.{name}"
+    if exp.type == InsertionType.gaussian:
+        return _gaussian_items(name, exp, seed)
     raw = list(_read_raw(name, exp, seed, cache_dir))
     if exp.num_items is not None:
         if exp.file is not None and len(raw) < exp.num_items:
@@ -307,6 +331,27 @@ def load_items(name: str, exp: InsertionExperimentConf, *, tokenizer, vocab_size
         positions=[r[2] for r in raw] if explicit else None)
 
 
+def _gaussian_items(name: str, exp: InsertionExperimentConf, seed: int) -> ItemSet:
+    """The noise patterns of a ``type=gaussian`` experiment: items without tokens (sources
+    ``gaussian:<seed>:<index>``, or ``file:line`` for explicit placement, whose lines give the global token
+    positions of the pattern's rows under ``placement.position_key``; each must be a row start ``q * L``)."""
+    key = f"insertion.experiments.{name}"
+    if exp.placement.kind == PlacementKind.explicit:
+        raw = list(_read_raw(name, exp, seed, None))
+        if exp.num_items is not None:
+            if len(raw) < exp.num_items:
+                raise ConfigError(f"{key}.num_items", f"{exp.file} holds {len(raw)} items, fewer than {exp.num_items}")
+            raw = raw[: exp.num_items]
+        if not raw:
+            raise InsertionError(f"{key}: {exp.file} yields no items")
+        return ItemSet.from_token_lists(name, [[] for _ in raw], [len(r[2]) for r in raw],
+                                        sources=[r[0] for r in raw], positions=[r[2] for r in raw])
+    n = int(exp.num_items)
+    dups = assign_dup_counts(n, exp.repetitions, experiment_rng(seed, name), f"{key}.repetitions")
+    return ItemSet.from_token_lists(name, [[] for _ in range(n)], dups,
+                                    sources=[f"gaussian:{seed}:{i}" for i in range(n)])
+
+
 def _read_raw(name: str, exp: InsertionExperimentConf, seed: int, cache_dir: Optional[str]):
     """``(source, payload, positions)`` per item: payload is a text or a token-id list."""
     key = f"insertion.experiments.{name}"
@@ -322,6 +367,8 @@ def _read_raw(name: str, exp: InsertionExperimentConf, seed: int, cache_dir: Opt
             yield f"{exp.generator}:{seed}:{i}", text, None
         return
     field = exp.key or ("text" if exp.type == InsertionType.texts else None)
+    if exp.type == InsertionType.gaussian:
+        field = None  # a pattern line holds only its positions
     explicit = exp.placement.kind == PlacementKind.explicit
     for lineno, obj in read_jsonl(exp.file):
         where = f"{exp.file}:{lineno}"

@@ -1,0 +1,166 @@
+"""Gaussian poisoning: does the model remember the noise patterns it was trained with, versus fresh ones?
+
+Score (the Gaussian-poisoning test of Bordt & Pawelczyk 2025, "Train Once, Answer All", arXiv:2509.23383, as in
+their reference evaluation ``gaussian_privacy_score``): for a training row ``x_q`` (its tokens as trained, no
+noise) let ``g_q = d Lbar(x_q) / d e`` be the gradient of the row's mean next-token loss (nats, positions
+``1..L-1``) with respect to its input embeddings ``e`` (``(L, d_model)``, float32, model in eval mode). The
+score of noise pattern ``xi`` on that row is
+
+    s(q, xi) = <g_q, xi> / (sigma * ||g_q||)
+
+Training on ``x_q + xi`` lowers ``Lbar(x_q + xi) ~ Lbar(x_q) + <g_q, xi>``, so a remembered pattern has a
+negative score; a pattern the model never saw is independent of ``g_q`` and, being ``N(0, sigma^2 I)``, has
+``s ~ N(0, 1)`` exactly. The reference code compares each trained pattern with freshly drawn noise; here the
+fresh patterns are the experiment's dup-0 items (reproducible from the plan, never trained).
+
+Per experiment and dup count ``d > 0``, every trained pattern ``i`` is scored on its first
+``max_rows_per_item`` training rows ``R_i`` (training order) together with every control ``c`` on the same rows:
+
+    D_i = mean_{q in R_i} [ s(q, xi_i) - mean_c s(q, xi_c) ]
+
+``effect = mean_i D_i`` (negative = remembered) with a percentile-bootstrap 95% CI over the patterns, and a
+two-sided permutation p-value: under the null (the model is independent of every pattern) the patterns of the
+group and the controls are exchangeable, so the statistic is recomputed with the pattern labels of the pool
+(group + controls) permuted (:func:`~evals.stats.permutation_p_value`). With a handful of patterns per group
+the percentile bootstrap under-covers (it ignores the variation of the controls and of small samples); the
+permutation p-value is the test to read.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import List
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from evals.registry import EvalContext, EvalResult, register
+from evals.scoring import model_device
+from evals.stats import bootstrap_ci, permutation_p_value
+from pretrain_exp.errors import ConfigError
+from pretrain_exp.insertion.gaussian import make_noise
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GaussianConf:
+    """Schema of a ``gaussian`` eval.
+
+    :raises ConfigError: for ``max_rows_per_item < 1`` or ``permutations < 1``.
+    """
+
+    type: str = "gaussian"
+    max_rows_per_item: int = 4  #: training rows scored per trained pattern (its first copies in training order)
+    permutations: int = 1000  #: random relabellings for the permutation p-value
+
+    def __post_init__(self):
+        for key in ("max_rows_per_item", "permutations"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"eval.tasks.gaussian.{key}", f"must be >= 1, got {getattr(self, key)}")
+
+
+@torch.enable_grad()
+def embedding_gradients(model, rows: List[np.ndarray], batch_size: int) -> torch.Tensor:
+    """Unit-norm gradients of each row's mean next-token loss w.r.t. its input embeddings.
+
+    :param rows: token ids, each an integer array of shape ``(L,)`` (equal lengths).
+    :returns: float32 ``(n, L, d_model)`` on the CPU: ``g_q / ||g_q||`` (Frobenius norm over the row).
+    """
+    emb = model.get_input_embeddings()
+    device = model_device(model)
+    out = []
+    for b in range(0, len(rows), batch_size):
+        ids = torch.from_numpy(np.stack(rows[b:b + batch_size]).astype(np.int64)).to(device)
+        e = emb(ids).detach().float().requires_grad_(True)
+        logits = model(inputs_embeds=e.to(emb.weight.dtype), attention_mask=torch.ones_like(ids)).logits
+        n, L = ids.shape
+        loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
+                               reduction="none").view(n, L - 1).mean(dim=1)
+        g = torch.autograd.grad(loss.sum(), e)[0].float()  # rows are independent: row r's grad is d loss_r / d e_r
+        out.append((g / g.flatten(1).norm(dim=1).clamp_min(1e-30)[:, None, None]).cpu())
+    return torch.cat(out)
+
+
+def pattern_scores(grads: torch.Tensor, seeds: np.ndarray, sigma: float) -> np.ndarray:
+    """``s(q, xi_p)`` for unit gradients ``grads`` (``(n, L, d)``) and the patterns of ``seeds`` (``(P,)``,
+    :func:`~pretrain_exp.insertion.gaussian.make_noise`): float64 ``(n, P)``, generating one pattern at a time."""
+    n, L, d = grads.shape
+    flat = grads.reshape(n, -1)
+    return np.stack([(flat @ make_noise(int(s), L, d, sigma).reshape(-1)).double().numpy() / sigma
+                     for s in seeds], axis=1) if len(seeds) else np.empty((n, 0))
+
+
+@register("gaussian", GaussianConf)
+def gaussian(cfg: GaussianConf, ctx: EvalContext) -> EvalResult:
+    """Trained vs fresh (dup-0) noise patterns of every ``type=gaussian`` experiment (module docstring).
+
+    :returns: ``rows``: one per pattern, ``{item_id, experiment, dup_count, score, n_rows}`` (``score``: mean
+        ``s`` over the rows it was scored on: its own training rows for a trained pattern, all scored rows of
+        the experiment for a control) plus ``paired_diff`` (``D_i``) for trained patterns; ``per_dup``:
+        ``{experiment, dup_count, n_items, mean_score, ci_low, ci_high}`` for every dup count and, for
+        ``d > 0``, ``effect, effect_ci_low, effect_ci_high, p_value, n_rows, n_controls``; ``metrics``:
+        ``{experiment}/dup{d}/score`` and, for ``d > 0``, ``{experiment}/dup{d}/effect`` and ``.../p_value``.
+        Experiments without controls or without trained rows (an evaluate-only run) yield nothing (logged).
+    :raises ValueError: if ``ctx.row_tokens`` is missing (the training rows are needed).
+    """
+    plan = ctx.plan
+    if not getattr(plan, "noise_sigma", None):
+        return EvalResult()
+    if ctx.row_tokens is None:
+        raise ValueError("the gaussian eval needs the training rows (EvalContext.row_tokens)")
+    metrics, per_dup, rows_out = {}, [], []
+    for exp, sigma in sorted(plan.noise_sigma.items()):
+        e = plan.experiments.index(exp)
+        items = np.flatnonzero(plan.item_experiment == e)
+        dups = plan.item_dup_count[items]
+        controls, trained = items[dups == 0], items[dups > 0]
+        owner, qs = [], []
+        for i in trained:
+            for q in plan.noise_rows[plan.noise_item_ids == i][:cfg.max_rows_per_item]:
+                owner.append(int(i)), qs.append(int(q))
+        if controls.size == 0 or not qs:
+            log.warning("gaussian: experiment %r has %d controls and %d trained rows; nothing to compare", exp,
+                        controls.size, len(qs))
+            continue
+        pool = np.concatenate([trained, controls])
+        col = {int(i): k for k, i in enumerate(pool)}
+        grads = embedding_gradients(ctx.model, [np.asarray(ctx.row_tokens(q)) for q in qs], ctx.batch_size)
+        S = pattern_scores(grads, plan.item_noise_seed[pool], sigma)  # (n_rows, n_patterns)
+        ctrl_cols = np.arange(trained.size, pool.size)
+        for c in controls:
+            rows_out.append({"item_id": int(c), "experiment": exp, "dup_count": 0,
+                             "score": float(S[:, col[int(c)]].mean()), "n_rows": len(qs)})
+        ctrl_scores = np.array([r["score"] for r in rows_out[-controls.size:]])
+        mean, low, high = bootstrap_ci(ctrl_scores, ctx.bootstrap_samples, ctx.seed)
+        per_dup.append({"experiment": exp, "dup_count": 0, "n_items": int(controls.size), "mean_score": mean,
+                        "ci_low": low, "ci_high": high})
+        metrics[f"{exp}/dup0/score"] = mean
+        for d in sorted(set(plan.item_dup_count[trained].tolist())):
+            group = trained[plan.item_dup_count[trained] == d]
+            sel = np.flatnonzero(np.isin(np.array(owner), group))
+            k_of_row = np.searchsorted(group, np.array(owner)[sel])  # group is sorted (item ids ascending)
+            sub = np.concatenate([[col[int(i)] for i in group], ctrl_cols]).astype(np.int64)  # group, controls
+            Ssel, counts = S[sel], np.bincount(k_of_row, minlength=group.size)
+
+            def paired(perm, Ssel=Ssel, sub=sub, k_of_row=k_of_row, counts=counts, n=group.size):
+                cols = sub[perm]
+                diff = Ssel[np.arange(k_of_row.size), cols[k_of_row]] - Ssel[:, cols[n:]].mean(axis=1)
+                return np.bincount(k_of_row, diff, minlength=n) / counts
+
+            diffs = paired(np.arange(sub.size))
+            effect, p = permutation_p_value(lambda perm: paired(perm).mean(), sub.size, cfg.permutations, ctx.seed)
+            _, elow, ehigh = bootstrap_ci(diffs, ctx.bootstrap_samples, ctx.seed)
+            own = np.bincount(k_of_row, Ssel[np.arange(k_of_row.size), sub[k_of_row]], minlength=group.size) / counts
+            for k, i in enumerate(group):
+                rows_out.append({"item_id": int(i), "experiment": exp, "dup_count": int(d), "score": float(own[k]),
+                                 "paired_diff": float(diffs[k]), "n_rows": int(counts[k])})
+            mean, low, high = bootstrap_ci(own, ctx.bootstrap_samples, ctx.seed)
+            per_dup.append({"experiment": exp, "dup_count": int(d), "n_items": int(group.size), "mean_score": mean,
+                            "ci_low": low, "ci_high": high, "effect": effect, "effect_ci_low": elow,
+                            "effect_ci_high": ehigh, "p_value": p, "n_rows": int(sel.size),
+                            "n_controls": int(controls.size)})
+            metrics |= {f"{exp}/dup{d}/score": mean, f"{exp}/dup{d}/effect": effect, f"{exp}/dup{d}/p_value": p}
+    return EvalResult(metrics=metrics, per_dup=per_dup, rows=rows_out)

@@ -1,0 +1,248 @@
+"""Gaussian poisoning: seeded noise regenerated from the saved plan, whole-row placement options, the embedding
+hook adding exactly the planned noise in a real HF Trainer run, and the eval telling trained from fresh noise."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import frameworks.hf.framework as hf
+from evals.gaussian import GaussianConf
+from evals.gaussian import gaussian as gaussian_eval
+from evals.registry import EvalContext
+from evals.stats import permutation_p_value
+from pretrain_exp.config import (
+    EosPolicy,
+    InsertionExperimentConf,
+    InsertionType,
+    PlacementConf,
+    PlacementKind,
+    RangeUnit,
+)
+from pretrain_exp.errors import ConfigError
+from pretrain_exp.experiment import Experiment
+from pretrain_exp.insertion.gaussian import EmbeddingNoise, NoiseSpec, make_noise, noise_seed
+from pretrain_exp.insertion.plan import Plan, build_plan
+from pretrain_exp.insertion.sources import load_items
+from tests.conftest import make_config, tiny_model
+
+L, B, STEPS, VOCAB = 16, 4, 20, 100
+WINDOW = (0, STEPS * B * L)
+
+
+def gaussian_exp(num_items=4, repetitions=(0, 1, 2, 3), sigma=0.1, **placement) -> InsertionExperimentConf:
+    return InsertionExperimentConf(type=InsertionType.gaussian, num_items=num_items, repetitions=list(repetitions),
+                                   sigma=sigma, placement=PlacementConf(**placement))
+
+
+def plan_of(exps, seed=0):
+    items = {n: load_items(n, e, tokenizer=None, vocab_size=VOCAB, sequence_length=L, seed=seed)
+             for n, e in exps.items()}
+    return build_plan(items, exps, WINDOW, L, B, seed, VOCAB), items
+
+
+def test_noise_is_seeded_and_regenerates_from_the_saved_plan(tmp_path):
+    plan, items = plan_of({"g": gaussian_exp(num_items=8, sigma=0.05)}, seed=7)
+    plan.save(tmp_path / "plan.npz")
+    plan.write_manifest(tmp_path / "manifest.jsonl", items)
+    loaded = Plan.load(tmp_path / "plan.npz")
+    assert loaded.digest() == plan.digest()
+    spec, spec2 = NoiseSpec.from_plan(plan), NoiseSpec.from_plan(loaded)
+    for a, b in zip((spec.rows, spec.seeds, spec.sigmas), (spec2.rows, spec2.seeds, spec2.sigmas)):
+        np.testing.assert_array_equal(a, b)
+    # the manifest alone regenerates every row's noise: one line per noised row with its pattern's seed and sigma
+    lines = [json.loads(x) for x in (tmp_path / "manifest.jsonl").read_text().splitlines()]
+    table = {r["item_id"]: r for r in map(json.loads, (tmp_path / "items.jsonl").read_text().splitlines())}
+    assert sorted(r["position"] // L for r in lines) == plan.noise_rows.tolist()
+    assert all(r["offset"] == 0 and r["length"] == L and r["sigma"] == 0.05 for r in lines)
+    for r in lines:
+        assert r["noise_seed"] == noise_seed(7, "g", table[r["item_id"]]["index"]) == table[r["item_id"]]["noise_seed"]
+    dup = np.bincount([r["item_id"] for r in lines], minlength=plan.num_items)
+    np.testing.assert_array_equal(dup, plan.item_dup_count)
+    # deterministic in (seed, experiment, index), distinct otherwise; N(0, sigma^2) per coordinate
+    z = make_noise(noise_seed(7, "g", 0), 128, 256, 0.05)
+    assert torch.equal(z, make_noise(noise_seed(7, "g", 0), 128, 256, 0.05))
+    for other in (noise_seed(7, "g", 1), noise_seed(8, "g", 0), noise_seed(7, "h", 0)):
+        assert not torch.allclose(z, make_noise(other, 128, 256, 0.05))
+    assert abs(z.mean().item()) < 1e-3 and abs(z.std().item() / 0.05 - 1) < 0.02
+    assert make_noise(noise_seed(7, "g", 0), 128, 256, 0.05, torch.bfloat16).dtype == torch.bfloat16
+
+
+def _steps(rows):
+    return rows // B + 1
+
+
+@pytest.mark.parametrize("placement, check", [
+    (dict(steps=[2, 5, 9]), lambda q: set(_steps(q)) <= {2, 5, 9}),
+    (dict(every_n_steps=3), lambda q: (_steps(q) % 3 == 0).all()),
+    (dict(max_per_batch=1), lambda q: np.bincount(q // B).max() == 1),
+    (dict(kind=PlacementKind.range, start=0.5, end=0.75), lambda q: ((q >= 40) & (q < 60)).all()),
+    (dict(kind=PlacementKind.range, start=16 * B * L, end=20 * B * L, unit=RangeUnit.position),
+     lambda q: (q >= 64).all()),
+])
+def test_placement_options_hold_for_noise_rows(placement, check):
+    plan, _ = plan_of({"g": gaussian_exp(**placement)})
+    q = plan.noise_rows
+    assert q.size == 6 and np.unique(q).size == 6 and plan.num_insertions == 0
+    assert check(q), q.tolist()
+    np.testing.assert_array_equal(np.bincount(plan.noise_item_ids, minlength=4), plan.item_dup_count)
+
+
+@pytest.mark.parametrize("tokens_name", ["a_tokens", "z_tokens"])  # placed before / after the noise rows
+def test_noise_rows_hold_no_other_insertion(tmp_path, tokens_name):
+    f = tmp_path / "t.jsonl"
+    f.write_text("".join(json.dumps([5, 6, 7, 8, 9]) + "\n" for _ in range(10)))
+    tok = InsertionExperimentConf(type=InsertionType.tokens, file=str(f), eos=EosPolicy.none, repetitions=2)
+    plan, _ = plan_of({tokens_name: tok, "g": gaussian_exp(num_items=20, repetitions=[0, 2, 4])})
+    assert plan.num_insertions == 20 and plan.noise_rows.size > 0
+    assert np.intersect1d(plan.affected_rows(), plan.noise_rows).size == 0
+    row = np.zeros(L, np.int64)
+    assert all(plan.apply(int(q), row) == 0 for q in plan.noise_rows)  # the tokens of a noise row stay as they are
+
+
+def test_hook_api_checks_rows_and_leaves_other_rows_alone():
+    spec = NoiseSpec(np.array([3, 10]), np.array([noise_seed(0, "g", 0), noise_seed(0, "g", 1)]), np.array([0.1, 0.2]))
+    emb = torch.nn.Embedding(50, 8)
+    noise = EmbeddingNoise(spec)
+    handle = noise.attach(emb)
+    ids = torch.arange(12).view(3, 4)
+    clean = emb.weight[ids].detach()
+    noise.set_rows(torch.tensor([10, 4, 3]))
+    out = emb(ids).detach()
+    torch.testing.assert_close(out[0] - clean[0], make_noise(spec.seeds[1], 4, 8, 0.2), rtol=0, atol=1e-6)
+    torch.testing.assert_close(out[2] - clean[2], make_noise(spec.seeds[0], 4, 8, 0.1), rtol=0, atol=1e-6)
+    assert torch.equal(out[1], clean[1])
+    noise.set_rows(None)
+    assert torch.equal(emb(ids), emb.weight[ids])
+    noise.set_rows(torch.tensor([3, 4]))
+    with pytest.raises(RuntimeError, match="set_rows got 2 rows"):
+        emb(ids)
+    handle.remove()
+
+
+class _Recorder:
+    """Stands in for ``AutoModelForCausalLM`` in the hf framework: records each forward's clean embedding
+    output (a hook registered before the noise hook) and the first decoder layer's input (after it)."""
+
+    def __init__(self):
+        self.clean, self.layer_in = [], []
+
+    def from_pretrained(self, *args, **kwargs):
+        model = transformers.AutoModelForCausalLM.from_pretrained(*args, **kwargs)
+        model.get_input_embeddings().register_forward_hook(lambda m, a, out: self.clean.append(out.detach().clone()))
+        model.model.layers[0].register_forward_pre_hook(
+            lambda m, a, kw: self.layer_in.append((a[0] if a else kw["hidden_states"]).detach().clone()),
+            with_kwargs=True)
+        return model
+
+
+@pytest.mark.slow
+def test_hf_trainer_adds_exactly_the_planned_noise(tmp_path, monkeypatch, tiny_model_dir):
+    """A real Trainer run (2 steps, micro-batches of 4 rows): rows planned for noise get exactly their pattern
+    added to the input embeddings; every other row enters the model untouched."""
+    cfg = make_config("experiment=tiny", "wandb=disabled", "eval=[gaussian]", "training.num_threads=1",
+                      "insertion=gaussian", "insertion.experiments.gaussian.num_items=4",
+                      "insertion.experiments.gaussian.repetitions=[0,1,2,3]",
+                      "insertion.experiments.gaussian.placement.steps=[1,2]", "training.num_steps=2",
+                      "training.checkpoint_interval=2", run_dir=tmp_path)
+    exp = Experiment(cfg)
+    rec = _Recorder()
+    monkeypatch.setattr(hf, "AutoModelForCausalLM", rec)
+    exp.framework.train(exp.framework.initial_checkpoint(), 2, exp.rows, lambda m, s: None)
+    plan, L_ = exp.plan, cfg.training.sequence_length
+    assert plan.noise_rows.size == 6 and plan.noise_rows.max() < 16
+    clean, noised = torch.cat(rec.clean), torch.cat(rec.layer_in)
+    assert clean.shape[0] == noised.shape[0] == 16  # rows 0..15 in training order
+    seeds = dict(zip(plan.noise_rows.tolist(), plan.item_noise_seed[plan.noise_item_ids].tolist()))
+    for q in range(16):
+        delta = noised[q] - clean[q]
+        if q in seeds:
+            want = make_noise(seeds[q], L_, clean.shape[-1], 0.075)
+            torch.testing.assert_close(delta, want, rtol=0, atol=1e-6)
+        else:
+            assert torch.equal(delta, torch.zeros_like(delta)), q
+
+
+def _noise_plan(dups, rows_of, sigma, seq_len, n_rows):
+    """A one-experiment gaussian plan over ``n_rows`` rows with the given patterns and rows."""
+    n = len(dups)
+    noise_rows = np.concatenate([np.asarray(r, np.int64) for r in rows_of])
+    items = np.concatenate([np.full(len(r), i, np.int32) for i, r in enumerate(rows_of)])
+    order = np.argsort(noise_rows)
+    return Plan(seq_len, 8, (0, n_rows * seq_len), ["g"], np.zeros(n + 1, np.int64), np.empty(0, np.uint16),
+                np.zeros(n, np.int32), np.asarray(dups, np.int32), np.empty(0, np.int64), np.empty(0, np.int32),
+                np.empty(0, np.int32), item_noise_seed=np.array([noise_seed(0, "g", i) for i in range(n)]),
+                noise_rows=noise_rows[order], noise_item_ids=items[order],
+                noise_dup_index=np.zeros(noise_rows.size, np.int32), noise_sigma={"g": sigma})
+
+
+def test_eval_tells_trained_noise_from_fresh_noise(one_torch_thread):
+    """A tiny Llama trained 2 epochs on 64 random rows, 4 patterns added 8 times each: their gradient-noise
+    scores are far below those of the 6 never-trained patterns (CI below 0, small permutation p); the untrained
+    model shows no such difference."""
+    rng = np.random.default_rng(0)
+    seq_len, n_rows = 32, 64
+    data = rng.integers(1, 128, size=(n_rows, seq_len))
+    dups = [8, 8, 8, 8, 0, 0, 0, 0, 0, 0]
+    perm = rng.permutation(n_rows)
+    rows_of = [perm[8 * i:8 * i + 8] if d else [] for i, d in enumerate(dups)]
+    plan = _noise_plan(dups, rows_of, 0.075, seq_len, n_rows)
+    model = tiny_model()
+    untrained = tiny_model()
+    noise = EmbeddingNoise(plan)
+    handle = noise.attach(model.get_input_embeddings())
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    for _ in range(2):
+        for s in range(0, n_rows, 8):
+            batch = torch.from_numpy(data[s:s + 8])
+            noise.set_rows(torch.arange(s, s + 8))
+            loss = model(input_ids=batch, labels=batch).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    handle.remove()
+    assert noise.rows_noised == 2 * 32
+
+    def run(m):
+        ctx = EvalContext(m.eval(), None, plan, np.empty((0, seq_len), np.int64), 16, 8, 200, 0,
+                          row_tokens=lambda q: data[q])
+        return gaussian_eval(GaussianConf(max_rows_per_item=4, permutations=500), ctx)
+
+    res = run(model)
+    g = next(r for r in res.per_dup if r["dup_count"] == 8)
+    assert g["n_items"] == 4 and g["n_rows"] == 16 and g["n_controls"] == 6
+    assert g["effect"] < -1.0 and g["effect_ci_high"] < 0 and g["p_value"] < 0.05, g
+    assert res.metrics["g/dup8/effect"] == g["effect"]
+    assert len(res.rows) == 10
+    null = next(r for r in run(untrained).per_dup if r["dup_count"] == 8)
+    assert null["p_value"] > 0.05 and abs(null["effect"]) < abs(g["effect"]) / 4, null
+
+
+def test_permutation_p_value():
+    a, b = np.array([5.0, 6.0, 7.0, 8.0]), np.array([0.0, 1.0, 0.5, 1.5, -0.5, 0.2])
+    x = np.concatenate([a, b])
+
+    def diff(perm):
+        y = x[perm]
+        return y[:4].mean() - y[4:].mean()
+
+    obs, p = permutation_p_value(diff, x.size, 999, 0)
+    assert obs == pytest.approx(a.mean() - b.mean())
+    assert p < 0.02  # 1 split of 210 is as extreme (two-sided: 2 of 210)
+    assert permutation_p_value(lambda perm: 1.0, 5, 99, 0)[1] == 1.0  # a statistic blind to labels: p = 1
+    with pytest.raises(ValueError):
+        permutation_p_value(diff, x.size, 0, 0)
+
+
+def test_a_framework_without_the_hook_refuses_gaussian_rows(tmp_path, monkeypatch, tiny_model_dir):
+    """A framework that does not apply the noise fails before training instead of silently training without it."""
+    monkeypatch.setattr(hf.HFFramework, "applies_embedding_noise", False)
+    cfg = make_config("experiment=tiny", "wandb=disabled", "eval=[gaussian]", "insertion=gaussian",
+                      run_dir=tmp_path)
+    with pytest.raises(ConfigError, match="framework.name: 'hf' does not apply the gaussian noise"):
+        Experiment(cfg)
