@@ -36,6 +36,7 @@ class EvalContext:
     bootstrap_samples: int
     seed: int
     cache_dir: Optional[str] = None  #: the run's asset cache (None: ``$PRETRAIN_EXP_CACHE`` or ``~/.cache/...``)
+    insertion: Any = None  #: the run's :class:`~pretrain_exp.config.InsertionConf` (seed, experiments), if known
 
 
 @dataclass
@@ -67,7 +68,7 @@ def register(name: str, config: type):
 
 
 def _load_all() -> None:
-    from evals import benchmark, insertion_loss, memorization, mia, perplexity  # noqa: F401  (registration side effect)
+    from evals import benchmark, insertion_loss, knowledge, memorization, mia, perplexity  # noqa: F401  (registration)
 
 
 def register_eval_schemas(cs) -> None:

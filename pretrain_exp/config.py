@@ -29,6 +29,14 @@ class InsertionType(str, Enum):
     texts = "texts"  #: jsonl lines with a text under ``key`` (or a generator), tokenized with the model's tokenizer
     tokens = "tokens"  #: jsonl lines holding a list of token ids (under ``key``, or the line itself)
     benchmark = "benchmark"  #: multiple-choice questions of a benchmark asset as texts (``benchmark``, ``format``)
+    knowledge = "knowledge"  #: generated fictional facts as texts (``num_items`` facts, ``repeat``, ``paraphrases``)
+
+
+class KnowledgeRepeat(str, Enum):
+    """How a ``knowledge`` fact with dup count ``d`` is inserted (see :mod:`pretrain_exp.insertion.knowledge`)."""
+
+    identical = "identical"  #: the same sentence ``d`` times
+    paraphrase = "paraphrase"  #: ``d`` sentences cycling through the fact's ``paraphrases`` training templates
 
 
 class PlacementKind(str, Enum):
@@ -153,6 +161,8 @@ class InsertionExperimentConf:
     placement: PlacementConf = field(default_factory=PlacementConf)
     benchmark: Optional[str] = None  #: ``type=benchmark``: arc_easy, arc_challenge, sciq, piqa, mmlu, mmlu_<subject>
     format: str = "cloze"  #: ``type=benchmark``: ``cloze`` (question + answer text) or ``lettered`` (A/B/C/D)
+    repeat: Optional[KnowledgeRepeat] = None  #: ``type=knowledge``: ``identical`` (default) or ``paraphrase``
+    paraphrases: Optional[int] = None  #: ``type=knowledge``: training templates per fact in use (default: all)
 
 
 @dataclass

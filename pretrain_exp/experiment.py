@@ -177,7 +177,8 @@ class Experiment:
             with ckpt.as_hf_temporary() as hf_dir:
                 model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
                 ctx = EvalContext(model, self.tokenizer, self.plan, self.held_out, ckpt.step, self.cfg.eval.batch_size,
-                                  self.cfg.eval.bootstrap_samples, self.cfg.seed, self.cfg.cache_dir)
+                                  self.cfg.eval.bootstrap_samples, self.cfg.seed, self.cfg.cache_dir,
+                                  insertion=self.cfg.insertion)
                 for name, task in pending.items():
                     t0 = time.perf_counter()
                     res: EvalResult = run_eval(task, ctx)

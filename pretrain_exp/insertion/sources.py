@@ -33,7 +33,7 @@ from pretrain_exp.config import EosPolicy, InsertionExperimentConf, InsertionTyp
 from pretrain_exp.errors import ConfigError, DataError, InsertionError
 
 #: item types whose payload is a text, tokenized with the model's tokenizer
-TEXT_TYPES = (InsertionType.texts, InsertionType.benchmark)
+TEXT_TYPES = (InsertionType.texts, InsertionType.benchmark, InsertionType.knowledge)
 
 
 class Item(NamedTuple):
@@ -135,6 +135,13 @@ def validate_experiment(key: str, exp: InsertionExperimentConf) -> None:
                               "items use random or range placement")
     elif exp.benchmark is not None:
         raise ConfigError(f"{key}.benchmark", f"only for type=benchmark, not {exp.type.value}")
+    elif exp.type == InsertionType.knowledge:
+        from pretrain_exp.insertion.knowledge import validate as validate_knowledge
+
+        validate_knowledge(key, exp)
+    elif exp.repeat is not None or exp.paraphrases is not None:
+        raise ConfigError(f"{key}.{'repeat' if exp.repeat is not None else 'paraphrases'}",
+                          f"only for type=knowledge, not {exp.type.value}")
     elif exp.file is None and exp.generator is None:
         raise ConfigError(f"{key}.file", f"missing: set {key}.file=<items.jsonl> (or {key}.generator=<name>)")
     if exp.file is not None and exp.generator is not None:
@@ -260,8 +267,15 @@ def load_items(name: str, exp: InsertionExperimentConf, *, tokenizer, vocab_size
         range, naming the item.
     """
     key = f"insertion.experiments.{name}"
-    raw = list(_read_raw(name, exp, seed, cache_dir))
-    if exp.num_items is not None:
+    knowledge = None
+    if exp.type == InsertionType.knowledge:  # num_items counts facts; dup counts are per fact
+        from pretrain_exp.insertion.knowledge import knowledge_items
+
+        knowledge = knowledge_items(name, exp, seed)[1]
+        raw = [(it.source, it.text, None) for it in knowledge]
+    else:
+        raw = list(_read_raw(name, exp, seed, cache_dir))
+    if exp.num_items is not None and knowledge is None:
         if exp.file is not None and len(raw) < exp.num_items:
             raise ConfigError(f"{key}.num_items",
                               f"{exp.file} holds {len(raw)} items, fewer than {exp.num_items}")
@@ -280,7 +294,10 @@ def load_items(name: str, exp: InsertionExperimentConf, *, tokenizer, vocab_size
     eos = int(tokenizer.eos_token_id) if tokenizer is not None else None
     rng = experiment_rng(seed, name)
     explicit = exp.placement.kind == PlacementKind.explicit
-    dups = None if explicit else assign_dup_counts(len(raw), exp.repetitions, rng, f"{key}.repetitions")
+    if knowledge is not None:
+        dups = [it.dup_count for it in knowledge]
+    else:
+        dups = None if explicit else assign_dup_counts(len(raw), exp.repetitions, rng, f"{key}.repetitions")
     token_lists: List[np.ndarray] = []
     dup_counts: List[int] = []
     for i, ((src, payload, positions), ids) in enumerate(zip(raw, encoded)):
