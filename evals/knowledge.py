@@ -63,10 +63,11 @@ def knowledge(cfg: KnowledgeConf, ctx: EvalContext) -> EvalResult:
         item_ids, probe, template, prompt, logp_sum, logp_mean, n_target_tokens, greedy_match}``; ``per_dup``:
         one per ``(experiment, dup_count, probe)`` ``{experiment, repeat, dup_count, probe, n_facts, logp_sum,
         logp_mean, greedy_acc, ci_low, ci_high}`` (CI of ``logp_sum``) plus ``greedy_acc_ci_low/high`` and, for
-        ``d > 0`` with controls, ``logp_sum_effect``, ``greedy_acc_effect`` and their ``_ci_low/_ci_high``;
-        ``metrics``: ``{exp}/dup{d}/{probe}/{logp_sum,logp_mean,greedy_acc}`` and
-        ``{exp}/dup{d}/{probe}/{logp_sum,greedy_acc}_effect[_ci_low|_ci_high]``. Bootstraps use
-        ``ctx.bootstrap_samples`` and ``ctx.seed``.
+        ``d > 0`` with controls, ``{v}_effect``, ``{v}_effect_ci_low``, ``{v}_effect_ci_high`` for each
+        ``v`` in ``logp_sum, logp_mean, greedy_acc``; ``metrics``: ``{exp}/dup{d}/{probe}/{v}`` and
+        ``{exp}/dup{d}/{probe}/{v}_effect[_ci_low|_ci_high]``. Bootstraps use ``ctx.bootstrap_samples`` and
+        ``ctx.seed``. ``logp_mean`` (nats per target token) is the less noisy comparison when values differ in
+        length (years vs names).
     :raises ConfigError: if the run has no such experiment, or the plan's items are not the configured facts.
     """
     if ctx.insertion is None:
@@ -136,8 +137,8 @@ def score_experiment(name: str, exp: Any, ctx: EvalContext) -> List[Dict[str, An
             for m, (lp, greedy) in zip(meta, scores)]
 
 
-def summarize(rows: Sequence[Dict[str, Any]], samples: int, seed: int) -> Tuple[List[Dict[str, Any]],
-                                                                                 Dict[str, float]]:
+def summarize(rows: Sequence[Dict[str, Any]], samples: int,
+              seed: int) -> Tuple[List[Dict[str, Any]], Dict[str, float]]:
     """``(per_dup, metrics)`` of per-probe rows (see :func:`knowledge`): probes averaged per fact and kind, then
     facts per ``(experiment, dup_count, probe)`` with bootstrap CIs and effects against the dup-0 facts."""
     per_fact: Dict[Tuple[str, str, int], List[Dict[str, Any]]] = defaultdict(list)
@@ -165,7 +166,7 @@ def summarize(rows: Sequence[Dict[str, Any]], samples: int, seed: int) -> Tuple[
         metrics.update({f"{key}/{v}": row[v] for v in VALUES})
         control = groups.get((exp, 0, kind))
         if dup > 0 and control:
-            for v in ("logp_sum", "greedy_acc"):
+            for v in VALUES:
                 effect, e_low, e_high = bootstrap_diff_ci(np.array(g[v]), np.array(control[v]), samples, seed)
                 row.update({f"{v}_effect": effect, f"{v}_effect_ci_low": e_low, f"{v}_effect_ci_high": e_high})
                 metrics.update({f"{key}/{v}_effect": effect, f"{key}/{v}_effect_ci_low": e_low,

@@ -6,7 +6,8 @@ corpus and no model has seen it), one of :data:`ATTRIBUTES` (birth town, birth y
 mentor; after the bioS attributes of Allen-Zhu & Li 2023, "Physics of Language Models: Part 3.1, Knowledge
 Storage and Extraction", arXiv:2309.14316) and a value (mostly fictional too: towns, companies and people are
 syllable words, years are random). Facts are deterministic in ``(insertion seed, experiment name)``:
-``PCG64([seed, crc32("knowledge:" + name)])``; fact ``f`` has attribute ``ATTRIBUTES[f % 5]``.
+``PCG64([seed, crc32("knowledge:" + name)])`` draws the entities, then the values; each dup count's facts cycle
+through the attributes (:func:`balanced_attributes`), so inserted and control facts have the same attribute mix.
 
 Each attribute has :data:`NUM_TRAINING_TEMPLATES` training templates and :data:`NUM_HELD_OUT_TEMPLATES` held-out
 ones (a declarative paraphrase and a question). A template is ``(prompt, suffix)``; its sentence is
@@ -150,24 +151,38 @@ class KnowledgeItem:
     text: str
 
 
-def generate_facts(num_facts: int, seed: int, name: str) -> List[Fact]:
-    """``num_facts`` facts with distinct entities, deterministic in ``(seed, name)`` (module docstring).
+def generate_facts(num_facts: int, seed: int, name: str, attributes: Sequence[int] | None = None) -> List[Fact]:
+    """``num_facts`` facts with distinct entities, deterministic in ``(seed, name, attributes)``.
 
-    :raises ValueError: if ``num_facts < 1``.
+    The entities are drawn first (so they depend on ``(seed, name)`` only), then each fact's value.
+
+    :param attributes: index into :data:`ATTRIBUTES` per fact (default: ``f % len(ATTRIBUTES)``).
+    :raises ValueError: if ``num_facts < 1`` or ``attributes`` has another length.
     """
     if num_facts < 1:
         raise ValueError(f"num_facts must be >= 1, got {num_facts}")
+    attributes = [f % len(ATTRIBUTES) for f in range(num_facts)] if attributes is None else list(attributes)
+    if len(attributes) != num_facts:
+        raise ValueError(f"{len(attributes)} attributes for {num_facts} facts")
     rng = np.random.Generator(np.random.PCG64([int(seed), zlib.crc32(f"knowledge:{name}".encode())]))
-    entities: set = set()
-    facts: List[Fact] = []
-    while len(facts) < num_facts:
-        entity = f"{_word(rng, 2)} {_word(rng, 3)}"
-        if entity in entities:
-            continue
-        entities.add(entity)
-        attr = ATTRIBUTES[len(facts) % len(ATTRIBUTES)]
-        facts.append(Fact(len(facts), entity, attr.name, attr.value(rng)))
-    return facts
+    entities: Dict[str, None] = {}
+    while len(entities) < num_facts:
+        entities.setdefault(f"{_word(rng, 2)} {_word(rng, 3)}")
+    return [Fact(f, entity, ATTRIBUTES[a].name, ATTRIBUTES[a].value(rng))
+            for f, (entity, a) in enumerate(zip(entities, attributes))]
+
+
+def balanced_attributes(dup_counts: Sequence[int]) -> List[int]:
+    """Attribute index per fact such that every dup count's facts cycle through the attributes: fact ``f``
+    gets ``r % len(ATTRIBUTES)``, ``r`` = its rank among the facts of its dup count (so the attribute mix,
+    and with it the typical target length and difficulty, is the same for inserted and control facts)."""
+    seen: Dict[int, int] = {}
+    out = []
+    for d in dup_counts:
+        r = seen.get(int(d), 0)
+        seen[int(d)] = r + 1
+        out.append(r % len(ATTRIBUTES))
+    return out
 
 
 def repeat_mode(exp) -> KnowledgeRepeat:
@@ -204,8 +219,8 @@ def knowledge_items(name: str, exp, seed: int) -> Tuple[List[Fact], List[Knowled
 
     key = f"insertion.experiments.{name}"
     validate(key, exp)
-    facts = generate_facts(exp.num_items, seed, name)
-    dups = assign_dup_counts(len(facts), exp.repetitions, experiment_rng(seed, name), f"{key}.repetitions")
+    dups = assign_dup_counts(exp.num_items, exp.repetitions, experiment_rng(seed, name), f"{key}.repetitions")
+    facts = generate_facts(exp.num_items, seed, name, balanced_attributes(dups))
     mode, P = repeat_mode(exp), num_paraphrases(exp)
     items = [KnowledgeItem(f.index, j, d, f"knowledge:{seed}:{name}:f{f.index}:t{j}", f.sentence(j))
              for f, fd in zip(facts, dups) for j, d in item_templates(int(fd), mode, P)]
