@@ -73,16 +73,32 @@ def knowledge(cfg: KnowledgeConf, ctx: EvalContext) -> EvalResult:
     if ctx.insertion is None:
         raise ConfigError(KEY, "the knowledge eval needs the run's insertion config (EvalContext.insertion)")
     exps = ctx.insertion.experiments
-    names = list(cfg.experiments) or sorted(n for n, e in exps.items() if e.type == InsertionType.knowledge)
-    if not names:
-        raise ConfigError(KEY, f"no type=knowledge insertion experiment in this run; experiments: {sorted(exps)}")
+    names = check_experiments(KEY, cfg, exps)
     for n in names:
-        if n not in exps or exps[n].type != InsertionType.knowledge or n not in ctx.plan.experiments:
-            raise ConfigError(f"{KEY}.experiments", f"{n!r} is not a type=knowledge insertion experiment of this "
-                              f"run; experiments: {sorted(exps)}")
+        if n not in ctx.plan.experiments:
+            raise ConfigError(f"{KEY}.experiments", f"the plan has no experiment {n!r}; experiments: "
+                              f"{list(ctx.plan.experiments)}")
     rows = [r for n in names for r in score_experiment(n, exps[n], ctx)]
     per_dup, metrics = summarize(rows, ctx.bootstrap_samples, ctx.seed)
     return EvalResult(metrics=metrics, per_dup=per_dup, rows=rows)
+
+
+def check_experiments(key: str, cfg: KnowledgeConf, experiments: Dict[str, Any]) -> List[str]:
+    """The names of the experiments ``cfg`` scores (every ``type: knowledge`` one if ``cfg.experiments`` is
+    empty); called when the run's config is validated, so a mistake fails before training.
+
+    :param key: the eval's dotted key (``eval.tasks.<name>``); :param experiments: ``insertion.experiments``.
+    :raises ConfigError: if a named experiment is missing or not ``type: knowledge``, or there is none.
+    """
+    names = list(cfg.experiments) or sorted(n for n, e in experiments.items() if e.type == InsertionType.knowledge)
+    if not names:
+        raise ConfigError(key, f"no type=knowledge insertion experiment in this run (experiments: "
+                          f"{sorted(experiments)}); add one, e.g. insertion=knowledge")
+    for n in names:
+        if n not in experiments or experiments[n].type != InsertionType.knowledge:
+            raise ConfigError(f"{key}.experiments", f"{n!r} is not a type=knowledge insertion experiment of this "
+                              f"run; experiments: {sorted(experiments)}")
+    return names
 
 
 def _encode(tokenizer: Any, texts: Sequence[str]) -> List[List[int]]:

@@ -288,6 +288,11 @@ class ExperimentConfig:
         for name, exp in self.insertion.experiments.items():
             validate_experiment(f"insertion.experiments.{name}", exp)
         self.eval.tasks = parse_task_configs(self.eval.tasks)
+        from evals.knowledge import check_experiments
+
+        for name, task in self.eval.tasks.items():
+            if task.type == "knowledge":
+                check_experiments(f"eval.tasks.{name}", task, self.insertion.experiments)
         if self.eval.batch_size <= 0:
             raise ConfigError("eval.batch_size", f"must be > 0, got {self.eval.batch_size}")
         return self
