@@ -143,15 +143,17 @@ BAD_CONFIGS = {
                                                    ["insertion.experiments.knowledge.paraphrases", "[1, 4]", "5"]),
     "knowledge: items file given": (["insertion=knowledge", "insertion.experiments.knowledge.file=facts.jsonl"],
                                     ["insertion.experiments.knowledge.file", "generated"]),
-    "knowledge: explicit placement": (["insertion=knowledge", "insertion.experiments.knowledge.placement.kind=explicit"],
+    "knowledge: explicit placement": (["insertion=knowledge",
+                                       "insertion.experiments.knowledge.placement.kind=explicit"],
                                       ["insertion.experiments.knowledge.placement", "explicit"]),
     "repeat mode on a texts experiment": (["insertion.experiments.fictional_bios.repeat=paraphrase"],
                                           ["insertion.experiments.fictional_bios.repeat", "type=knowledge"]),
-    "knowledge eval without a knowledge experiment": (["eval=[knowledge]"],
-                                                      ["eval.tasks.knowledge", "fictional_bios", "insertion=knowledge"]),
-    "knowledge eval naming a texts experiment": (["+insertion@insertion.experiments.k=knowledge", "eval=[knowledge]",
-                                                 "eval.tasks.knowledge.experiments=[fictional_bios]"],
-                                                ["eval.tasks.knowledge.experiments", "'fictional_bios'"]),
+    "knowledge eval without a knowledge experiment": (
+        ["eval=[knowledge]"], ["eval.tasks.knowledge", "fictional_bios", "insertion=knowledge"]),
+    "knowledge eval naming a texts experiment": (
+        ["+insertion@insertion.experiments.k=knowledge", "eval=[knowledge]",
+         "eval.tasks.knowledge.experiments=[fictional_bios]"],
+        ["eval.tasks.knowledge.experiments", "'fictional_bios'"]),
 }
 
 

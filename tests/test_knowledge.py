@@ -65,6 +65,7 @@ def plan_of(experiments, tokenizer, steps=STEPS):
 
 # ------------------------------------------------------------ generator
 
+@pytest.mark.slow  # reads the 5 MB corpus (a few seconds)
 def test_facts_deterministic_distinct_and_fictional():
     facts = generate_facts(200, seed=0, name="facts")
     assert facts == generate_facts(200, seed=0, name="facts")
