@@ -62,7 +62,8 @@ def knowledge(cfg: KnowledgeConf, ctx: EvalContext) -> EvalResult:
     :returns: ``rows``: one per (fact, probe) ``{experiment, repeat, fact, entity, attribute, value, dup_count,
         item_ids, probe, template, prompt, logp_sum, logp_mean, n_target_tokens, greedy_match}``; ``per_dup``:
         one per ``(experiment, dup_count, probe)`` ``{experiment, repeat, dup_count, probe, n_facts, logp_sum,
-        logp_mean, greedy_acc, ci_low, ci_high}`` (CI of ``logp_sum``) plus ``greedy_acc_ci_low/high`` and, for
+        logp_mean, greedy_acc, ci_low, ci_high}`` (CI of ``logp_sum``) plus ``logp_mean_ci_low/high``,
+        ``greedy_acc_ci_low/high`` and, for
         ``d > 0`` with controls, ``{v}_effect``, ``{v}_effect_ci_low``, ``{v}_effect_ci_high`` for each
         ``v`` in ``logp_sum, logp_mean, greedy_acc``; ``metrics``: ``{exp}/dup{d}/{probe}/{v}`` and
         ``{exp}/dup{d}/{probe}/{v}_effect[_ci_low|_ci_high]``. Bootstraps use ``ctx.bootstrap_samples`` and
@@ -173,11 +174,12 @@ def summarize(rows: Sequence[Dict[str, Any]], samples: int,
     for (exp, dup, kind) in sorted(groups, key=lambda g: (g[0], g[1], order[g[2]])):
         g = groups[(exp, dup, kind)]
         logp, low, high = bootstrap_ci(np.array(g["logp_sum"]), samples, seed)
+        mean, mean_low, mean_high = bootstrap_ci(np.array(g["logp_mean"]), samples, seed)
         acc, acc_low, acc_high = bootstrap_ci(np.array(g["greedy_acc"]), samples, seed)
         row = {"experiment": exp, "repeat": repeat[exp], "dup_count": dup, "probe": kind,
-               "n_facts": len(g["logp_sum"]), "logp_sum": logp, "logp_mean": float(np.mean(g["logp_mean"])),
-               "greedy_acc": acc, "ci_low": low, "ci_high": high, "greedy_acc_ci_low": acc_low,
-               "greedy_acc_ci_high": acc_high}
+               "n_facts": len(g["logp_sum"]), "logp_sum": logp, "logp_mean": mean, "greedy_acc": acc,
+               "ci_low": low, "ci_high": high, "logp_mean_ci_low": mean_low, "logp_mean_ci_high": mean_high,
+               "greedy_acc_ci_low": acc_low, "greedy_acc_ci_high": acc_high}
         key = f"{exp}/dup{dup}/{kind}"
         metrics.update({f"{key}/{v}": row[v] for v in VALUES})
         control = groups.get((exp, 0, kind))
