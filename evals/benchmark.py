@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from evals.registry import EvalContext, EvalResult, register
-from evals.stats import bootstrap_ci
+from evals.stats import bootstrap_ci, bootstrap_diff_ci
 from pretrain_exp.errors import ConfigError
 from pretrain_exp.insertion.benchmarks import (
     BenchmarkDoc,
@@ -40,7 +40,6 @@ from pretrain_exp.insertion.benchmarks import (
 KEY = "eval.tasks.benchmark"
 #: lm-eval and datasets never reach a hub for a local jsonl task
 OFFLINE_ENV = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-_CHUNK_ELEMENTS = 1 << 22
 
 
 @dataclass
@@ -176,32 +175,6 @@ def score_multiple_choice(model: Any, tokenizer: Any, questions: Sequence[Tuple[
         raise RuntimeError(f"lm-eval returned {len(samples)} samples for {len(questions)} questions")
     return [{"acc": float(s["acc"]), "acc_norm": float(s["acc_norm"]),
              "loglikelihoods": [float(r[0]) for r in s["filtered_resps"]]} for s in samples]
-
-
-def bootstrap_diff_ci(treated: np.ndarray, control: np.ndarray, samples: int, seed: int,
-                      level: float = 0.95) -> Tuple[float, float, float]:
-    """``mean(treated) - mean(control)`` and its percentile-bootstrap CI, resampling each group independently
-    with replacement (``samples`` resamples, ``PCG64(seed)``; see :func:`evals.stats.bootstrap_ci`).
-
-    :returns: ``(difference, low, high)``; ``nan`` for an empty group; ``(difference, nan, nan)`` if
-        ``samples == 0``.
-    """
-    t = np.asarray(treated, dtype=np.float64).ravel()
-    c = np.asarray(control, dtype=np.float64).ravel()
-    if t.size == 0 or c.size == 0:
-        return float("nan"), float("nan"), float("nan")
-    diff = float(t.mean() - c.mean())
-    if samples == 0:
-        return diff, float("nan"), float("nan")
-    rng = np.random.Generator(np.random.PCG64(seed))
-    chunk = max(1, _CHUNK_ELEMENTS // max(t.size, c.size))
-    diffs = []
-    for s in range(0, samples, chunk):
-        m = min(chunk, samples - s)
-        diffs.append(t[rng.integers(0, t.size, size=(m, t.size))].mean(axis=1)
-                     - c[rng.integers(0, c.size, size=(m, c.size))].mean(axis=1))
-    low, high = np.percentile(np.concatenate(diffs), [50.0 * (1.0 - level), 50.0 * (1.0 + level)])
-    return diff, float(low), float(high)
 
 
 def summarize(rows: Sequence[Dict[str, Any]], exp: str, samples: int,

@@ -37,6 +37,7 @@ class EvalContext:
     seed: int
     cache_dir: Optional[str] = None  #: the run's asset cache (None: ``$PRETRAIN_EXP_CACHE`` or ``~/.cache/...``)
     row_tokens: Optional[Callable[[int], np.ndarray]] = None  #: training-order row q -> its tokens as trained
+    insertion: Any = None  #: the run's :class:`~pretrain_exp.config.InsertionConf` (seed, experiments), if known
 
 
 @dataclass
@@ -68,8 +69,15 @@ def register(name: str, config: type):
 
 
 def _load_all() -> None:
-    from evals import gaussian  # noqa: F401
-    from evals import benchmark, insertion_loss, memorization, mia, perplexity  # noqa: F401  (registration side effect)
+    from evals import (  # noqa: F401  (registration side effect)
+        benchmark,
+        gaussian,
+        insertion_loss,
+        knowledge,
+        memorization,
+        mia,
+        perplexity,
+    )
 
 
 def register_eval_schemas(cs) -> None:

@@ -79,3 +79,46 @@ def greedy_decode(model: Any, prompts: torch.Tensor, steps: int) -> torch.Tensor
                     past_key_values=out.past_key_values, use_cache=True)
         generated.append(out.logits[:, -1].argmax(dim=-1))
     return torch.stack(generated, dim=1).cpu()
+
+
+@torch.no_grad()
+def continuation_scores(model: Any, contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]],
+                        batch_size: int) -> List[tuple]:
+    """Log-probabilities of each continuation after its context, and whether greedy decoding from the context
+    would produce it (teacher forcing, one forward pass per batch).
+
+    ``context + continuation`` is scored like :func:`token_losses` (length-sorted batches, right padding with an
+    ``attention_mask``, float32 log-softmax one row at a time). Greedy decoding from the context starts with the
+    continuation exactly when, at every continuation position, the argmax of the logits given the context and
+    the continuation so far is the next continuation token; so ``greedy`` is that argmax test, with ties
+    broken towards the lowest token id as in :func:`greedy_decode`.
+
+    :param contexts: token ids per pair, each non-empty; :param continuations: token ids per pair, non-empty.
+    :returns: per pair (input order) ``(logprobs, greedy)``: float32 ``(len(continuation),)`` of
+        ``ln p(c_k | context, c_<k)`` in nats, and a bool.
+    :raises ValueError: for an empty context or continuation, or ``batch_size < 1``.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if any(len(c) == 0 for c in contexts) or any(len(c) == 0 for c in continuations):
+        raise ValueError("contexts and continuations must be non-empty")
+    device = model_device(model)
+    seqs = [np.concatenate([np.asarray(a, np.int64), np.asarray(b, np.int64)]) for a, b in zip(contexts, continuations)]
+    out: List[tuple] = [None] * len(seqs)  # type: ignore[list-item]
+    order = sorted(range(len(seqs)), key=lambda i: -seqs[i].size)
+    for b in range(0, len(order), batch_size):
+        idx = order[b:b + batch_size]
+        width = seqs[idx[0]].size
+        ids = torch.zeros((len(idx), width), dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for r, i in enumerate(idx):
+            ids[r, :seqs[i].size] = torch.from_numpy(seqs[i])
+            mask[r, :seqs[i].size] = 1
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+        for r, i in enumerate(idx):
+            n, k = seqs[i].size, len(continuations[i])
+            pred = logits[r, n - k - 1:n - 1].float()  # the logits that predict the continuation tokens
+            target = ids[r, n - k:n].to(pred.device)
+            logp = torch.log_softmax(pred, dim=-1).gather(1, target[:, None])[:, 0]
+            out[i] = (logp.cpu().numpy().astype(np.float32), bool((pred.argmax(dim=-1) == target).all()))
+    return out

@@ -30,6 +30,14 @@ class InsertionType(str, Enum):
     tokens = "tokens"  #: jsonl lines holding a list of token ids (under ``key``, or the line itself)
     benchmark = "benchmark"  #: multiple-choice questions of a benchmark asset as texts (``benchmark``, ``format``)
     gaussian = "gaussian"  #: seeded Gaussian noise on the input embeddings of whole rows (``sigma``; no tokens)
+    knowledge = "knowledge"  #: generated fictional facts as texts (``num_items`` facts, ``repeat``, ``paraphrases``)
+
+
+class KnowledgeRepeat(str, Enum):
+    """How a ``knowledge`` fact with dup count ``d`` is inserted (see :mod:`pretrain_exp.insertion.knowledge`)."""
+
+    identical = "identical"  #: the same sentence ``d`` times
+    paraphrase = "paraphrase"  #: ``d`` sentences cycling through the fact's ``paraphrases`` training templates
 
 
 class PlacementKind(str, Enum):
@@ -157,6 +165,8 @@ class InsertionExperimentConf:
     benchmark: Optional[str] = None  #: ``type=benchmark``: arc_easy, arc_challenge, sciq, piqa, mmlu, mmlu_<subject>
     format: str = "cloze"  #: ``type=benchmark``: ``cloze`` (question + answer text) or ``lettered`` (A/B/C/D)
     sigma: Optional[float] = None  #: ``type=gaussian``: std of the noise per embedding coordinate (> 0)
+    repeat: Optional[KnowledgeRepeat] = None  #: ``type=knowledge``: ``identical`` (default) or ``paraphrase``
+    paraphrases: Optional[int] = None  #: ``type=knowledge``: training templates per fact in use (default: all)
 
 
 @dataclass
@@ -283,6 +293,11 @@ class ExperimentConfig:
         for name, exp in self.insertion.experiments.items():
             validate_experiment(f"insertion.experiments.{name}", exp)
         self.eval.tasks = parse_task_configs(self.eval.tasks)
+        from evals.knowledge import check_experiments
+
+        for name, task in self.eval.tasks.items():
+            if task.type == "knowledge":
+                check_experiments(f"eval.tasks.{name}", task, self.insertion.experiments)
         if self.eval.batch_size <= 0:
             raise ConfigError("eval.batch_size", f"must be > 0, got {self.eval.batch_size}")
         return self

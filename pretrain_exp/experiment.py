@@ -169,7 +169,7 @@ class Experiment:
                 model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
                 ctx = EvalContext(model, self.tokenizer, self.plan, self.held_out, ckpt.step, self.cfg.eval.batch_size,
                                   self.cfg.eval.bootstrap_samples, self.cfg.seed, self.cfg.cache_dir,
-                                  row_tokens=self.rows.row)
+                                  row_tokens=self.rows.row, insertion=self.cfg.insertion)
                 for name, task in pending.items():
                     t0 = time.perf_counter()
                     res: EvalResult = run_eval(task, ctx)

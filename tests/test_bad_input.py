@@ -149,6 +149,24 @@ BAD_CONFIGS = {
                                     ["insertion.experiments.fictional_bios.sigma", "only for type=gaussian"]),
     "gaussian eval without rows": (["eval=[gaussian]", "eval.tasks.gaussian.max_rows_per_item=0"],
                                    ["eval.tasks.gaussian.max_rows_per_item", ">= 1"]),
+    "knowledge: no facts": (["insertion=knowledge", "insertion.experiments.knowledge.num_items=0"],
+                            ["insertion.experiments.knowledge.num_items", "facts", "0"]),
+    "knowledge: more paraphrases than templates": (["insertion=knowledge",
+                                                    "insertion.experiments.knowledge.paraphrases=5"],
+                                                   ["insertion.experiments.knowledge.paraphrases", "[1, 4]", "5"]),
+    "knowledge: items file given": (["insertion=knowledge", "insertion.experiments.knowledge.file=facts.jsonl"],
+                                    ["insertion.experiments.knowledge.file", "generated"]),
+    "knowledge: explicit placement": (["insertion=knowledge",
+                                       "insertion.experiments.knowledge.placement.kind=explicit"],
+                                      ["insertion.experiments.knowledge.placement", "explicit"]),
+    "repeat mode on a texts experiment": (["insertion.experiments.fictional_bios.repeat=paraphrase"],
+                                          ["insertion.experiments.fictional_bios.repeat", "type=knowledge"]),
+    "knowledge eval without a knowledge experiment": (
+        ["eval=[knowledge]"], ["eval.tasks.knowledge", "fictional_bios", "insertion=knowledge"]),
+    "knowledge eval naming a texts experiment": (
+        ["+insertion@insertion.experiments.k=knowledge", "eval=[knowledge]",
+         "eval.tasks.knowledge.experiments=[fictional_bios]"],
+        ["eval.tasks.knowledge.experiments", "'fictional_bios'"]),
 }
 
 
@@ -173,6 +191,9 @@ COMPOSITION_ERRORS = {
     "unknown insertion type": (["insertion.experiments.fictional_bios.type=pictures"],
                                ConfigCompositionException,
                                ["insertion.experiments.fictional_bios.type", "pictures"]),
+    "unknown knowledge repeat mode": (["insertion=knowledge", "insertion.experiments.knowledge.repeat=sometimes"],
+                                      ConfigCompositionException,
+                                      ["insertion.experiments.knowledge.repeat", "sometimes"]),
 }
 
 
@@ -190,6 +211,8 @@ def test_bad_override_rejected_by_hydra(case, tmp_path):
     ({"insertion": {"experiments": {"x": {"type": "pictures"}}}},
      ["insertion.experiments.x.type", "pictures", "texts", "tokens"]),
     ({"training": {"num_steps": "abc"}}, ["training.num_steps", "abc"]),
+    ({"insertion": {"experiments": {"x": {"type": "knowledge", "repeat": "sometimes"}}}},
+     ["insertion.experiments.x.repeat", "sometimes", "identical", "paraphrase"]),
     ({"framework": {"name": "hf"}}, ["model.name", "missing"]),
 ])
 def test_bad_resolved_config(node, needles):

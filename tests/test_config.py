@@ -16,6 +16,7 @@ REQUIRED = {
     ("data", "token_files"): ["data.paths=[/data/part-0.npy]"],
     ("insertion", "texts"): ["insertion.experiments.texts.file=/data/items.jsonl"],
     ("insertion", "tokens"): ["insertion.experiments.tokens.file=/data/items.jsonl"],
+    ("eval", "knowledge"): ["insertion=knowledge"],  # scores type=knowledge experiments; checked at validation
 }
 GROUPS = ["framework", "model", "data", "insertion", "eval", "training", "wandb", "experiment"]
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF_DIR / g).glob("*.yaml"))]
