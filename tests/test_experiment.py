@@ -30,7 +30,7 @@ def test_hydra_help_cfg_and_defaults_tree(tmp_path):
     groups = dict(line.strip().split(": ", 1) for line in out.splitlines() if line.startswith(
         ("insertion: ", "eval: ", "framework: ", "training: ")))
     assert set(groups["insertion"].split(", ")) == {p.stem for p in (ROOT / "conf" / "insertion").glob("*.yaml")}
-    assert "insertion_loss" in groups["eval"] and groups["framework"] == "hf"
+    assert "insertion_loss" in groups["eval"] and groups["framework"] == "hf, olmo2, olmo_core"
     job = cli("--cfg", "job", runs=tmp_path).stdout
     assert "fictional_bios:" in job and "repetitions:" in job
     tree = cli("--info", "defaults-tree", runs=tmp_path).stdout

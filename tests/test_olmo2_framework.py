@@ -5,7 +5,6 @@ tokens of the Shakespeare corpus), and under a 2-process torchrun."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -106,4 +105,6 @@ def test_cli_with_the_tiny_preset_and_two_torchrun_ranks(tmp_path):
 def test_framework_conf_defaults_to_the_tiny_preset(tmp_path):
     cfg = make_config("framework=olmo2", run_dir=tmp_path)
     assert (cfg.model.name, cfg.model.asset, cfg.model.tokenizer) == ("olmo2_tiny", "olmo2_tiny", "dolma2")
-    assert Path(Olmo2Framework.resolve_model(cfg) / "model_and_optim" / ".metadata").is_file()
+    converted = Olmo2Framework.resolve_model(cfg)
+    assert (converted / ".metadata").is_file()
+    assert json.loads((converted / "config.json").read_text())["optimizer_state"]
