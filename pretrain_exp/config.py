@@ -29,6 +29,7 @@ class InsertionType(str, Enum):
     texts = "texts"  #: jsonl lines with a text under ``key`` (or a generator), tokenized with the model's tokenizer
     tokens = "tokens"  #: jsonl lines holding a list of token ids (under ``key``, or the line itself)
     benchmark = "benchmark"  #: multiple-choice questions of a benchmark asset as texts (``benchmark``, ``format``)
+    corpus_chunks = "corpus_chunks"  #: token chunks of never-trained rows of the run's own corpus (i.i.d. control)
 
 
 class PlacementKind(str, Enum):
@@ -153,6 +154,7 @@ class InsertionExperimentConf:
     placement: PlacementConf = field(default_factory=PlacementConf)
     benchmark: Optional[str] = None  #: ``type=benchmark``: arc_easy, arc_challenge, sciq, piqa, mmlu, mmlu_<subject>
     format: str = "cloze"  #: ``type=benchmark``: ``cloze`` (question + answer text) or ``lettered`` (A/B/C/D)
+    chunk_tokens: int = 64  #: ``type=corpus_chunks``: tokens per item (the start of one never-trained row)
 
 
 @dataclass
@@ -162,6 +164,7 @@ class InsertionConf:
     seed: int = II("seed")  # type: ignore[assignment]
     verify: bool = True  #: read every affected row back through the data path after planning
     experiments: Dict[str, InsertionExperimentConf] = field(default_factory=dict)
+    withheld: List[str] = field(default_factory=list)  #: placed like the others but not inserted nor evaluated
 
 
 @dataclass
@@ -212,6 +215,15 @@ class WandbConf:
 
 
 @dataclass
+class CpdtConf:
+    """Continual pretraining dependence testing (``experiment=cpdt_demo``; :mod:`pretrain_exp.cpdt`)."""
+
+    experiments: List[str] = field(default_factory=list)  #: the K tested insertion experiments (empty: off)
+    seeds: List[int] = field(default_factory=list)  #: one together arm and K alone arms per seed
+    permutations: int = 10000  #: sign-flip samples when the 2**len(seeds) exact enumeration is larger
+
+
+@dataclass
 class ExperimentConfig:
     """The whole run (root of the composed config)."""
 
@@ -227,6 +239,7 @@ class ExperimentConfig:
     run_name: str = MISSING
     run_dir: str = MISSING  #: the experiment directory (Hydra's output dir)
     cache_dir: str = MISSING  #: asset and token-file cache
+    cpdt: CpdtConf = field(default_factory=CpdtConf)
 
     def validate(self) -> "ExperimentConfig":
         """Check cross-field rules; return ``self``.
@@ -277,7 +290,15 @@ class ExperimentConfig:
             raise ConfigError("training.lr_scheduler", f"unknown scheduler {t.lr_scheduler!r}; allowed: {allowed}")
         for name, exp in self.insertion.experiments.items():
             validate_experiment(f"insertion.experiments.{name}", exp)
+        for i, name in enumerate(self.insertion.withheld):
+            if name not in self.insertion.experiments:
+                raise ConfigError(f"insertion.withheld[{i}]", f"{name!r} is not an insertion experiment; "
+                                  f"allowed: {sorted(self.insertion.experiments)}")
         self.eval.tasks = parse_task_configs(self.eval.tasks)
+        if self.cpdt.experiments:
+            from pretrain_exp.cpdt import validate_cpdt
+
+            validate_cpdt(self)
         if self.eval.batch_size <= 0:
             raise ConfigError("eval.batch_size", f"must be > 0, got {self.eval.batch_size}")
         return self

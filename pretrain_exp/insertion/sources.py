@@ -135,6 +135,10 @@ def validate_experiment(key: str, exp: InsertionExperimentConf) -> None:
                               "items use random or range placement")
     elif exp.benchmark is not None:
         raise ConfigError(f"{key}.benchmark", f"only for type=benchmark, not {exp.type.value}")
+    elif exp.type == InsertionType.corpus_chunks:
+        from pretrain_exp.insertion.corpus_chunks import validate as validate_chunks
+
+        validate_chunks(key, exp)
     elif exp.file is None and exp.generator is None:
         raise ConfigError(f"{key}.file", f"missing: set {key}.file=<items.jsonl> (or {key}.generator=<name>)")
     if exp.file is not None and exp.generator is not None:
@@ -250,8 +254,11 @@ def apply_eos(tokens: Sequence[int], eos_id: int, policy: EosPolicy, sequence_le
 
 
 def load_items(name: str, exp: InsertionExperimentConf, *, tokenizer, vocab_size: int, sequence_length: int,
-               seed: int, cache_dir: Optional[str] = None) -> ItemSet:
+               seed: int, cache_dir: Optional[str] = None, order=None, held_out_rows: int = 0) -> ItemSet:
     """Items of experiment ``name`` with tokens, EOS policy and dup counts.
+
+    ``order`` (the run's :class:`~pretrain_exp.data.order.DataOrder`) and ``held_out_rows`` are needed by
+    ``corpus_chunks`` items only (:mod:`~pretrain_exp.insertion.corpus_chunks`).
 
     :param tokenizer: HF tokenizer for ``texts`` items (encoded without special tokens).
     :param vocab_size: token ids must be ``< vocab_size``.
@@ -260,7 +267,7 @@ def load_items(name: str, exp: InsertionExperimentConf, *, tokenizer, vocab_size
         range, naming the item.
     """
     key = f"insertion.experiments.{name}"
-    raw = list(_read_raw(name, exp, seed, cache_dir))
+    raw = list(_read_raw(name, exp, seed, cache_dir, order, held_out_rows))
     if exp.num_items is not None:
         if exp.file is not None and len(raw) < exp.num_items:
             raise ConfigError(f"{key}.num_items",
@@ -307,9 +314,15 @@ def load_items(name: str, exp: InsertionExperimentConf, *, tokenizer, vocab_size
         positions=[r[2] for r in raw] if explicit else None)
 
 
-def _read_raw(name: str, exp: InsertionExperimentConf, seed: int, cache_dir: Optional[str]):
+def _read_raw(name: str, exp: InsertionExperimentConf, seed: int, cache_dir: Optional[str], order=None,
+              held_out_rows: int = 0):
     """``(source, payload, positions)`` per item: payload is a text or a token-id list."""
     key = f"insertion.experiments.{name}"
+    if exp.type == InsertionType.corpus_chunks:
+        from pretrain_exp.insertion.corpus_chunks import iter_items as iter_chunks
+
+        yield from iter_chunks(name, exp, order, held_out_rows)
+        return
     if exp.type == InsertionType.benchmark:
         from pretrain_exp.insertion.benchmarks import iter_items
 
