@@ -8,7 +8,8 @@ over items), plus the memorization rows, every eval's metrics by step, and the p
 every job dir under the dir, reads each job's ``results.json``, ``config.resolved.yaml`` and
 ``.hydra/overrides.yaml``, and writes ``report.csv`` / ``report.md`` (one row per job, experiment and dup count,
 with ``effect = mean_loss(dup 0) - mean_loss(dup)``; the failed jobs with the last error line of their logs) and
-``effect_vs_dup.png`` (one line per job).
+``effect_vs_dup.png`` (one line per job). For a CPDT run dir (:mod:`pretrain_exp.cpdt`) the jobs are its arms
+and ``cpdt.json`` / ``cpdt.csv`` / ``cpdt.md`` / ``plots/cpdt.png`` (the interaction table) are rewritten too.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from pretrain_exp.config import ExperimentConfig
+from pretrain_exp.errors import PretrainExpError
 
 
 def write_text(path: Path, text: str) -> None:
@@ -213,7 +215,7 @@ def find_job_dirs(root: Path) -> List[Path]:
     """Every job dir under ``root`` (a dir with ``.hydra/`` or ``config.resolved.yaml``; ``root`` itself if it is
     one), in natural order (``2`` before ``10``). Hidden folders (``.submitit``) and run outputs are skipped."""
     root = Path(root)
-    return [root] if _is_job_dir(root) else _walk(root)[0]
+    return [root] if _is_job_dir(root) and not (root / "arms").is_dir() else _walk(root)[0]
 
 
 def _read_yaml(path: Path):
@@ -509,6 +511,12 @@ def write_report(root: Path, out_dir: Optional[Path] = None) -> dict:
     title = f"{root.name}: mean insertion loss by dup count (95% CI)"
     write_text(paths["md"], report_markdown(title, rows, columns, failed))
     plot_effect_vs_dup(rows, {j.name: job_label(j, keys) for j in done}, paths["png"], title)
+    if (root / "arms").is_dir() and (root / "config.resolved.yaml").is_file():  # a CPDT run: its interactions
+        from pretrain_exp.cpdt import print_cpdt, write_cpdt_report
+
+        table = write_cpdt_report(root, out_dir=out_dir)
+        print_cpdt(table)
+        paths |= {f"cpdt_{k}": Path(v) for k, v in table["paths"].items()}
     return {"jobs": jobs, "keys": keys, "rows": rows, "columns": columns, "failed": failed, "paths": paths}
 
 
@@ -567,7 +575,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         rep = write_report(args.dir, args.out)
-    except (FileNotFoundError, LookupError) as e:
+    except (FileNotFoundError, LookupError, PretrainExpError) as e:  # e.g. an unfinished CPDT arm
         print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
     _print_report(rep)
