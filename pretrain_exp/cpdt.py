@@ -280,7 +280,8 @@ def table_markdown(table: dict) -> str:
            f"Effects at step {table['step']} (95% bootstrap CIs over items, {table['bootstrap_samples']} resamples); "
            "interaction = effect together - effect alone, paired by item; p: two-sided sign-flip test of the "
            f"per-seed interactions over seeds {table['seeds']}.", "",
-           "| experiment | dup | seed | items (dup/0) | effect together | effect alone | interaction | p | CI covers 0 |",
+           "| experiment | dup | seed | items (dup/0) | effect together | effect alone | interaction | p "
+           "| CI covers 0 |",
            "|---|--:|--:|--:|--:|--:|--:|--:|---|"]
     for r in table["rows"]:
         ci = {k: f"{_fmt(r[k])} [{_fmt(r[k + '_ci_low'])}, {_fmt(r[k + '_ci_high'])}]"

@@ -109,6 +109,7 @@ def test_valid_config_composes(tmp_path):
     assert not (tmp_path / "run").exists()  # validation writes nothing
 
 
+IID = "insertion=[fictional_bios,iid_control]"  #: the default experiment plus the i.i.d. control
 BAD_CONFIGS = {
     "negative repetitions": (["insertion.experiments.fictional_bios.repetitions=-1"],
                              ["insertion.experiments.fictional_bios.repetitions", "-1"]),
@@ -147,11 +148,11 @@ BAD_CONFIGS = {
     "cpdt experiment without its eval": (["experiment=cpdt_tiny", "eval=[perplexity]"],
                                          ["eval.tasks", "insertion_loss", "fictional_bios"]),
     "withheld experiment unknown": (["insertion.withheld=[bios]"], ["insertion.withheld[0]", "'bios'"]),
-    "corpus_chunks with a generator": (["insertion=[fictional_bios,iid_control]", "insertion.experiments.iid_control.generator="
-                                        "fictional_bios"], ["insertion.experiments.iid_control", "neither file"]),
-    "corpus_chunks without num_items": (["insertion=[fictional_bios,iid_control]", "insertion.experiments.iid_control.num_items=null"],
+    "corpus_chunks with a generator": ([IID, "insertion.experiments.iid_control.generator=fictional_bios"],
+                                       ["insertion.experiments.iid_control", "neither file"]),
+    "corpus_chunks without num_items": ([IID, "insertion.experiments.iid_control.num_items=null"],
                                         ["insertion.experiments.iid_control.num_items", "corpus_chunks"]),
-    "corpus_chunks chunk_tokens 0": (["insertion=[fictional_bios,iid_control]", "insertion.experiments.iid_control.chunk_tokens=0"],
+    "corpus_chunks chunk_tokens 0": ([IID, "insertion.experiments.iid_control.chunk_tokens=0"],
                                      ["insertion.experiments.iid_control.chunk_tokens", "0"]),
 }
 
