@@ -95,7 +95,7 @@ def validate_cpdt(cfg: ExperimentConfig) -> None:
 
     :raises ConfigError: for an experiment that is not an insertion experiment, fewer than 2 experiments or
         seeds, repeated names or seeds, an experiment without dup-0 controls and inserted items, no eval of its
-        effect, or ``insertion.withheld`` set by hand.
+        effect, ``insertion.withheld`` set by hand, or ``training.cleanup=all``.
     """
     c = cfg.cpdt
     for i, name in enumerate(c.experiments):
@@ -114,6 +114,9 @@ def validate_cpdt(cfg: ExperimentConfig) -> None:
         raise ConfigError("cpdt.permutations", f"must be >= 1, got {c.permutations}")
     if cfg.insertion.withheld:
         raise ConfigError("insertion.withheld", "set by the CPDT arms themselves; leave it empty with cpdt.*")
+    if cfg.training.cleanup.value == "all":
+        raise ConfigError("training.cleanup", "'all' deletes the arms' run dirs, which the CPDT table is read from; "
+                          "use none or bulky")
     for name in c.experiments:
         reps = cfg.insertion.experiments[name].repetitions
         reps = list(reps) if not isinstance(reps, (int, float)) else [reps]

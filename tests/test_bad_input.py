@@ -147,6 +147,7 @@ BAD_CONFIGS = {
                                          ["insertion.experiments.fictional_bios.repetitions", "dup-0 controls"]),
     "cpdt experiment without its eval": (["experiment=cpdt_tiny", "eval=[perplexity]"],
                                          ["eval.tasks", "insertion_loss", "fictional_bios"]),
+    "cpdt with cleanup all": (["experiment=cpdt_tiny", "training.cleanup=all"], ["training.cleanup", "arms"]),
     "withheld experiment unknown": (["insertion.withheld=[bios]"], ["insertion.withheld[0]", "'bios'"]),
     "corpus_chunks with a generator": ([IID, "insertion.experiments.iid_control.generator=fictional_bios"],
                                        ["insertion.experiments.iid_control", "neither file"]),
