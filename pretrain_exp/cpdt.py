@@ -28,8 +28,9 @@ Statistics (:mod:`evals.stats`). Per seed, the interaction ``I = Y_together - Y_
 D - mean_0 D)`` for the per-item paired differences ``D(j) = v_together(j) - v_alone(j)`` of the same items; its
 95% CI is the stratified percentile bootstrap over items of that contrast (items resampled within their dup
 group, each item's two arms together). Pooled over seeds: the mean of the per-seed interactions, its CI from the
-mean of the per-seed bootstrap replicates, and a two-sided sign-flip permutation test of the per-seed
-interactions (exact over all ``2**n`` sign vectors; with ``n`` seeds the smallest possible p-value is
+mean of the per-seed bootstrap replicates (so it covers the sampling of items, not seed-to-seed variation),
+and a two-sided sign-flip permutation test of the per-seed interactions, which does treat the seeds as the
+replicates (exact over all ``2**n`` sign vectors; with ``n`` seeds the smallest possible p-value is
 ``2 / 2**n``). ``Y_together`` and ``Y_alone`` get the same bootstrap CIs.
 
 Outputs in the run dir: ``cpdt.json``, ``cpdt.csv``, ``cpdt.md``, ``plots/cpdt.png``, the same table and figure in
