@@ -376,7 +376,7 @@ def _log_wandb(cfg: ExperimentConfig, table: dict, run_dir: Path) -> None:
         if tracker.wandb_dir is not None:
             import wandb
 
-            tracker.run.log({"cpdt/table": wandb.Table(columns=list(COLUMNS),
+            tracker.run.log({"cpdt/table": wandb.Table(columns=list(COLUMNS), allow_mixed_types=True,
                                                        data=[[r.get(c) for c in COLUMNS] for r in table["rows"]]),
                              "plots/cpdt": wandb.Image(str(run_dir / "plots" / "cpdt.png"))})
 
