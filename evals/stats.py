@@ -1,5 +1,6 @@
 """Statistics shared by the evals: bootstrap confidence intervals, per-(experiment, dup count) summaries,
-permutation tests."""
+permutation tests, and the stratified contrast bootstrap and sign-flip permutation test of CPDT
+(:mod:`pretrain_exp.cpdt`)."""
 
 from __future__ import annotations
 
@@ -99,7 +100,7 @@ def permutation_p_value(statistic: Callable[[np.ndarray], float], n: int, permut
 def bootstrap_diff_ci(treated: np.ndarray, control: np.ndarray, samples: int, seed: int,
                       level: float = 0.95) -> Tuple[float, float, float]:
     """``mean(treated) - mean(control)`` and its percentile-bootstrap CI, resampling each group independently
-    with replacement (``samples`` resamples, ``PCG64(seed)``; see :func:`bootstrap_ci`).
+    with replacement (``samples`` resamples, ``PCG64(seed)``; :func:`contrast_replicates`).
 
     :returns: ``(difference, low, high)``; ``nan`` for an empty group; ``(difference, nan, nan)`` if
         ``samples == 0``.
@@ -108,15 +109,84 @@ def bootstrap_diff_ci(treated: np.ndarray, control: np.ndarray, samples: int, se
     c = np.asarray(control, dtype=np.float64).ravel()
     if t.size == 0 or c.size == 0:
         return float("nan"), float("nan"), float("nan")
-    diff = float(t.mean() - c.mean())
     if samples == 0:
-        return diff, float("nan"), float("nan")
+        return float(t.mean() - c.mean()), float("nan"), float("nan")
+    diff, replicates = contrast_replicates(t, c, samples, np.random.Generator(np.random.PCG64(seed)))
+    return (diff, *percentile_interval(replicates, level))
+
+
+def resampled_means(values: np.ndarray, samples: int, rng: np.random.Generator) -> np.ndarray:
+    """Means of ``samples`` bootstrap resamples of ``values`` (each ``n`` draws with replacement, Efron &
+    Tibshirani 1993): ``float64`` array of shape ``(samples,)``; drawn in chunks of at most ``2**22`` indices.
+
+    :param values: shape ``(n,)``, ``n >= 1``, any real dtype.
+    """
+    v = np.asarray(values, dtype=np.float64).ravel()
+    chunk = max(1, _CHUNK_ELEMENTS // v.size)
+    return np.concatenate([v[rng.integers(0, v.size, size=(min(chunk, samples - s), v.size))].mean(axis=1)
+                           for s in range(0, samples, chunk)]) if samples else np.empty(0)
+
+
+def contrast_replicates(treated: np.ndarray, control: np.ndarray, samples: int,
+                        rng: np.random.Generator) -> Tuple[float, np.ndarray]:
+    """``mean(treated) - mean(control)`` and ``samples`` bootstrap replicates of it, resampling each group
+    independently with replacement (the stratified bootstrap of a two-sample difference of means, Efron &
+    Tibshirani 1993, ch. 8).
+
+    Used paired across arms by the CPDT interaction (:mod:`pretrain_exp.cpdt`): there ``treated`` and ``control``
+    hold per-item differences ``v_together(i) - v_alone(i)`` of the same items, so an item's two measurements stay
+    together in every resample.
+
+    :param treated: shape ``(n_t,)``, ``n_t >= 1``; ``control``: shape ``(n_c,)``, ``n_c >= 1``.
+    :returns: ``(difference, replicates)`` with ``replicates`` of shape ``(samples,)``, ``float64``.
+    :raises ValueError: for an empty group.
+    """
+    t = np.asarray(treated, dtype=np.float64).ravel()
+    c = np.asarray(control, dtype=np.float64).ravel()
+    if t.size == 0 or c.size == 0:
+        raise ValueError(f"a contrast needs items in both groups, got {t.size} and {c.size}")
+    return float(t.mean() - c.mean()), resampled_means(t, samples, rng) - resampled_means(c, samples, rng)
+
+
+def percentile_interval(replicates: np.ndarray, level: float = 0.95) -> Tuple[float, float]:
+    """The ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of bootstrap ``replicates`` (percentile
+    interval); ``(nan, nan)`` for no replicates."""
+    r = np.asarray(replicates, dtype=np.float64)
+    if r.size == 0:
+        return float("nan"), float("nan")
+    low, high = np.percentile(r, [50.0 * (1.0 - level), 50.0 * (1.0 + level)])
+    return float(low), float(high)
+
+
+def sign_flip_pvalue(values: np.ndarray, samples: int = 10000, seed: int = 0,
+                     max_exact: int = 16) -> float:
+    """Two-sided sign-flip permutation test of ``H0: the values are symmetric about 0`` (e.g. per-seed
+    interactions, one per independent seed; Good 2005, *Permutation, Parametric and Bootstrap Tests of
+    Hypotheses*, sec. 3.1.2 "one-sample test").
+
+    Statistic ``T(x) = |mean(x)|``. With ``n <= max_exact`` values, every one of the ``2**n`` sign vectors
+    ``e`` is enumerated and ``p = #{e : T(e * x) >= T(x)} / 2**n`` (exact; the identity counts, so
+    ``p >= 2 / 2**n`` for ``x != 0``: 2 seeds can never give ``p < 0.5``). Otherwise ``samples`` random sign
+    vectors (``PCG64(seed)``) give ``p = (1 + #{T(e * x) >= T(x)}) / (1 + samples)`` (Phipson & Smyth 2010).
+    Ties are counted with a relative tolerance of ``1e-12``.
+
+    :param values: shape ``(n,)``, ``n >= 1``, finite.
+    :returns: the p-value in ``(0, 1]``.
+    :raises ValueError: for no values or a non-finite one.
+    """
+    x = np.asarray(values, dtype=np.float64).ravel()
+    if x.size == 0 or not np.all(np.isfinite(x)):
+        raise ValueError(f"a sign-flip test needs >= 1 finite value, got {x.tolist()}")
+    t_obs = abs(x.mean())
+    tol = 1e-12 * max(1.0, float(np.abs(x).max()))
+    n = x.size
+    if n <= max_exact:
+        signs = 1 - 2 * ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1)
+        return float(np.mean(np.abs(signs @ x) / n >= t_obs - tol))
     rng = np.random.Generator(np.random.PCG64(seed))
-    chunk = max(1, _CHUNK_ELEMENTS // max(t.size, c.size))
-    diffs = []
-    for s in range(0, samples, chunk):
-        m = min(chunk, samples - s)
-        diffs.append(t[rng.integers(0, t.size, size=(m, t.size))].mean(axis=1)
-                     - c[rng.integers(0, c.size, size=(m, c.size))].mean(axis=1))
-    low, high = np.percentile(np.concatenate(diffs), [50.0 * (1.0 - level), 50.0 * (1.0 + level)])
-    return diff, float(low), float(high)
+    hits = 0
+    for s in range(0, samples, max(1, _CHUNK_ELEMENTS // n)):
+        m = min(max(1, _CHUNK_ELEMENTS // n), samples - s)
+        signs = rng.integers(0, 2, size=(m, n)) * 2 - 1
+        hits += int(np.sum(np.abs(signs @ x) / n >= t_obs - tol))
+    return (1 + hits) / (1 + samples)

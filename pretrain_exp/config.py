@@ -38,6 +38,7 @@ class KnowledgeRepeat(str, Enum):
 
     identical = "identical"  #: the same sentence ``d`` times
     paraphrase = "paraphrase"  #: ``d`` sentences cycling through the fact's ``paraphrases`` training templates
+    corpus_chunks = "corpus_chunks"  #: token chunks of never-trained rows of the run's own corpus (i.i.d. control)
 
 
 class PlacementKind(str, Enum):
@@ -167,6 +168,7 @@ class InsertionExperimentConf:
     sigma: Optional[float] = None  #: ``type=gaussian``: std of the noise per embedding coordinate (> 0)
     repeat: Optional[KnowledgeRepeat] = None  #: ``type=knowledge``: ``identical`` (default) or ``paraphrase``
     paraphrases: Optional[int] = None  #: ``type=knowledge``: training templates per fact in use (default: all)
+    chunk_tokens: int = 64  #: ``type=corpus_chunks``: tokens per item (the start of one never-trained row)
 
 
 @dataclass
@@ -176,6 +178,7 @@ class InsertionConf:
     seed: int = II("seed")  # type: ignore[assignment]
     verify: bool = True  #: read every affected row back through the data path after planning
     experiments: Dict[str, InsertionExperimentConf] = field(default_factory=dict)
+    withheld: List[str] = field(default_factory=list)  #: placed like the others but not inserted nor evaluated
 
 
 @dataclass
@@ -227,6 +230,15 @@ class WandbConf:
 
 
 @dataclass
+class CpdtConf:
+    """Continual pretraining dependence testing (``experiment=cpdt_demo``; :mod:`pretrain_exp.cpdt`)."""
+
+    experiments: List[str] = field(default_factory=list)  #: the K tested insertion experiments (empty: off)
+    seeds: List[int] = field(default_factory=list)  #: one together arm and K alone arms per seed
+    permutations: int = 10000  #: sign-flip samples when the 2**len(seeds) exact enumeration is larger
+
+
+@dataclass
 class ExperimentConfig:
     """The whole run (root of the composed config)."""
 
@@ -242,6 +254,7 @@ class ExperimentConfig:
     run_name: str = MISSING
     run_dir: str = MISSING  #: the experiment directory (Hydra's output dir)
     cache_dir: str = MISSING  #: asset and token-file cache
+    cpdt: CpdtConf = field(default_factory=CpdtConf)
 
     def validate(self) -> "ExperimentConfig":
         """Check cross-field rules; return ``self``.
@@ -292,12 +305,20 @@ class ExperimentConfig:
             raise ConfigError("training.lr_scheduler", f"unknown scheduler {t.lr_scheduler!r}; allowed: {allowed}")
         for name, exp in self.insertion.experiments.items():
             validate_experiment(f"insertion.experiments.{name}", exp)
+        for i, name in enumerate(self.insertion.withheld):
+            if name not in self.insertion.experiments:
+                raise ConfigError(f"insertion.withheld[{i}]", f"{name!r} is not an insertion experiment; "
+                                  f"allowed: {sorted(self.insertion.experiments)}")
         self.eval.tasks = parse_task_configs(self.eval.tasks)
         from evals.knowledge import check_experiments
 
         for name, task in self.eval.tasks.items():
             if task.type == "knowledge":
                 check_experiments(f"eval.tasks.{name}", task, self.insertion.experiments)
+        if self.cpdt.experiments:
+            from pretrain_exp.cpdt import validate_cpdt
+
+            validate_cpdt(self)
         if self.eval.batch_size <= 0:
             raise ConfigError("eval.batch_size", f"must be > 0, got {self.eval.batch_size}")
         return self

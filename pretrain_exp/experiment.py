@@ -112,21 +112,28 @@ class Experiment:
                               f"{sorted(self.plan.noise_sigma)}")
 
     def _check_held_out(self) -> None:
-        n = self.cfg.data.held_out_rows
+        from pretrain_exp.insertion.corpus_chunks import reserved_rows
+
+        n = self.cfg.data.held_out_rows + reserved_rows(self.cfg.insertion.experiments)
         first_row, end_row = self.window[0] // self.L, self.window[1] // self.L
         ho = self.order.held_out_rows(n)
         if n and first_row < self.order.rows_per_epoch and end_row > ho[0]:
             raise ConfigError("data.held_out_rows", f"the run trains rows [{first_row}, {end_row}), which reach "
-                              f"the {n} held-out rows [{ho[0]}, {self.order.rows_per_epoch}) of the first epoch; "
-                              "lower data.held_out_rows or train fewer steps")
+                              f"the {n} held-out rows [{ho[0]}, {self.order.rows_per_epoch}) of the first epoch "
+                              "(perplexity rows and corpus_chunks items); lower data.held_out_rows or the "
+                              "corpus_chunks num_items, or train fewer steps")
 
     def _plan(self) -> Plan:
         cfg = self.cfg
         items = {name: load_items(name, exp, tokenizer=self.tokenizer, vocab_size=self.vocab_size,
-                                  sequence_length=self.L, seed=cfg.insertion.seed, cache_dir=cfg.cache_dir)
+                                  sequence_length=self.L, seed=cfg.insertion.seed, cache_dir=cfg.cache_dir,
+                                  order=self.order, held_out_rows=cfg.data.held_out_rows)
                  for name, exp in cfg.insertion.experiments.items()}
         plan = build_plan(items, cfg.insertion.experiments, self.window, self.L, self.B,
                           cfg.insertion.seed, self.vocab_size)
+        if cfg.insertion.withheld:  # placed with the others (same positions), then left out
+            plan = plan.without(cfg.insertion.withheld)
+            items = {name: s for name, s in items.items() if name not in cfg.insertion.withheld}
         path = self.run_dir / "plan.npz"
         if path.is_file():
             if Plan.load(path).digest() != plan.digest():

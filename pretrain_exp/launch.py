@@ -84,6 +84,11 @@ def launch(cfg: ExperimentConfig) -> dict | None:
     from pretrain_exp.experiment import Experiment, check_same_run, run, save_resolved_config
 
     check_allocation(cfg)
+    if cfg.cpdt.experiments:  # dependence testing: one ordinary launch per arm, then the interaction table
+        from pretrain_exp.cpdt import run_cpdt
+
+        run_cpdt(cfg)
+        return None
     if cfg.training.nproc_per_node == 1:
         return run(cfg)
     run_dir = Path(cfg.run_dir).resolve()

@@ -8,7 +8,11 @@ over items), plus the memorization rows, every eval's metrics by step, and the p
 every job dir under the dir, reads each job's ``results.json``, ``config.resolved.yaml`` and
 ``.hydra/overrides.yaml``, and writes ``report.csv`` / ``report.md`` (one row per job, experiment and dup count,
 with ``effect = mean_loss(dup 0) - mean_loss(dup)``; the failed jobs with the last error line of their logs) and
-``effect_vs_dup.png`` (one line per job).
+``effect_vs_dup.png`` (one line per job); with a ``benchmark`` eval also ``benchmark.csv`` / ``benchmark.png``
+(acc clean vs contaminated, the contamination effect with its CI), and for jobs evaluated at several steps the
+forgetting curves ``forgetting/<job>.png`` (insertion loss by step). For a CPDT run dir
+(:mod:`pretrain_exp.cpdt`) the jobs are its arms, and its interaction table ``cpdt.json`` / ``cpdt.csv`` /
+``cpdt.md`` / ``plots/cpdt.png`` is rewritten too.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from pretrain_exp.config import ExperimentConfig
+from pretrain_exp.errors import PretrainExpError
 
 
 def write_text(path: Path, text: str) -> None:
@@ -213,7 +218,7 @@ def find_job_dirs(root: Path) -> List[Path]:
     """Every job dir under ``root`` (a dir with ``.hydra/`` or ``config.resolved.yaml``; ``root`` itself if it is
     one), in natural order (``2`` before ``10``). Hidden folders (``.submitit``) and run outputs are skipped."""
     root = Path(root)
-    return [root] if _is_job_dir(root) else _walk(root)[0]
+    return [root] if _is_job_dir(root) and not (root / "arms").is_dir() else _walk(root)[0]
 
 
 def _read_yaml(path: Path):
@@ -295,6 +300,66 @@ def report_rows(jobs: Sequence[Job], keys: Sequence[str]) -> List[dict]:
                    "effect": None if dup0 is None or loss is None else dup0 - loss}
             rows.append(row)
     return rows
+
+
+_BENCH_EFFECT = re.compile(r"^(?P<exp>.+)/contamination_effect_acc$")
+_BENCH_ACC = re.compile(r"^(?P<exp>.+)/dup(?P<dup>\d+)/acc$")
+#: the columns of ``benchmark.csv``
+BENCHMARK_COLUMNS = ("job", "seed", "step", "experiment", "acc_clean", "acc_contaminated", "effect", "ci_low",
+                     "ci_high")
+
+
+def benchmark_rows(jobs: Sequence[Job]) -> List[dict]:
+    """One row per (job, benchmark experiment) of the jobs with a ``benchmark`` eval at their last step
+    (:data:`BENCHMARK_COLUMNS`): acc of the clean (dup 0) items, of the contaminated ones (dup > 0, the items'
+    mean over the dup groups weighted equally) and the contamination effect acc(dup > 0) - acc(dup 0) with its
+    bootstrap 95% CI (from :mod:`evals.benchmark`)."""
+    rows = []
+    for j in jobs:
+        for task, m in ((j.results or {}).get("metrics") or {}).items():
+            accs: Dict[str, Dict[int, float]] = {}
+            for key, v in m.items():
+                a = _BENCH_ACC.match(key)
+                if a and v is not None:
+                    accs.setdefault(a["exp"], {})[int(a["dup"])] = v
+            for key, v in m.items():
+                e = _BENCH_EFFECT.match(key)
+                if not e:
+                    continue
+                by_dup = accs.get(e["exp"], {})
+                hot = [a for d, a in by_dup.items() if d > 0]
+                rows.append({"job": j.name, "seed": j.results.get("seed"), "step": j.results.get("step"),
+                             "experiment": e["exp"], "acc_clean": by_dup.get(0),
+                             "acc_contaminated": sum(hot) / len(hot) if hot else None, "effect": v,
+                             "ci_low": m.get(f"{e['exp']}/contamination_effect_acc_ci_low"),
+                             "ci_high": m.get(f"{e['exp']}/contamination_effect_acc_ci_high")})
+    return rows
+
+
+def plot_benchmark(rows: Sequence[dict], labels: Dict[str, str], path: Path, title: str) -> None:
+    """PNG of benchmark acc, clean (dup 0) vs contaminated (dup > 0), one pair of bars per job and experiment,
+    with the contamination effect and its 95% CI written above; written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.2 * len(rows) + 2), 3.8))
+    x = list(range(len(rows)))
+    ax.bar([i - 0.2 for i in x], [r["acc_clean"] or 0 for r in rows], width=0.4, label="clean (dup 0)")
+    ax.bar([i + 0.2 for i in x], [r["acc_contaminated"] or 0 for r in rows], width=0.4, label="contaminated")
+    for i, r in enumerate(rows):
+        top = max(r["acc_clean"] or 0, r["acc_contaminated"] or 0)
+        ax.annotate(f"{_fmt(r['effect'], '+.3f')} [{_fmt(r['ci_low'], '+.3f')}, {_fmt(r['ci_high'], '+.3f')}]",
+                    (i, top), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
+    ax.set_xticks(x, [f"{labels.get(r['job'], r['job'])}\n{r['experiment']}" for r in rows], fontsize=7)
+    ax.set_ylabel("acc")
+    ax.set_ylim(0, 1.1)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    _save_png(fig, path)
+    plt.close(fig)
 
 
 def last_error_line(text: str) -> Tuple[int, str]:
@@ -420,12 +485,18 @@ def _md_cell(v) -> str:
     return _fmt(v).replace("|", "\\|")
 
 
-def report_markdown(title: str, rows: Sequence[dict], columns: Sequence[str], failed: Sequence[dict]) -> str:
-    """``report.md``: the results table and the failed jobs with their reasons."""
+def report_markdown(title: str, rows: Sequence[dict], columns: Sequence[str], failed: Sequence[dict],
+                    bench: Sequence[dict] = ()) -> str:
+    """``report.md``: the results table, the benchmark contamination table (if any) and the failed jobs with
+    their reasons."""
     out = [f"# {title}", "", f"{len({r['job'] for r in rows})} job(s) with results, {len(failed)} failed.", ""]
     right = {"seed", "checkpoint_step", "step", "dup_count", "n_items", "mean_loss", "ci_low", "ci_high", "effect"}
     out += ["| " + " | ".join(columns) + " |", "|" + "|".join("--:" if c in right else "---" for c in columns) + "|"]
     out += ["| " + " | ".join(_md_cell(r.get(c)) for c in columns) + " |" for r in rows]
+    if bench:
+        out += ["", "## Benchmark contamination", "", "| " + " | ".join(BENCHMARK_COLUMNS) + " |",
+                "|---|--:|--:|---|" + "--:|" * (len(BENCHMARK_COLUMNS) - 4)]
+        out += ["| " + " | ".join(_md_cell(r.get(c)) for c in BENCHMARK_COLUMNS) + " |" for r in bench]
     if failed:
         out += ["", "## Failed", "", "| job | overrides | reason |", "|---|---|---|"]
         out += [f"| {_md_cell(f['job'])} | {_md_cell(f['overrides'])} | {_md_cell(f['reason'])} |" for f in failed]
@@ -507,8 +578,30 @@ def write_report(root: Path, out_dir: Optional[Path] = None) -> dict:
     paths = {"csv": out_dir / "report.csv", "md": out_dir / "report.md", "png": out_dir / "effect_vs_dup.png"}
     write_text(paths["csv"], buf.getvalue())
     title = f"{root.name}: mean insertion loss by dup count (95% CI)"
-    write_text(paths["md"], report_markdown(title, rows, columns, failed))
-    plot_effect_vs_dup(rows, {j.name: job_label(j, keys) for j in done}, paths["png"], title)
+    write_text(paths["md"], report_markdown(title, rows, columns, failed, benchmark_rows(done)))
+    labels = {j.name: job_label(j, keys) for j in done}
+    plot_effect_vs_dup(rows, labels, paths["png"], title)
+    bench = benchmark_rows(done)
+    if bench:
+        paths |= {"benchmark_csv": out_dir / "benchmark.csv", "benchmark_png": out_dir / "benchmark.png"}
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=BENCHMARK_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({c: ("" if r.get(c) is None else r.get(c)) for c in BENCHMARK_COLUMNS} for r in bench)
+        write_text(paths["benchmark_csv"], buf.getvalue())
+        plot_benchmark(bench, labels, paths["benchmark_png"], f"{root.name}: benchmark acc, clean vs contaminated "
+                       "(contamination effect, 95% CI)")
+    for j in done:  # forgetting curves: insertion loss by step, one figure per job
+        if len(j.results.get("by_step", {})) > 1:
+            name = re.sub(r"[^\w.-]+", "_", j.name)
+            paths[f"forgetting_{name}"] = out_dir / "forgetting" / f"{name}.png"
+            plot_loss_vs_step(j.results, paths[f"forgetting_{name}"])
+    if (root / "arms").is_dir() and (root / "config.resolved.yaml").is_file():  # a CPDT run: its interactions
+        from pretrain_exp.cpdt import print_cpdt, write_cpdt_report
+
+        table = write_cpdt_report(root, out_dir=out_dir)
+        print_cpdt(table)
+        paths |= {f"cpdt_{k}": Path(v) for k, v in table["paths"].items()}
     return {"jobs": jobs, "keys": keys, "rows": rows, "columns": columns, "failed": failed, "paths": paths}
 
 
@@ -567,7 +660,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         rep = write_report(args.dir, args.out)
-    except (FileNotFoundError, LookupError) as e:
+    except (FileNotFoundError, LookupError, PretrainExpError) as e:  # e.g. an unfinished CPDT arm
         print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
     _print_report(rep)

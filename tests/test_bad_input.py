@@ -109,6 +109,7 @@ def test_valid_config_composes(tmp_path):
     assert not (tmp_path / "run").exists()  # validation writes nothing
 
 
+IID = "insertion=[fictional_bios,iid_control]"  #: the default experiment plus the i.i.d. control
 BAD_CONFIGS = {
     "negative repetitions": (["insertion.experiments.fictional_bios.repetitions=-1"],
                              ["insertion.experiments.fictional_bios.repetitions", "-1"]),
@@ -167,6 +168,24 @@ BAD_CONFIGS = {
         ["+insertion@insertion.experiments.k=knowledge", "eval=[knowledge]",
          "eval.tasks.knowledge.experiments=[fictional_bios]"],
         ["eval.tasks.knowledge.experiments", "'fictional_bios'"]),
+    "cpdt experiment not an insertion experiment": (["experiment=cpdt_tiny", "cpdt.experiments=[fictional_bios,bio]"],
+                                                    ["cpdt.experiments[1]", "'bio'", "iid_control"]),
+    "cpdt with one experiment": (["experiment=cpdt_tiny", "cpdt.experiments=[fictional_bios]"],
+                                 ["cpdt.experiments", ">= 2 experiments"]),
+    "cpdt with one seed": (["experiment=cpdt_tiny", "cpdt.seeds=[0]"], ["cpdt.seeds", ">= 2 seeds", "[0]"]),
+    "cpdt repeated seeds": (["experiment=cpdt_tiny", "cpdt.seeds=[1,1]"], ["cpdt.seeds", "repeat"]),
+    "cpdt experiment without controls": (["experiment=cpdt_tiny", "insertion.experiments.fictional_bios.repetitions=4"],
+                                         ["insertion.experiments.fictional_bios.repetitions", "dup-0 controls"]),
+    "cpdt experiment without its eval": (["experiment=cpdt_tiny", "eval=[perplexity]"],
+                                         ["eval.tasks", "insertion_loss", "fictional_bios"]),
+    "cpdt with cleanup all": (["experiment=cpdt_tiny", "training.cleanup=all"], ["training.cleanup", "arms"]),
+    "withheld experiment unknown": (["insertion.withheld=[bios]"], ["insertion.withheld[0]", "'bios'"]),
+    "corpus_chunks with a generator": ([IID, "insertion.experiments.iid_control.generator=fictional_bios"],
+                                       ["insertion.experiments.iid_control", "neither file"]),
+    "corpus_chunks without num_items": ([IID, "insertion.experiments.iid_control.num_items=null"],
+                                        ["insertion.experiments.iid_control.num_items", "corpus_chunks"]),
+    "corpus_chunks chunk_tokens 0": ([IID, "insertion.experiments.iid_control.chunk_tokens=0"],
+                                     ["insertion.experiments.iid_control.chunk_tokens", "0"]),
 }
 
 

@@ -199,3 +199,30 @@ def test_base_series_checkpoints_are_continued(tmp_path, tiny_model_dir):
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert sorted({m["step"] for m in metrics if "train/loss" in m}) == [5, 6, 7, 8]
     assert sorted(p.name for p in (run_dir / "evals").iterdir()) == ["step8"]
+
+
+def test_report_of_benchmark_and_forgetting_results(tmp_path):
+    """A job with a benchmark eval gets its clean vs contaminated row (benchmark.csv / .png, report.md) and a job
+    evaluated at several steps its forgetting curve; the values are those of its results.json."""
+    from pretrain_exp.report import write_report
+
+    metrics = {"arc/dup0/acc": 0.25, "arc/dup4/acc": 0.75, "arc/dup8/acc": 0.5,
+               "arc/contamination_effect_acc": 0.375, "arc/contamination_effect_acc_ci_low": 0.125,
+               "arc/contamination_effect_acc_ci_high": 0.625}
+    loss = {"bios/dup0/mean_loss": 3.0, "bios/dup4/mean_loss": 2.5}
+    for job, seed in (("0", 0), ("1", 1)):
+        d = tmp_path / job
+        d.mkdir()
+        (d / "config.resolved.yaml").write_text(f"seed: {seed}\n")
+        res = {"seed": seed, "step": 8, "per_dup": [], "metrics": {"benchmark": metrics} if seed == 0 else {},
+               "by_step": {"4": {"insertion_loss": loss}, "8": {"insertion_loss": loss}}}
+        (d / "results.json").write_text(json.dumps(res))
+    rep = write_report(tmp_path)
+    with open(rep["paths"]["benchmark_csv"], newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 1 and rows[0]["job"] == "0" and rows[0]["experiment"] == "arc"
+    assert float(rows[0]["acc_clean"]) == 0.25 and float(rows[0]["acc_contaminated"]) == pytest.approx(0.625)
+    assert (float(rows[0]["effect"]), float(rows[0]["ci_low"]), float(rows[0]["ci_high"])) == (0.375, 0.125, 0.625)
+    assert "## Benchmark contamination" in (tmp_path / "report.md").read_text()
+    for p in (rep["paths"]["benchmark_png"], tmp_path / "forgetting" / "0.png", tmp_path / "forgetting" / "1.png"):
+        assert Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

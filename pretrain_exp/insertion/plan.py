@@ -135,6 +135,30 @@ class Plan:
                 h.update(np.ascontiguousarray(a).tobytes())
         return h.hexdigest()
 
+    def without(self, names) -> "Plan":
+        """The plan minus the items and insertions of experiments ``names``; every other insertion keeps its
+        position (CPDT's alone arms, :mod:`pretrain_exp.cpdt`). Item ids are renumbered in the same order.
+
+        :raises InsertionError: for a name that is not an experiment of the plan.
+        """
+        unknown = sorted(set(names) - set(self.experiments))
+        if unknown:
+            raise InsertionError(f"cannot withhold {unknown}: the plan's experiments are {self.experiments}")
+        kept = [n for n in self.experiments if n not in set(names)]
+        exp_map = np.full(len(self.experiments), -1, dtype=np.int32)
+        for k, n in enumerate(kept):
+            exp_map[self.experiments.index(n)] = k
+        keep_item = exp_map[self.item_experiment] >= 0
+        new_id = np.cumsum(keep_item, dtype=np.int64) - 1
+        lengths = np.diff(self.token_offsets)
+        tok_keep = np.repeat(keep_item, lengths)
+        keep_ins = keep_item[self.item_ids]
+        return Plan(self.sequence_length, self.global_batch_size, self.window, kept,
+                    token_offsets=np.concatenate([[0], np.cumsum(lengths[keep_item])]).astype(np.int64),
+                    tokens=self.tokens[tok_keep], item_experiment=exp_map[self.item_experiment[keep_item]],
+                    item_dup_count=self.item_dup_count[keep_item], positions=self.positions[keep_ins],
+                    item_ids=new_id[self.item_ids[keep_ins]].astype(np.int32), dup_index=self.dup_index[keep_ins])
+
     def save(self, path: str | Path) -> None:
         """Write ``plan.npz`` atomically (no pickled objects)."""
         meta = {"sequence_length": self.sequence_length, "global_batch_size": self.global_batch_size,

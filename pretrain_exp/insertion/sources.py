@@ -146,6 +146,10 @@ def validate_experiment(key: str, exp: InsertionExperimentConf) -> None:
     elif exp.repeat is not None or exp.paraphrases is not None:
         raise ConfigError(f"{key}.{'repeat' if exp.repeat is not None else 'paraphrases'}",
                           f"only for type=knowledge, not {exp.type.value}")
+    elif exp.type == InsertionType.corpus_chunks:
+        from pretrain_exp.insertion.corpus_chunks import validate as validate_chunks
+
+        validate_chunks(key, exp)
     elif exp.file is None and exp.generator is None:
         raise ConfigError(f"{key}.file", f"missing: set {key}.file=<items.jsonl> (or {key}.generator=<name>)")
     if exp.file is not None and exp.generator is not None:
@@ -280,8 +284,11 @@ def apply_eos(tokens: Sequence[int], eos_id: int, policy: EosPolicy, sequence_le
 
 
 def load_items(name: str, exp: InsertionExperimentConf, *, tokenizer, vocab_size: int, sequence_length: int,
-               seed: int, cache_dir: Optional[str] = None) -> ItemSet:
+               seed: int, cache_dir: Optional[str] = None, order=None, held_out_rows: int = 0) -> ItemSet:
     """Items of experiment ``name`` with tokens, EOS policy and dup counts.
+
+    ``order`` (the run's :class:`~pretrain_exp.data.order.DataOrder`) and ``held_out_rows`` are needed by
+    ``corpus_chunks`` items only (:mod:`~pretrain_exp.insertion.corpus_chunks`).
 
     :param tokenizer: HF tokenizer for ``texts`` items (encoded without special tokens).
     :param vocab_size: token ids must be ``< vocab_size``.
@@ -299,7 +306,7 @@ def load_items(name: str, exp: InsertionExperimentConf, *, tokenizer, vocab_size
         knowledge = knowledge_items(name, exp, seed)[1]
         raw = [(it.source, it.text, None) for it in knowledge]
     else:
-        raw = list(_read_raw(name, exp, seed, cache_dir))
+        raw = list(_read_raw(name, exp, seed, cache_dir, order, held_out_rows))
     if exp.num_items is not None and knowledge is None:
         if exp.file is not None and len(raw) < exp.num_items:
             raise ConfigError(f"{key}.num_items",
@@ -370,9 +377,15 @@ def _gaussian_items(name: str, exp: InsertionExperimentConf, seed: int) -> ItemS
                                     sources=[f"gaussian:{seed}:{i}" for i in range(n)])
 
 
-def _read_raw(name: str, exp: InsertionExperimentConf, seed: int, cache_dir: Optional[str]):
+def _read_raw(name: str, exp: InsertionExperimentConf, seed: int, cache_dir: Optional[str], order=None,
+              held_out_rows: int = 0):
     """``(source, payload, positions)`` per item: payload is a text or a token-id list."""
     key = f"insertion.experiments.{name}"
+    if exp.type == InsertionType.corpus_chunks:
+        from pretrain_exp.insertion.corpus_chunks import iter_items as iter_chunks
+
+        yield from iter_chunks(name, exp, order, held_out_rows)
+        return
     if exp.type == InsertionType.benchmark:
         from pretrain_exp.insertion.benchmarks import iter_items
 

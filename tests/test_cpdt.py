@@ -1,0 +1,213 @@
+"""CPDT (continual pretraining dependence testing): the statistics, the arms' shared placement, the i.i.d. control
+items, and a tiny end-to-end run (``experiment=cpdt_tiny``) through the command line and the report CLI."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from evals.stats import contrast_replicates, percentile_interval, sign_flip_pvalue
+from pretrain_exp.config import InsertionExperimentConf, InsertionType
+from pretrain_exp.errors import InsertionError
+from pretrain_exp.insertion.plan import Plan, build_plan
+from pretrain_exp.insertion.sources import ItemSet
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --- statistics ------------------------------------------------------------------------------------------------
+
+def brute_force_pvalue(x: np.ndarray) -> float:
+    """Two-sided sign-flip p-value by listing every sign vector."""
+    t = abs(x.mean())
+    tol = 1e-12 * max(1.0, float(np.abs(x).max()))
+    hits = sum(abs((np.array(s) * x).mean()) >= t - tol for s in itertools.product([1, -1], repeat=x.size))
+    return hits / 2 ** x.size
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+def test_sign_flip_pvalue_is_exact(n):
+    rng = np.random.default_rng(n)
+    for shift in (0.0, 0.5, 2.0):
+        for _ in range(10):
+            x = rng.normal(shift, 1.0, size=n)
+            assert sign_flip_pvalue(x) == brute_force_pvalue(x)
+    ones = np.arange(1.0, n + 1)  # all one sign: only the identity and its negation reach |mean|
+    assert sign_flip_pvalue(ones) == brute_force_pvalue(ones) == 2 / 2 ** n
+
+
+def test_sign_flip_monte_carlo_agrees_with_exact():
+    x = np.random.default_rng(0).normal(0.4, 1.0, size=12)
+    exact = sign_flip_pvalue(x)
+    sampled = sign_flip_pvalue(x, samples=20000, seed=3, max_exact=4)
+    assert abs(sampled - exact) < 0.02
+    assert sampled == sign_flip_pvalue(x, samples=20000, seed=3, max_exact=4)  # seeded
+
+
+@pytest.mark.parametrize("bad", [[], [1.0, float("nan")]])
+def test_sign_flip_rejects_bad_input(bad):
+    with pytest.raises(ValueError, match="finite"):
+        sign_flip_pvalue(np.array(bad))
+
+
+def test_contrast_bootstrap_matches_the_analytic_standard_error():
+    rng = np.random.default_rng(1)
+    t, c = rng.normal(1.0, 2.0, size=400), rng.normal(0.0, 1.0, size=300)
+    point, reps = contrast_replicates(t, c, 4000, np.random.default_rng(2))
+    assert point == pytest.approx(t.mean() - c.mean())
+    se = np.sqrt(t.var() / t.size + c.var() / c.size)
+    assert reps.std() == pytest.approx(se, rel=0.1)
+    low, high = percentile_interval(reps)
+    assert low < point < high
+    assert high - low == pytest.approx(2 * 1.96 * se, rel=0.15)
+
+
+def test_paired_interaction_cancels_a_shift_common_to_all_items():
+    """An arm that moves every item's value by the same amount has interaction exactly 0 with a zero-width CI when
+    items are paired; comparing the two arms' contrasts unpaired would give a wide interval instead."""
+    rng = np.random.default_rng(4)
+    alone = rng.normal(3.0, 1.0, size=40)
+    together = alone + 0.7
+    inserted = np.arange(40) % 2 == 1
+    d = together - alone
+    point, reps = contrast_replicates(d[inserted], d[~inserted], 500, np.random.default_rng(5))
+    assert point == pytest.approx(0.0, abs=1e-12) and np.allclose(reps, 0.0)
+    _, r_t = contrast_replicates(together[inserted], together[~inserted], 500, np.random.default_rng(6))
+    _, r_a = contrast_replicates(alone[inserted], alone[~inserted], 500, np.random.default_rng(7))
+    assert np.std(r_t - r_a) > 0.2
+
+
+def test_contrast_needs_both_groups():
+    with pytest.raises(ValueError, match="both groups"):
+        contrast_replicates(np.array([1.0]), np.array([]), 10, np.random.default_rng(0))
+
+
+# --- the arms' plans -------------------------------------------------------------------------------------------
+
+def test_withheld_experiments_leave_the_others_in_place():
+    rng = np.random.default_rng(0)
+    L, B, window, vocab = 32, 4, (0, 32 * 4 * 20), 500
+    items = {n: ItemSet.from_token_lists(n, [rng.integers(3, vocab, size=int(k)) for k in rng.integers(4, 20, 12)],
+                                         [0, 1, 3] * 4) for n in ("a", "b", "c")}
+    exps = {n: InsertionExperimentConf(type=InsertionType.tokens, file="x.jsonl") for n in items}
+    plan = build_plan(items, exps, window, L, B, seed=1, vocab_size=vocab)
+    alone = plan.without(["a", "c"])
+    assert alone.experiments == ["b"] and alone.num_items == 12
+    k = plan.experiments.index("b")
+    first = int(np.flatnonzero(plan.item_experiment == k)[0])
+    mine = plan.item_experiment[plan.item_ids] == k
+    np.testing.assert_array_equal(alone.positions, plan.positions[mine])
+    np.testing.assert_array_equal(alone.item_ids, plan.item_ids[mine] - first)
+    np.testing.assert_array_equal(alone.dup_index, plan.dup_index[mine])
+    for i in range(alone.num_items):
+        np.testing.assert_array_equal(alone.item_tokens(i), plan.item_tokens(first + i))
+        assert alone.item_dup_count[i] == plan.item_dup_count[first + i]
+    row = np.zeros(L, dtype=np.int64)
+    for q in np.unique(alone.positions // L):  # applying the alone plan writes only b's copies
+        written = alone.apply(int(q), row)
+        assert written == int(np.sum(alone.positions // L == q))
+    assert plan.without([]).digest() == plan.digest()
+    with pytest.raises(InsertionError, match="'d'"):
+        plan.without(["d"])
+
+
+# --- end to end ------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cpdt_run(tmp_path_factory):
+    """``python -m pretrain_exp experiment=cpdt_tiny`` (2 experiments x 2 seeds = 6 arms of 4 steps)."""
+    run = tmp_path_factory.mktemp("cpdt") / "run"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "pretrain_exp", "experiment=cpdt_tiny", "training.num_threads=1",
+                           "wandb=disabled", f"hydra.run.dir={run}"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run, proc.stdout
+
+
+@pytest.mark.slow
+def test_cpdt_table_has_finite_cis_and_the_permutation_test(cpdt_run):
+    run, stdout = cpdt_run
+    table = json.loads((run / "cpdt.json").read_text())
+    assert "CPDT at step 4" in stdout
+    rows = table["rows"]
+    assert {(r["experiment"], r["dup_count"], r["seed"]) for r in rows} == {
+        (e, d, s) for e, d in (("fictional_bios", 4), ("iid_control", 1)) for s in (0, 1, "all")}
+    for r in rows:
+        for key in ("effect_together", "effect_alone", "interaction"):
+            low, v, high = r[f"{key}_ci_low"], r[key], r[f"{key}_ci_high"]
+            assert np.isfinite([low, v, high]).all() and low <= v <= high
+        assert r["interaction"] == pytest.approx(r["effect_together"] - r["effect_alone"], abs=1e-9)
+    for r in (r for r in rows if r["seed"] == "all"):
+        per_seed = [s for s in rows if s["experiment"] == r["experiment"] and s["seed"] != "all"]
+        assert r["interaction"] == pytest.approx(np.mean([s["interaction"] for s in per_seed]))
+        assert r["p_value"] == sign_flip_pvalue(np.array([s["interaction"] for s in per_seed]))
+        assert r["ci_covers_zero"] == (r["interaction_ci_low"] <= 0 <= r["interaction_ci_high"])
+        assert r["effect_together"] > 0  # inserted items are learned in the tiny run
+    assert (run / "cpdt.csv").read_text().startswith("experiment,dup_count,seed,")
+    assert (run / "plots" / "cpdt.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_cpdt_arms_share_data_order_and_positions(cpdt_run):
+    run, _ = cpdt_run
+    for seed in (0, 1):
+        together = Plan.load(run / "arms" / f"together-seed{seed}" / "plan.npz")
+        tcfg = yaml.safe_load((run / "arms" / f"together-seed{seed}" / "config.resolved.yaml").read_text())
+        for name in ("fictional_bios", "iid_control"):
+            arm = run / "arms" / f"alone-{name}-seed{seed}"
+            acfg = yaml.safe_load((arm / "config.resolved.yaml").read_text())
+            for key in ("seed",):
+                assert acfg[key] == tcfg[key] == seed
+            assert acfg["data"] == tcfg["data"] and acfg["training"] == tcfg["training"]
+            assert acfg["insertion"]["withheld"] == [n for n in ("fictional_bios", "iid_control") if n != name]
+            alone = Plan.load(arm / "plan.npz")
+            assert alone.digest() == together.without(acfg["insertion"]["withheld"]).digest()
+            k = together.experiments.index(name)
+            mine = together.item_experiment[together.item_ids] == k
+            np.testing.assert_array_equal(alone.positions, together.positions[mine])
+            np.testing.assert_array_equal(alone.item_dup_count, together.item_dup_count[together.item_experiment == k])
+
+
+@pytest.mark.slow
+def test_iid_control_items_come_from_never_trained_rows(cpdt_run):
+    run, _ = cpdt_run
+    for seed in (0, 1):
+        arm = run / "arms" / f"together-seed{seed}"
+        plan = Plan.load(arm / "plan.npz")
+        items = [json.loads(line) for line in (arm / "items.jsonl").read_text().splitlines()]
+        rows = [int(re.fullmatch(r"corpus:row(\d+)", it["source"])[1]) for it in items
+                if it["experiment"] == "iid_control"]
+        assert len(rows) == 16 and rows == list(range(rows[0], rows[0] + 16))
+        assert rows[0] >= plan.window[1] // plan.sequence_length  # after every trained row of the run
+        lengths = [it["length"] for it in items if it["experiment"] == "iid_control"]
+        assert set(lengths) == {64}  # chunk_tokens, no EOS added (eos: none)
+    first = [it["sha256"] for it in map(json.loads, (run / "arms/together-seed0/items.jsonl").read_text().splitlines())
+             if it["experiment"] == "iid_control"]
+    other = [it["sha256"] for it in map(json.loads, (run / "arms/together-seed1/items.jsonl").read_text().splitlines())
+             if it["experiment"] == "iid_control"]
+    assert first != other  # another seed, another data order, other rows
+
+
+@pytest.mark.slow
+def test_report_cli_on_a_cpdt_run(cpdt_run, tmp_path):
+    from pretrain_exp import report
+
+    run, _ = cpdt_run
+    assert report.main([str(run), "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "cpdt.md").read_text()
+    assert "| fictional_bios | 4 | all |" in md and "| iid_control | 1 | all |" in md
+    assert json.loads((tmp_path / "cpdt.json").read_text())["rows"] == json.loads((run / "cpdt.json").read_text())[
+        "rows"]
+    jobs = {line.split(",")[0] for line in (tmp_path / "report.csv").read_text().splitlines()[1:]}
+    assert jobs == {f"arms/{a}-seed{s}" for a in ("together", "alone-fictional_bios", "alone-iid_control")
+                    for s in (0, 1)}
