@@ -645,6 +645,39 @@ def _print_report(rep: dict) -> None:
         print(f"wrote {p}")
 
 
+def log_report_wandb(rep: dict, out_dir: Path, mode: str, project: str) -> Optional[Path]:
+    """Log a report to its own W&B run ``report-<dir name>``: every CSV written as a ``wandb.Table`` (key
+    ``report/<name>``) and every PNG as a ``wandb.Image`` (key ``plots/<name>``).
+
+    :param mode: ``offline`` (written under ``<out_dir>/wandb``) or ``online`` (offline without an API key).
+    :returns: the W&B run dir, or ``None`` if nothing was logged.
+    """
+    import wandb
+
+    from pretrain_exp.tracking import _has_wandb_key
+
+    if mode == "online" and not _has_wandb_key():
+        mode = "offline"
+    out_dir = Path(out_dir)
+    os.environ.setdefault("WANDB_SILENT", "true")
+    run = wandb.init(project=project, name=f"report-{out_dir.resolve().name}", dir=str(out_dir), mode=mode)
+    logged = {}
+    for name, path in rep["paths"].items():
+        path = Path(path)
+        if path.suffix == ".png" and path.is_file():
+            logged[f"plots/{name}"] = wandb.Image(str(path))
+        elif path.suffix == ".csv" and path.is_file():
+            with open(path, newline="") as f:
+                rows = list(csv.reader(f))
+            if rows:
+                logged[f"report/{name}"] = wandb.Table(columns=rows[0], data=rows[1:], allow_mixed_types=True)
+    if logged:
+        run.log(logged)
+    run_dir = Path(run.dir).parent
+    run.finish()
+    return run_dir if logged else None
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m pretrain_exp.report <run or sweep dir> [--out DIR]``; returns the exit status: 0 if at least
     one job has results, 1 if none has (the report of the failures is still written), 2 if the dir holds no
@@ -657,6 +690,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     "effect_vs_dup.png, plus the failed jobs with the last error line of their logs.")
     parser.add_argument("dir", type=Path, help="a sweep dir (hydra.sweep.dir) or a run dir")
     parser.add_argument("--out", type=Path, default=None, help="where to write the report (default: DIR)")
+    parser.add_argument("--wandb", choices=("disabled", "offline", "online"), default="disabled",
+                        help="also log the report's tables and figures to a W&B run 'report-<dir name>' "
+                             "(offline: under <out>/wandb, `wandb sync` uploads it)")
+    parser.add_argument("--wandb-project", default="pretrain_exp", help="W&B project of that run")
     args = parser.parse_args(argv)
     try:
         rep = write_report(args.dir, args.out)
@@ -664,6 +701,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
     _print_report(rep)
+    if args.wandb != "disabled":
+        log_report_wandb(rep, args.out or args.dir, args.wandb, args.wandb_project)
     if not rep["rows"] and all(j.results is None for j in rep["jobs"]):
         print(f"error: {Path(args.dir).resolve()}: no job has results.json ({len(rep['failed'])} failed)",
               file=sys.stderr)

@@ -226,3 +226,12 @@ def test_report_of_benchmark_and_forgetting_results(tmp_path):
     assert "## Benchmark contamination" in (tmp_path / "report.md").read_text()
     for p in (rep["paths"]["benchmark_png"], tmp_path / "forgetting" / "0.png", tmp_path / "forgetting" / "1.png"):
         assert Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # the same tables and figures logged to an offline W&B run of the report
+    from pretrain_exp.report import log_report_wandb
+
+    wandb_dir = log_report_wandb(rep, tmp_path, "offline", "pretrain_exp")
+    assert wandb_dir is not None and wandb_dir.parent == tmp_path / "wandb"
+    assert any(wandb_dir.glob("*.wandb")), "no offline W&B log written"
+    media = {p.name.split("_")[0] for p in (wandb_dir / "files" / "media").rglob("*") if p.is_file()}
+    assert media, "no tables or images in the W&B run"
