@@ -31,6 +31,7 @@ class InsertionType(str, Enum):
     benchmark = "benchmark"  #: multiple-choice questions of a benchmark asset as texts (``benchmark``, ``format``)
     gaussian = "gaussian"  #: seeded Gaussian noise on the input embeddings of whole rows (``sigma``; no tokens)
     knowledge = "knowledge"  #: generated fictional facts as texts (``num_items`` facts, ``repeat``, ``paraphrases``)
+    corpus_chunks = "corpus_chunks"  #: token chunks of never-trained rows of the run's own corpus (i.i.d. control)
 
 
 class KnowledgeRepeat(str, Enum):
@@ -38,7 +39,6 @@ class KnowledgeRepeat(str, Enum):
 
     identical = "identical"  #: the same sentence ``d`` times
     paraphrase = "paraphrase"  #: ``d`` sentences cycling through the fact's ``paraphrases`` training templates
-    corpus_chunks = "corpus_chunks"  #: token chunks of never-trained rows of the run's own corpus (i.i.d. control)
 
 
 class PlacementKind(str, Enum):
