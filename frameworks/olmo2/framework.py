@@ -20,14 +20,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from frameworks.olmo_core.framework import OlmoCoreFramework
 from pretrain_exp.config import ExperimentConfig
-from pretrain_exp.data.assets import _complete, _lock
+from pretrain_exp.data.assets import build_once
 from pretrain_exp.errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -97,34 +94,26 @@ def convert_to_olmo_core(cfg: ExperimentConfig, source: Path) -> Path:
     t = cfg.training
     key = hashlib.sha256(json.dumps([str(Path(source).resolve()), t.learning_rate, t.adam_beta1, t.adam_beta2,
                                      t.weight_decay]).encode()).hexdigest()[:16]
-    out = Path(cfg.cache_dir) / "models" / "olmo2-converted" / f"{Path(source).parent.name}-{Path(source).name}-{key}"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(out.parent / f".{out.name}.lock"):
-        if _complete(out) is not None:
-            return out
-        shutil.rmtree(out, ignore_errors=True)
+    name = f"{Path(source).parent.name}-{Path(source).name}-{key}"
+    out = Path(cfg.cache_dir) / "models" / "olmo2-converted" / name
+
+    def build(tmp: Path) -> dict:
         log.info("converting OLMo-2 checkpoint %s to OLMo-core (one time)", source)
         ck = load_converted(source, remote_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
-        try:
-            model = ck.model_config.build(init_device="cpu")
-            model.load_state_dict(ck.model_state)
-            optim = AdamWConfig(lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2),
-                                weight_decay=t.weight_decay).build(model)
-            if ck.optim_state is not None:
-                optim.load_state_dict(optimizer_state_for(optim, model, ck.optim_state))
-            with torch.no_grad():
-                save_model_and_optim_state(str(tmp), model, optim)
-            (tmp / "config.json").write_text(json.dumps({
-                "model": ck.model_config.as_config_dict(), "optimizer_state": ck.optim_state is not None,
-                "olmo2": {"source": str(source), "global_step": ck.position.global_step}}, indent=2))
-            (tmp / ".complete.json").write_text(json.dumps({"source": str(source)}))
-            os.chmod(tmp, 0o755)
-            os.replace(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return out
+        model = ck.model_config.build(init_device="cpu")
+        model.load_state_dict(ck.model_state)
+        optim = AdamWConfig(lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2),
+                            weight_decay=t.weight_decay).build(model)
+        if ck.optim_state is not None:
+            optim.load_state_dict(optimizer_state_for(optim, model, ck.optim_state))
+        with torch.no_grad():
+            save_model_and_optim_state(str(tmp), model, optim)
+        (tmp / "config.json").write_text(json.dumps({
+            "model": ck.model_config.as_config_dict(), "optimizer_state": ck.optim_state is not None,
+            "olmo2": {"source": str(source), "global_step": ck.position.global_step}}, indent=2))
+        return {"source": str(source)}
+
+    return build_once(out, build)
 
 
 class Olmo2Framework(OlmoCoreFramework):

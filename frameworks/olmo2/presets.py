@@ -20,12 +20,8 @@ global batch size 8, no instance filter, one placeholder token file (a run suppl
 
 from __future__ import annotations
 
-import json
-import os
 import pathlib
 import random
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
@@ -34,7 +30,7 @@ import numpy as np
 import torch
 import yaml
 
-from pretrain_exp.data.assets import _complete, _lock
+from pretrain_exp.data.assets import build_once
 from pretrain_exp.errors import DataError
 
 FSDP_PREFIX = "_fsdp_wrapped_module."  #: what FSDP inserts into parameter names (the model and each block)
@@ -257,18 +253,9 @@ def tiny_checkpoint(name: str, cache_dir: str | Path) -> Path:
     if name not in TINY_CHECKPOINTS:
         raise DataError(f"model asset {name!r} is not an OLMo-2 preset; presets: {sorted(TINY_CHECKPOINTS)}")
     spec = TINY_CHECKPOINTS[name]
-    out = Path(cache_dir) / "models" / name
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(out.parent / f".{name}.lock"):
-        if _complete(out) is None:
-            shutil.rmtree(out, ignore_errors=True)
-            tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{name}-"))
-            try:
-                write_checkpoint(tmp, spec)
-                (tmp / ".complete.json").write_text(json.dumps({"preset": name}))
-                os.chmod(tmp, 0o755)
-                os.replace(tmp, out)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-    return out / f"step{spec.step}-unsharded"
+
+    def build(tmp: Path) -> dict:
+        write_checkpoint(tmp, spec)
+        return {"preset": name}
+
+    return build_once(Path(cache_dir) / "models" / name, build) / f"step{spec.step}-unsharded"

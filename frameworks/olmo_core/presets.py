@@ -10,12 +10,9 @@ model-only OLMo-core checkpoint (``config.json`` + torch DCP shards).
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
-from pretrain_exp.data.assets import _complete, _lock
+from pretrain_exp.data.assets import build_once
 from pretrain_exp.errors import DataError
 
 DOLMA2_PADDED_VOCAB = 100_352  #: dolma2's 100,278 ids padded to a multiple of 128, as OLMo-2/3 models do
@@ -58,23 +55,13 @@ def tiny_checkpoint(name: str, cache_dir: str | Path) -> Path:
     from olmo_core.distributed.checkpoint import save_model_and_optim_state
 
     config = tiny_model_config(name)
-    out = Path(cache_dir) / "models" / name
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(out.parent / f".{name}.lock"):
-        if _complete(out) is not None:
-            return out
-        shutil.rmtree(out, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{name}-"))
-        try:
-            torch.manual_seed(0)
-            model = config.build(init_device="cpu")
-            model.init_weights(device=torch.device("cpu"))
-            save_model_and_optim_state(str(tmp), model)
-            (tmp / "config.json").write_text(json.dumps({"model": config.as_config_dict()}, indent=2))
-            (tmp / ".complete.json").write_text(json.dumps({"preset": name}))
-            os.chmod(tmp, 0o755)
-            os.replace(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return out
+
+    def build(tmp: Path) -> dict:
+        torch.manual_seed(0)
+        model = config.build(init_device="cpu")
+        model.init_weights(device=torch.device("cpu"))
+        save_model_and_optim_state(str(tmp), model)
+        (tmp / "config.json").write_text(json.dumps({"model": config.as_config_dict()}, indent=2))
+        return {"preset": name}
+
+    return build_once(Path(cache_dir) / "models" / name, build)

