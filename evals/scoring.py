@@ -21,6 +21,24 @@ def plan_item_rows(plan: Any) -> List[dict]:
              "dup_count": int(plan.item_dup_count[i])} for i in range(plan.num_items)]
 
 
+def _padded_batches(model: Any, seqs: List[np.ndarray], batch_size: int, min_length: int):
+    """Forward ``seqs`` (int64 arrays) in batches of ``batch_size``, longest first, right-padded with an
+    ``attention_mask``; sequences shorter than ``min_length`` are skipped. Yields ``(indices into seqs,
+    ids (b, width) on the model's device, logits (b, width, vocab))`` per batch."""
+    device = model_device(model)
+    order = [i for i in sorted(range(len(seqs)), key=lambda i: -seqs[i].size) if seqs[i].size >= min_length]
+    for b in range(0, len(order), batch_size):
+        idx = order[b:b + batch_size]
+        width = seqs[idx[0]].size
+        ids = torch.zeros((len(idx), width), dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for r, i in enumerate(idx):
+            ids[r, :seqs[i].size] = torch.from_numpy(seqs[i])
+            mask[r, :seqs[i].size] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        yield idx, ids, model(input_ids=ids, attention_mask=mask).logits
+
+
 @torch.no_grad()
 def token_losses(model: Any, sequences: Sequence[np.ndarray], batch_size: int) -> List[np.ndarray]:
     """Per-token cross-entropy of each sequence under a causal LM (teacher forcing).
@@ -36,20 +54,9 @@ def token_losses(model: Any, sequences: Sequence[np.ndarray], batch_size: int) -
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    device = model_device(model)
     seqs = [np.asarray(s, dtype=np.int64) for s in sequences]
     out: List[np.ndarray] = [np.empty(0, np.float32) for _ in seqs]
-    order = [i for i in sorted(range(len(seqs)), key=lambda i: -seqs[i].size) if seqs[i].size >= 2]
-    for b in range(0, len(order), batch_size):
-        idx = order[b:b + batch_size]
-        width = seqs[idx[0]].size
-        ids = torch.zeros((len(idx), width), dtype=torch.long)
-        mask = torch.zeros((len(idx), width), dtype=torch.long)
-        for r, i in enumerate(idx):
-            ids[r, :seqs[i].size] = torch.from_numpy(seqs[i])
-            mask[r, :seqs[i].size] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        logits = model(input_ids=ids, attention_mask=mask).logits
+    for idx, ids, logits in _padded_batches(model, seqs, batch_size, min_length=2):
         for r, i in enumerate(idx):
             n = seqs[i].size
             loss = F.cross_entropy(logits[r, :n - 1].float(), ids[r, 1:n], reduction="none")
@@ -102,23 +109,13 @@ def continuation_scores(model: Any, contexts: Sequence[Sequence[int]], continuat
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if any(len(c) == 0 for c in contexts) or any(len(c) == 0 for c in continuations):
         raise ValueError("contexts and continuations must be non-empty")
-    device = model_device(model)
     seqs = [np.concatenate([np.asarray(a, np.int64), np.asarray(b, np.int64)]) for a, b in zip(contexts, continuations)]
     out: List[tuple] = [None] * len(seqs)  # type: ignore[list-item]
-    order = sorted(range(len(seqs)), key=lambda i: -seqs[i].size)
-    for b in range(0, len(order), batch_size):
-        idx = order[b:b + batch_size]
-        width = seqs[idx[0]].size
-        ids = torch.zeros((len(idx), width), dtype=torch.long)
-        mask = torch.zeros((len(idx), width), dtype=torch.long)
-        for r, i in enumerate(idx):
-            ids[r, :seqs[i].size] = torch.from_numpy(seqs[i])
-            mask[r, :seqs[i].size] = 1
-        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+    for idx, ids, logits in _padded_batches(model, seqs, batch_size, min_length=1):
         for r, i in enumerate(idx):
             n, k = seqs[i].size, len(continuations[i])
             pred = logits[r, n - k - 1:n - 1].float()  # the logits that predict the continuation tokens
-            target = ids[r, n - k:n].to(pred.device)
+            target = ids[r, n - k:n]
             logp = torch.log_softmax(pred, dim=-1).gather(1, target[:, None])[:, 0]
             out[i] = (logp.cpu().numpy().astype(np.float32), bool((pred.argmax(dim=-1) == target).all()))
     return out
