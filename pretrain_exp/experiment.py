@@ -244,13 +244,14 @@ class Experiment:
             shutil.rmtree(self.run_dir)
         elif mode == Cleanup.bulky:
             last = self.framework.latest_checkpoint()
-            for d in (self.run_dir / "checkpoints").glob("checkpoint-*"):
-                if last is None or d != last.path:
-                    shutil.rmtree(d)
-                else:
-                    for f in d.iterdir():
+            ckpts = self.run_dir / "checkpoints"
+            for d in sorted(ckpts.iterdir()) if ckpts.is_dir() else []:
+                if last is not None and d == last.path:  # HF: drop its optimizer/scheduler/RNG files
+                    for f in d.iterdir():  # (OLMo-core keeps optimizer state inside its DCP shards)
                         if f.name.startswith(("optimizer", "scheduler", "rng_state")):
                             f.unlink()
+                elif d.is_dir():
+                    shutil.rmtree(d)
 
 
 def _wandb_image(path: Path):
