@@ -82,7 +82,11 @@ def effect_task(cfg: ExperimentConfig, name: str) -> Tuple[str, EffectSpec]:
 
     :raises ConfigError: if no configured eval task measures it.
     """
-    spec = EFFECTS[cfg.insertion.experiments[name].type]
+    kind = cfg.insertion.experiments[name].type
+    if kind not in EFFECTS:
+        raise ConfigError("cpdt.experiments", f"{name!r} is a {kind.value} experiment; CPDT effects are defined for "
+                          f"{sorted(k.value for k in EFFECTS)}")
+    spec = EFFECTS[kind]
     for task, tc in cfg.eval.tasks.items():
         if tc.type == spec.eval_type and getattr(tc, "experiment", name) == name:
             return task, spec

@@ -173,6 +173,9 @@ BAD_CONFIGS = {
     "cpdt with one experiment": (["experiment=cpdt_tiny", "cpdt.experiments=[fictional_bios]"],
                                  ["cpdt.experiments", ">= 2 experiments"]),
     "cpdt with one seed": (["experiment=cpdt_tiny", "cpdt.seeds=[0]"], ["cpdt.seeds", ">= 2 seeds", "[0]"]),
+    "cpdt of an experiment without an effect definition": (
+        ["experiment=cpdt_tiny", "+insertion@insertion.experiments.g=gaussian", "cpdt.experiments=[fictional_bios,g]"],
+        ["cpdt.experiments", "'g' is a gaussian experiment"]),
     "cpdt repeated seeds": (["experiment=cpdt_tiny", "cpdt.seeds=[1,1]"], ["cpdt.seeds", "repeat"]),
     "cpdt experiment without controls": (["experiment=cpdt_tiny", "insertion.experiments.fictional_bios.repetitions=4"],
                                          ["insertion.experiments.fictional_bios.repetitions", "dup-0 controls"]),
