@@ -102,6 +102,8 @@ class FrameworkConf:
 
     name: str = MISSING  #: registry name: ``hf``, ``olmo_core`` or ``olmo2`` (the last two need the ``olmo`` extra)
     attn_implementation: str = "sdpa"  #: HF attention kernel (``sdpa``, ``eager``, ``flash_attention_2``)
+    lr_schedule: str = "run"  #: ``run``: ``training.*`` from the run's first step; ``checkpoint`` (olmo2): the
+    #: checkpoint's own peak LR and schedule, at its position (``config.yaml`` ``optimizer``/``scheduler``)
 
 
 @dataclass
@@ -270,6 +272,10 @@ class ExperimentConfig:
             raise ConfigError("model", "set exactly one of model.asset, model.path and model.url")
         if self.model.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError("model.dtype", f"unknown dtype {self.model.dtype!r}; allowed: float32, bfloat16, float16")
+        if self.framework.lr_schedule not in ("run", "checkpoint") or (
+                self.framework.lr_schedule == "checkpoint" and self.framework.name != "olmo2"):
+            raise ConfigError("framework.lr_schedule", f"{self.framework.lr_schedule!r} with framework "
+                              f"{self.framework.name!r}; allowed: 'run', and 'checkpoint' with framework=olmo2")
         if self.framework.attn_implementation not in ATTN_IMPLEMENTATIONS:
             raise ConfigError("framework.attn_implementation", f"unknown {self.framework.attn_implementation!r}; "
                               f"allowed: {list(ATTN_IMPLEMENTATIONS)}")

@@ -5,6 +5,7 @@ tokens of the Shakespeare corpus), and under a 2-process torchrun."""
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -77,6 +78,16 @@ def test_a_converted_checkpoint_continues_at_its_step_in_olmo2s_order(olmo2_ckpt
     assert exp.framework.latest_checkpoint().step == fx.STEP + 2
     rows = trained_rows(tmp_path / "run")
     assert sorted(rows) == [fx.STEP + 1, fx.STEP + 2]
+    # the checkpoint's own schedule continues (config.yaml: cosine with warmup over tokens, peak fx.LR): at step k
+    # OLMo-2 sets lr(tokens seen after batch k), the formula of allenai/OLMo olmo/optim.py CosWithWarmup
+    sch = fx.olmo2_config(paths)["scheduler"]
+    lrs = {m["step"]: m["train/learning_rate"] for m in map(json.loads, (tmp_path / "run" / "metrics.jsonl")
+                                                            .read_text().splitlines()) if "train/learning_rate" in m}
+    for k in (fx.STEP + 1, fx.STEP + 2):
+        t = k * fx.BATCH * fx.SEQ_LEN - sch["t_warmup"]
+        eta_min = fx.LR * sch["alpha_f"]
+        want = eta_min + (fx.LR - eta_min) * (1 + math.cos(math.pi * t / (sch["t_max"] - sch["t_warmup"]))) / 2
+        assert lrs[k] == pytest.approx(want, rel=1e-6), (k, lrs)
     assert sorted(rows[fx.STEP + 1]) == list(range(fx.STEP * fx.BATCH, (fx.STEP + 1) * fx.BATCH))
     # converted once: a second run with the same optimizer settings reuses it
     assert Olmo2Framework.resolve_model(olmo2_run(ckpt, paths, tmp_path / "again")) == converted

@@ -10,9 +10,13 @@ run's config must reproduce the checkpoint's position and data order (``train.pt
 sequence length, global batch size and seed with OLMo-2 seed ``S`` ≡ OLMo-core seed ``S−1``); a mismatch is one
 error naming the key to set.
 
-Not reproduced (documented in README.md): OLMo-2's own LR schedule (the run's ``training.lr_scheduler`` applies
-from step S), ``data.instance_filter`` (a loss mask on repetitive instances; logged), token files given by
-``s3://`` paths (the run's ``data.paths`` are read; names are compared and a difference is logged).
+The learning rate continues the checkpoint's own schedule and peak LR (``config.yaml`` ``optimizer`` and
+``scheduler``, at the trainer's absolute step and tokens seen) with ``framework.lr_schedule=checkpoint``, the
+default of ``conf/framework/olmo2.yaml``; ``framework.lr_schedule=run`` applies ``training.*`` from step S.
+
+Not reproduced (documented in README.md): ``data.instance_filter`` (a loss mask on repetitive instances; logged),
+token files given by ``s3://`` paths (the run's ``data.paths`` are read; names are compared and a difference is
+logged).
 """
 
 from __future__ import annotations
@@ -83,8 +87,8 @@ def check_continuation(cfg: ExperimentConfig, source: Path) -> None:
 
 def convert_to_olmo_core(cfg: ExperimentConfig, source: Path) -> Path:
     """The OLMo-core checkpoint (``config.json`` + DCP model and optimizer shards) converted from ``source``,
-    cached under ``<cache_dir>/models/olmo2-converted/``; the AdamW state is laid out for the optimizer the run builds
-    (``training.learning_rate``, betas, weight decay are part of the cache key)."""
+    cached under ``<cache_dir>/models/olmo2-converted/``; the AdamW state is laid out for the optimizer the run
+    builds (its peak LR, betas and weight decay are part of the cache key)."""
     import torch
     from olmo_core.distributed.checkpoint import save_model_and_optim_state
     from olmo_core.optim import AdamWConfig
@@ -92,7 +96,12 @@ def convert_to_olmo_core(cfg: ExperimentConfig, source: Path) -> Path:
     from frameworks.olmo2.convert import load_converted, optimizer_state_for
 
     t = cfg.training
-    key = hashlib.sha256(json.dumps([str(Path(source).resolve()), t.learning_rate, t.adam_beta1, t.adam_beta2,
+    lr = t.learning_rate
+    if cfg.framework.lr_schedule == "checkpoint":
+        from frameworks.olmo2.checkpoint import read_config
+
+        lr = float(read_config(source)["optimizer"]["learning_rate"])
+    key = hashlib.sha256(json.dumps([str(Path(source).resolve()), lr, t.adam_beta1, t.adam_beta2,
                                      t.weight_decay]).encode()).hexdigest()[:16]
     name = f"{Path(source).parent.name}-{Path(source).name}-{key}"
     out = Path(cfg.cache_dir) / "models" / "olmo2-converted" / name
@@ -102,7 +111,7 @@ def convert_to_olmo_core(cfg: ExperimentConfig, source: Path) -> Path:
         ck = load_converted(source, remote_ok=True)
         model = ck.model_config.build(init_device="cpu")
         model.load_state_dict(ck.model_state)
-        optim = AdamWConfig(lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2),
+        optim = AdamWConfig(lr=lr, betas=(t.adam_beta1, t.adam_beta2),
                             weight_decay=t.weight_decay).build(model)
         if ck.optim_state is not None:
             optim.load_state_dict(optimizer_state_for(optim, model, ck.optim_state))
@@ -116,8 +125,60 @@ def convert_to_olmo_core(cfg: ExperimentConfig, source: Path) -> Path:
     return build_once(out, build)
 
 
+def checkpoint_scheduler(config: dict, path: Path):
+    """OLMo-core's equivalent of the OLMo-2 ``config.yaml`` ``scheduler`` (allenai/OLMo ``olmo/optim.py``:
+    ``CosWithWarmup``, ``LinearWithWarmup``, ``InvSqrtWithWarmup``, ``ConstantScheduler``, counted in steps or
+    tokens as ``scheduler.units`` says). Evaluated at the trainer's absolute step / tokens seen, so a continued
+    run gets the learning rates the original run would have used.
+
+    :raises ConfigError: naming ``scheduler.*`` for a scheduler without an equivalent here.
+    """
+    from olmo_core.optim import ConstantScheduler, CosWithWarmup, InvSqrtWithWarmup, LinearWithWarmup
+    from olmo_core.optim.scheduler import SchedulerUnits
+
+    sch = config.get("scheduler") or {}
+    name, units = sch.get("name", "cosine_with_warmup"), sch.get("units", "steps")
+    if units not in ("steps", "tokens"):
+        raise ConfigError("scheduler.units", f"{path}/config.yaml: {units!r}; allowed: steps, tokens")
+    kw = dict(units=SchedulerUnits(units))
+    warm = dict(warmup=int(sch.get("t_warmup", 100)), warmup_min_lr=float(sch.get("warmup_min_lr") or 0.0))
+    if name in ("cosine_with_warmup", "linear_with_warmup") and sch.get("t_max") is None:
+        raise ConfigError("scheduler.t_max", f"{path}/config.yaml: not set; the continued schedule needs it")
+    if name == "cosine_with_warmup":
+        return CosWithWarmup(t_max=int(float(sch["t_max"])), alpha_f=float(sch.get("alpha_f", 0.1)), **warm, **kw)
+    if name == "linear_with_warmup":
+        return LinearWithWarmup(t_max=int(float(sch["t_max"])), alpha_f=float(sch.get("alpha_f", 0.1)), **warm, **kw)
+    if name == "inverse_sqrt_with_warmup":
+        return InvSqrtWithWarmup(alpha_f=float(sch.get("alpha_f", 0.1)), **warm, **kw)
+    if name == "constant":
+        return ConstantScheduler(**kw)
+    raise ConfigError("scheduler.name", f"{path}/config.yaml: {name!r} has no OLMo-core equivalent here; use "
+                      "framework.lr_schedule=run")
+
+
 class Olmo2Framework(OlmoCoreFramework):
     """Continue an OLMo-2 checkpoint on OLMo-core (module docstring)."""
+
+    @property
+    def source_config(self) -> dict:
+        """The OLMo-2 ``config.yaml`` of the checkpoint this run continues."""
+        from frameworks.olmo2.checkpoint import read_config
+
+        return read_config(json.loads((self.model_dir / "config.json").read_text())["olmo2"]["source"])
+
+    @property
+    def peak_lr(self) -> float:
+        """``framework.lr_schedule=checkpoint``: the checkpoint's ``optimizer.learning_rate``; else the run's."""
+        if self.cfg.framework.lr_schedule == "checkpoint":
+            return float(self.source_config["optimizer"]["learning_rate"])
+        return super().peak_lr
+
+    def scheduler(self):
+        """``framework.lr_schedule=checkpoint``: :func:`checkpoint_scheduler`; else the run's schedule."""
+        if self.cfg.framework.lr_schedule == "checkpoint":
+            source = json.loads((self.model_dir / "config.json").read_text())["olmo2"]["source"]
+            return checkpoint_scheduler(self.source_config, Path(source))
+        return super().scheduler()
 
     @classmethod
     def resolve_model(cls, cfg: ExperimentConfig) -> Path:

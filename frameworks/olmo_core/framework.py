@@ -303,6 +303,16 @@ class OlmoCoreFramework(Framework):
                 best = (int(m[1]), d)
         return None if best is None else OlmoCoreCheckpoint(best[1], best[0], self._tokenizer())
 
+    @property
+    def peak_lr(self) -> float:
+        """The learning rate the schedule scales (``training.learning_rate``)."""
+        return self.cfg.training.learning_rate
+
+    def scheduler(self):
+        """The OLMo-core LR scheduler of the run (:func:`run_scheduler` of ``training.lr_scheduler``)."""
+        t = self.cfg.training
+        return run_scheduler(t.lr_scheduler, t.warmup_steps, self.cfg.model.checkpoint_step)
+
     @staticmethod
     def _dp_config(world: int, cuda: bool):
         """Data parallelism over the torchrun ranks: FSDP (bf16 params, fp32 reductions) on GPUs, as the OLMo
@@ -348,9 +358,9 @@ class OlmoCoreFramework(Framework):
         train_module = TransformerTrainModuleConfig(
             rank_microbatch_size=t.micro_batch_size * L,
             max_sequence_length=L,
-            optim=AdamWConfig(lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay),
+            optim=AdamWConfig(lr=self.peak_lr, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay),
             max_grad_norm=t.max_grad_norm,
-            scheduler=run_scheduler(t.lr_scheduler, t.warmup_steps, cfg.model.checkpoint_step),
+            scheduler=self.scheduler(),
             autocast_precision=DType.bfloat16 if bf16 else None,
             dp_config=self._dp_config(world, cuda),
         ).build(model, device=device)
