@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from pretrain_exp.errors import ConfigError
 from tests import olmo2_checkpoint as fx
@@ -17,7 +18,13 @@ from tests.conftest import make_config
 pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
 
 from frameworks.olmo2.framework import Olmo2Framework  # noqa: E402
-from tests.test_olmo_core_framework import assert_two_ranks_train_what_one_trains, cli, trained_rows  # noqa: E402
+from tests.test_olmo_core_framework import (  # noqa: E402
+    assert_two_ranks_train_what_one_trains,
+    cli,
+    kill_after_first_checkpoint_and_rerun,
+    trained_rows,
+    weights,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -96,7 +103,8 @@ def test_a_converted_checkpoint_continues_at_its_step_in_olmo2s_order(olmo2_ckpt
 @pytest.mark.slow
 def test_cli_with_the_tiny_preset_and_two_torchrun_ranks(tmp_path):
     """``python -m pretrain_exp framework=olmo2 insertion=texts`` end to end (conversion, training, evals), and the
-    same run on 2 torchrun ranks trains the same rows with the same insertions."""
+    same run on 2 torchrun ranks trains the same rows with the same insertions, and a run killed mid-segment ends
+    with the same weights once re-run."""
     items = tmp_path / "items.jsonl"
     items.write_text("".join(json.dumps({"text": f"Quentin Marlowe-Abara{i} keeps {i * 7} blue herons on the "
                                                  f"island of Vell{i}."}) + "\n" for i in range(8)))
@@ -111,6 +119,12 @@ def test_cli_with_the_tiny_preset_and_two_torchrun_ranks(tmp_path):
     assert res["plan"]["num_insertions"] == 4 * 4
     cli(*run, "eval=[]", "training.nproc_per_node=2", f"hydra.run.dir={two}", runs=tmp_path)
     assert_two_ranks_train_what_one_trains(one, two, steps=4, B=8)
+    # killed mid-segment and re-run: the same final weights as the uninterrupted run
+    killed = tmp_path / "killed"
+    kill_after_first_checkpoint_and_rerun([*run, "eval=[]"], killed, tmp_path, last_step=4)
+    final = weights(one / "checkpoints" / "step4")
+    for k, v in weights(killed / "checkpoints" / "step4").items():
+        torch.testing.assert_close(v, final[k], rtol=0, atol=0, msg=k)
 
 
 def test_framework_conf_defaults_to_the_tiny_preset(tmp_path):

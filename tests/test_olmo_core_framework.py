@@ -66,6 +66,21 @@ def trained_rows(run_dir: Path) -> dict:
     return out
 
 
+def kill_after_first_checkpoint_and_rerun(args, run_dir: Path, runs: Path, last_step: int) -> None:
+    """Start ``python -m pretrain_exp *args`` in ``run_dir``, SIGKILL it about a second after its first checkpoint
+    (mid-segment), check it had not finished, and run the same command again to the end."""
+    p = cli(*args, f"hydra.run.dir={run_dir}", runs=runs, wait=False)
+    deadline = time.monotonic() + 600
+    while not any((d / ".metadata.json").is_file() for d in (run_dir / "checkpoints").glob("step*")):
+        assert p.poll() is None and time.monotonic() < deadline, "run ended before its first checkpoint"
+        time.sleep(0.2)
+    time.sleep(1.0)  # into the next segment
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert not (run_dir / "checkpoints" / f"step{last_step}").exists()
+    cli(*args, f"hydra.run.dir={run_dir}", runs=runs)
+
+
 def losses(run_dir: Path) -> dict:
     return {m["step"]: m["train/loss"] for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
             if "train/loss" in m}
@@ -137,8 +152,8 @@ def test_olmo_core_trains_exactly_the_runs_rows_with_the_plan_applied(tmp_path, 
     seen = []
     original = olmo_core_framework._insertion_callback
 
-    def recording(rows, rank, world):
-        inner = original(rows, rank, world)
+    def recording(*args):
+        inner = original(*args)
 
         class Record(type(inner)):
             def pre_step(self, batch):
@@ -182,16 +197,7 @@ def test_cli_run_kill_resume_torchrun_and_continuing_a_checkpoint_with_trainer_s
     assert "run dir:" in proc.stdout
 
     killed = runs / "killed"
-    p = cli(*RUN, "eval=[]", f"hydra.run.dir={killed}", runs=runs, wait=False)
-    deadline = time.monotonic() + 600
-    while not (killed / "checkpoints" / "step2" / ".metadata.json").is_file():
-        assert p.poll() is None and time.monotonic() < deadline, "run ended before its first checkpoint"
-        time.sleep(0.2)
-    time.sleep(1.0)  # into the next segment
-    p.send_signal(signal.SIGKILL)
-    p.wait()
-    assert not (killed / "checkpoints" / "step6").exists()
-    cli(*RUN, "eval=[]", f"hydra.run.dir={killed}", runs=runs)
+    kill_after_first_checkpoint_and_rerun([*RUN, "eval=[]"], killed, runs, last_step=6)
     for k, v in weights(killed / "checkpoints" / "step6").items():
         torch.testing.assert_close(v, final[k], rtol=0, atol=0, msg=k)
 
@@ -202,7 +208,8 @@ def test_cli_run_kill_resume_torchrun_and_continuing_a_checkpoint_with_trainer_s
     assert_two_ranks_train_what_one_trains(ref, two, steps=6, B=4)
 
     cont = runs / "cont"
-    cli(*RUN, "eval=[]", "insertion=none", "training.num_steps=2", f"model.path={ref / 'checkpoints' / 'step2'}",
+    no_insertions = [o for o in RUN if not o.startswith("insertion.")] + ["insertion=none"]
+    cli(*no_insertions, "eval=[]", "training.num_steps=2", f"model.path={ref / 'checkpoints' / 'step2'}",
         "model.asset=null", "model.checkpoint_step=2", f"hydra.run.dir={cont}", runs=runs)
     assert check_train_state(cont / "checkpoints" / "step4")["global_step"] == 4
     # the data loader resumed at batch 2 of the same order: steps 3 and 4 train the reference's rows
