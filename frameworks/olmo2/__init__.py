@@ -4,7 +4,9 @@ AdamW state, trainer position and data order. No dependency on the ``ai2-olmo`` 
 - :mod:`frameworks.olmo2.checkpoint`: read ``config.yaml``, ``model.*``, ``optim.*``, ``train.pt`` safely;
 - :mod:`frameworks.olmo2.convert`: OLMo-core ``TransformerConfig``, model and optimizer state, AdamW config,
   HF export, and :func:`~frameworks.olmo2.convert.load_converted` doing all of it;
-- :mod:`frameworks.olmo2.data_order`: train position and the project config that continues OLMo-2's data order.
+- :mod:`frameworks.olmo2.data_order`: train position and the project config that continues OLMo-2's data order;
+- :mod:`frameworks.olmo2.presets`: writes checkpoints in the OLMo-2 layout (the tiny ``olmo2_tiny`` preset);
+- :mod:`frameworks.olmo2.framework`: the ``olmo2`` framework (conversion once, then OLMo-core training).
 """
 
 from frameworks.olmo2.checkpoint import OLMo2Checkpoint, read_checkpoint
