@@ -132,7 +132,8 @@ class _Evil:
 def test_trainer_state_is_read_without_unpickling_and_its_step_checked(tiny_ckpt, tmp_path):
     ckpt = tmp_path / "step3"
     (ckpt / "train").mkdir(parents=True)
-    torch.save({"global_step": 3, "rng": {"numpy": np.random.get_state()}}, ckpt / "train" / "rank0.pt")
+    torch.save({"global_step": 3, "rng": {"numpy": np.random.get_state()}, "callbacks": {"t": np.float64(1.5)}},
+               ckpt / "train" / "rank0.pt")
     assert check_train_state(ckpt)["global_step"] == 3
     (ckpt / "config.json").write_text((tiny_ckpt / "config.json").read_text())
     fw = olmo_core_framework.OlmoCoreFramework(make_config("framework=olmo_core", run_dir=tmp_path / "run"), ckpt)

@@ -22,12 +22,13 @@ import torch
 from frameworks.base import Checkpoint
 from pretrain_exp.errors import CheckpointError
 
-_reconstruct = (np._core if hasattr(np, "_core") else np.core).multiarray._reconstruct
-#: the non-tensor types an OLMo-core ``train/rank<r>.pt`` holds (numpy RNG state; paths in older versions),
-#: each under the name numpy 1.x and 2.x pickle it by
+_multiarray = (np._core if hasattr(np, "_core") else np.core).multiarray
+#: the non-tensor types an OLMo-core ``train/rank<r>.pt`` holds (numpy RNG state and scalars; paths in older
+#: versions), each under the name numpy 1.x and 2.x pickle it by
 TRAIN_STATE_SAFE_GLOBALS = [
     pathlib.PosixPath, pathlib.PurePosixPath, np.dtype, np.ndarray,
-    _reconstruct, (_reconstruct, "numpy.core.multiarray._reconstruct"),
+    _multiarray._reconstruct, (_multiarray._reconstruct, "numpy.core.multiarray._reconstruct"),
+    _multiarray.scalar, (_multiarray.scalar, "numpy.core.multiarray.scalar"),
     *(type(np.dtype(t)) for t in (np.uint8, np.uint16, np.uint32, np.uint64, np.int64, np.float64)),
 ]
 
