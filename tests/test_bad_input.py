@@ -172,8 +172,8 @@ BAD_CONFIGS = {
                                                     ["cpdt.experiments[1]", "'bio'", "iid_control"]),
     "cpdt with one experiment": (["experiment=cpdt_tiny", "cpdt.experiments=[fictional_bios]"],
                                  ["cpdt.experiments", ">= 2 experiments"]),
-    "checkpoint LR schedule outside olmo2": (["framework.lr_schedule=checkpoint"],
-                                            ["framework.lr_schedule", "'checkpoint' with framework=olmo2"]),
+    "checkpoint LR schedule outside olmo2": (
+        ["framework.lr_schedule=checkpoint"], ["framework.lr_schedule", "'checkpoint' with framework=olmo2"]),
     "cpdt with one seed": (["experiment=cpdt_tiny", "cpdt.seeds=[0]"], ["cpdt.seeds", ">= 2 seeds", "[0]"]),
     "cpdt of an experiment without an effect definition": (
         ["experiment=cpdt_tiny", "+insertion@insertion.experiments.g=gaussian", "cpdt.experiments=[fictional_bios,g]"],
