@@ -13,14 +13,16 @@ Layout, as written by OLMo's ``FullCheckpointer.save_checkpoint`` (allenai/OLMo 
                                     ``epoch``, ``world_size``, checkpoint lists of ``pathlib`` paths, RNG states
                                     (python tuple, numpy ``get_state()`` tuple holding an ``ndarray``, torch tensors)
 
-Memory: ``model.pt``/``optim.pt`` are memory-mapped (``torch.load(mmap=True)``, copy-on-write), so a 7B/13B state
-is paged in as it is used rather than read whole first.
+Memory: ``model.pt``/``optim.pt`` are memory-mapped (``torch.load(weights_only=True, mmap=True)``,
+copy-on-write), so a 7B/13B state is paged in as it is used rather than read whole first.
 
 Safety: ``.pt`` files are read with ``torch.load(weights_only=True)``; ``train.pt`` needs ``pathlib`` paths and
 numpy arrays, which are allow-listed by :data:`TRAIN_STATE_SAFE_GLOBALS` (nothing else; any other type is refused).
 OLMo's ``.safetensors`` variant (``olmo/safetensors_util.py``) stores each key as a base64 pickle of
 ``(key tuple, value_is_pickled)`` and non-tensor values as pickled bytes; those pickles are decoded by a
-restricted unpickler that accepts plain Python values only (no globals at all).
+restricted unpickler that accepts plain Python values only (no globals at all). torch's own weights-only
+unpickler cannot serve here: it rejects the protocol-4 ``FRAME`` opcode these pickles use. Nothing this project
+writes (plans, manifests, checkpoints) is pickled.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ tokens/s (and MFU on GPUs) are forwarded to the run's tracker. Evals read an HF 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -86,13 +87,13 @@ def run_scheduler(name: str, warmup_steps: int, start_step: int):
 
 class MicroBatchRows:
     """Feeds the Gaussian-poisoning hook (:class:`~pretrain_exp.insertion.gaussian.EmbeddingNoise`) the rows of
-    each micro-batch: OLMo-core's train module splits the rank batch into consecutive micro-batches of
-    ``micro_batch_size`` rows and runs one forward pass per micro-batch, so a forward pre-hook on the embedding
-    module hands the next ``micro_batch_size`` rows of the step to the noise hook. Outside a training step (the
+    each micro-batch: OLMo-core's train module splits the rank batch into consecutive micro-batches and runs one
+    forward pass per micro-batch, so a forward pre-hook on the embedding module hands the next ``b`` rows of the
+    step (``b`` = the micro-batch's rows) to the noise hook. Outside a training step (the
     trainer's dry-run batch) no rows are set, so no noise is added."""
 
-    def __init__(self, noise, micro_batch_size: int):
-        self.noise, self.micro_batch_size = noise, int(micro_batch_size)
+    def __init__(self, noise):
+        self.noise = noise
         self._rows: Optional[np.ndarray] = None
         self._next = 0
 
@@ -125,23 +126,32 @@ def _insertion_callback(rows, rank: int, world: int, rows_log: Optional[Path] = 
     class Insertions(Callback):
         """``pre_step``: check the rank batch holds rows ``(k-1)·B + r + i·W``, apply the plan to them and tell
         ``noise_feed`` (Gaussian poisoning) the step's rows; with ``rows_log``, append ``{"step", "rank",
-        "rows": [q, ...], "sha256": [...]}`` (the tokens each row is trained on) to that jsonl file."""
+        "rows": [q, ...], "sha256": [...]}`` (the tokens each row is trained on) to that jsonl file.
+
+        The instance id of every row is checked at every step; the tokens (catching another dtype or other files)
+        at the first step of each fit. Only rows holding planned spans are copied and rewritten."""
+
+        checked = False
 
         def pre_step(self, batch):
             order, plan = rows.order, rows.plan
             ids = batch["input_ids"]
             qs = (self.trainer.global_step - 1) * order.global_batch_size + rank + world * np.arange(ids.shape[0])
             index = batch["index"].tolist() if "index" in batch else None
+            check_tokens = not self.checked  # tokens once per fit (dtype, files); instance ids at every step
+            self.checked = True
             for i, q in enumerate(qs.tolist()):
-                expected = order.row_tokens(q)
-                row = ids[i].cpu().numpy().astype(np.int64)
-                if (index is not None and index[i] != order.instance(q)[1]) or not np.array_equal(row, expected):
+                instance = order.instance(q)[1]
+                if (index is not None and index[i] != instance) or (
+                        check_tokens and not np.array_equal(ids[i].cpu().numpy(), order.row_tokens(q))):
                     raise TrainingError(
                         f"step {self.trainer.global_step}, rank {rank}: OLMo-core's batch row {i} is not "
-                        f"training-order row {q} (instance {order.instance(q)[1]}, got "
-                        f"{index[i] if index else '?'}); data.seed / data.paths / sequence length differ from "
-                        "the checkpoint's data loader")
-                if plan is not None and plan.apply(q, row):
+                        f"training-order row {q} (instance {instance}, got {index[i] if index else '?'}); "
+                        "data.seed / data.paths / sequence length differ from the checkpoint's data loader")
+                first, end = plan.spans_in_row(q) if plan is not None else (0, 0)
+                if end > first:
+                    row = ids[i].cpu().numpy().astype(np.int64)
+                    plan.apply(q, row)
                     ids[i] = torch.from_numpy(row).to(ids.dtype)
             if rows_log is not None:
                 digests = [hashlib.sha256(r.cpu().numpy().astype(np.int64).tobytes()).hexdigest() for r in ids]
@@ -254,6 +264,7 @@ class OlmoCoreFramework(Framework):
     def checkpoint_dir(self) -> Path:
         return self.run_dir / "checkpoints"
 
+    @functools.cached_property
     def _tokenizer(self):
         from pretrain_exp.data.tokenize import load_tokenizer
 
@@ -292,7 +303,7 @@ class OlmoCoreFramework(Framework):
                 raise ConfigError("data.seed", f"{cfg.data.seed} (first_epoch {cfg.data.first_epoch}) gives "
                                   f"OLMo-core seed {self.loader_seed}, but the checkpoint's data loader used "
                                   f"seed {dl['seed']}")
-        return OlmoCoreCheckpoint(self.model_dir, step, self._tokenizer())
+        return OlmoCoreCheckpoint(self.model_dir, step, self._tokenizer)
 
     def latest_checkpoint(self) -> Optional[Checkpoint]:
         """Newest complete ``checkpoints/step<N>/`` (OLMo-core writes ``.metadata.json`` last)."""
@@ -301,7 +312,7 @@ class OlmoCoreFramework(Framework):
             m = re.fullmatch(r"step(\d+)", d.name)
             if m and (d / ".metadata.json").is_file() and (best is None or int(m[1]) > best[0]):
                 best = (int(m[1]), d)
-        return None if best is None else OlmoCoreCheckpoint(best[1], best[0], self._tokenizer())
+        return None if best is None else OlmoCoreCheckpoint(best[1], best[0], self._tokenizer)
 
     @property
     def peak_lr(self) -> float:
@@ -366,9 +377,9 @@ class OlmoCoreFramework(Framework):
         ).build(model, device=device)
         noise_feed = None
         if rows.plan is not None and rows.plan.noise_rows.size:
-            noise_feed = MicroBatchRows(EmbeddingNoise(rows.plan), t.micro_batch_size)
+            noise_feed = MicroBatchRows(EmbeddingNoise(rows.plan))
             noise_feed.attach(model.embeddings)
-        tok = self._tokenizer()
+        tok = self._tokenizer
         work_dir = self.run_dir / "olmo_core_work"
         dataset = NumpyFSLDatasetConfig(
             tokenizer=TokenizerConfig(vocab_size=self.vocab_size, eos_token_id=tok.eos_token_id,
@@ -408,8 +419,6 @@ class OlmoCoreFramework(Framework):
 
         :raises TrainingError: if OLMo-core's batches are not the run's rows, or training stops elsewhere.
         """
-        if start.path != self.model_dir:
-            check_train_state(start.path)
         trainer = self._build_trainer(start, until_step, rows, log_fn)
         log.info("training steps %d -> %d on OLMo-core", start.step, until_step)
         trainer.fit()
