@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import pathlib
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
@@ -17,8 +18,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Iterator, Optional
 
+import numpy as np
+
 from pretrain_exp.config import ExperimentConfig
 from pretrain_exp.errors import CheckpointError
+
+_multiarray = (np._core if hasattr(np, "_core") else np.core).multiarray
+#: the non-tensor types a trainer state (OLMo-2 ``train.pt``, OLMo-core ``train/rank<r>.pt``) may hold for
+#: ``torch.load(weights_only=True)``: ``pathlib`` paths of earlier checkpoints, numpy RNG state arrays and numpy
+#: scalars; pickles name numpy's helpers by where they lived when written (numpy 1.x ``numpy.core``, numpy 2
+#: ``numpy._core``), so both names are listed. Nothing else is unpickled.
+TRAIN_STATE_SAFE_GLOBALS = [
+    pathlib.PosixPath, pathlib.PurePosixPath, pathlib.WindowsPath, np.ndarray, np.dtype,
+    *(type(np.dtype(t)) for t in (np.uint8, np.uint16, np.uint32, np.uint64, np.int64, np.float64)),
+    *((f, f"numpy.{core}.multiarray.{f.__name__}") for f in (_multiarray._reconstruct, _multiarray.scalar)
+      for core in ("core", "_core")),
+]
 
 #: called with (metrics, global step) for every logged training scalar
 LogFn = Callable[[Dict[str, float], int], None]

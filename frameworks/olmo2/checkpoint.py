@@ -17,7 +17,8 @@ Memory: ``model.pt``/``optim.pt`` are memory-mapped (``torch.load(weights_only=T
 copy-on-write), so a 7B/13B state is paged in as it is used rather than read whole first.
 
 Safety: ``.pt`` files are read with ``torch.load(weights_only=True)``; ``train.pt`` needs ``pathlib`` paths and
-numpy arrays, which are allow-listed by :data:`TRAIN_STATE_SAFE_GLOBALS` (nothing else; any other type is refused).
+numpy arrays, which are allow-listed by :data:`~frameworks.base.TRAIN_STATE_SAFE_GLOBALS` (nothing else; any
+other type is refused).
 OLMo's ``.safetensors`` variant (``olmo/safetensors_util.py``) stores each key as a base64 pickle of
 ``(key tuple, value_is_pickled)`` and non-tensor values as pickled bytes; those pickles are decoded by a
 restricted unpickler that accepts plain Python values only (no globals at all). torch's own weights-only
@@ -30,48 +31,20 @@ from __future__ import annotations
 import base64
 import io
 import logging
-import pathlib
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-import numpy as np
 import torch
 import yaml
 
+from frameworks.base import TRAIN_STATE_SAFE_GLOBALS
 from pretrain_exp.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
 FSDP_PREFIX = "_fsdp_wrapped_module."  #: inserted into parameter names by FSDP (removed on reading)
-
-
-def _numpy_reconstruct():
-    try:  # numpy >= 2
-        from numpy._core.multiarray import _reconstruct
-    except ImportError:  # numpy 1.x
-        from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]
-    return _reconstruct
-
-
-_RECONSTRUCT = _numpy_reconstruct()
-
-#: the only non-tensor types ``train.pt`` may hold: paths of earlier checkpoints and numpy's RNG state array.
-#: Pickles name them by where they lived when written (numpy 1.x ``numpy.core``, numpy 2 ``numpy._core``), so
-#: both names are listed.
-TRAIN_STATE_SAFE_GLOBALS = [
-    pathlib.PosixPath,
-    (pathlib.PosixPath, "pathlib.PosixPath"),
-    pathlib.WindowsPath,
-    (pathlib.WindowsPath, "pathlib.WindowsPath"),
-    np.ndarray,
-    np.dtype,
-    type(np.dtype(np.uint32)),
-    _RECONSTRUCT,
-    (_RECONSTRUCT, "numpy.core.multiarray._reconstruct"),
-    (_RECONSTRUCT, "numpy._core.multiarray._reconstruct"),
-]
 
 
 @dataclass
@@ -225,7 +198,8 @@ def read_optim_state(ckpt_dir: str | Path) -> Optional[Dict[str, Any]]:
 
 
 def read_train_state(ckpt_dir: str | Path) -> Dict[str, Any]:
-    """``train.pt`` of a checkpoint, loaded with ``weights_only=True`` and :data:`TRAIN_STATE_SAFE_GLOBALS`.
+    """``train.pt`` of a checkpoint, loaded with ``weights_only=True`` and
+    :data:`~frameworks.base.TRAIN_STATE_SAFE_GLOBALS`.
 
     :raises CheckpointError: if the file is missing, or holds a type outside the allow-list (the message names
         the refused global), or lacks ``global_step``.

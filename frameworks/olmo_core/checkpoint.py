@@ -12,25 +12,13 @@ of the data order.
 from __future__ import annotations
 
 import json
-import pathlib
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 import torch
 
-from frameworks.base import Checkpoint
+from frameworks.base import TRAIN_STATE_SAFE_GLOBALS, Checkpoint
 from pretrain_exp.errors import CheckpointError
-
-_multiarray = (np._core if hasattr(np, "_core") else np.core).multiarray
-#: the non-tensor types an OLMo-core ``train/rank<r>.pt`` holds (numpy RNG state and scalars; paths in older
-#: versions), each under the name numpy 1.x and 2.x pickle it by
-TRAIN_STATE_SAFE_GLOBALS = [
-    pathlib.PosixPath, pathlib.PurePosixPath, np.dtype, np.ndarray,
-    _multiarray._reconstruct, (_multiarray._reconstruct, "numpy.core.multiarray._reconstruct"),
-    _multiarray.scalar, (_multiarray.scalar, "numpy.core.multiarray.scalar"),
-    *(type(np.dtype(t)) for t in (np.uint8, np.uint16, np.uint32, np.uint64, np.int64, np.float64)),
-]
 
 
 def model_config(ckpt_dir: Path, cuda: Optional[bool] = None):
@@ -62,7 +50,8 @@ def model_config(ckpt_dir: Path, cuda: Optional[bool] = None):
 
 
 def check_train_state(ckpt_dir: Path) -> Optional[dict]:
-    """Load ``train/rank0.pt`` with ``weights_only=True`` (allow-list :data:`TRAIN_STATE_SAFE_GLOBALS`).
+    """Load ``train/rank0.pt`` with ``weights_only=True`` (allow-list
+    :data:`~frameworks.base.TRAIN_STATE_SAFE_GLOBALS`).
 
     OLMo-core itself reads trainer state with full unpickling; calling this first refuses a file that holds
     anything but tensors, containers, paths and numpy RNG state before OLMo-core touches it.
