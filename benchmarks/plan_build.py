@@ -19,8 +19,8 @@ import tracemalloc
 
 import numpy as np
 
-from pretrain_exp.config import InsertionExperimentConf, InsertionType
 from pretrain_exp.insertion.plan import build_plan
+from pretrain_exp.insertion.schema import InsertionExperimentConf, InsertionType
 from pretrain_exp.insertion.sources import ItemSet
 
 

@@ -25,9 +25,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from evals.registry import EvalContext, EvalResult, register
+from evals.base import EvalContext, EvalResult
 from evals.stats import bootstrap_ci, bootstrap_diff_ci
-from pretrain_exp.errors import ConfigError
+from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.insertion.benchmarks import (
     BenchmarkDoc,
     check_benchmark,
@@ -66,7 +66,6 @@ class BenchmarkConf:
             raise ConfigError(f"{KEY}.num_items", f"must be >= 1, got {self.num_items}")
 
 
-@register("benchmark", BenchmarkConf)
 def benchmark(cfg: BenchmarkConf, ctx: EvalContext) -> EvalResult:
     """0-shot multiple-choice accuracy of the items of insertion experiment ``cfg.experiment``, per dup count.
 

@@ -36,10 +36,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from evals.registry import EvalContext, EvalResult, register
+from evals.base import EvalContext, EvalResult
 from evals.scoring import model_device
 from evals.stats import bootstrap_ci, permutation_p_value
-from pretrain_exp.errors import ConfigError
+from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.insertion.gaussian import make_noise
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,6 @@ def pattern_scores(grads: torch.Tensor, seeds: np.ndarray, sigma: float) -> np.n
                      for s in seeds], axis=1) if len(seeds) else np.empty((n, 0))
 
 
-@register("gaussian", GaussianConf)
 def gaussian(cfg: GaussianConf, ctx: EvalContext) -> EvalResult:
     """Trained vs fresh (dup-0) noise patterns of every ``type=gaussian`` experiment (module docstring).
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from evals.registry import EvalContext, EvalResult, register
+from evals.base import EvalContext, EvalResult
 from evals.scoring import plan_item_rows, token_losses
 from evals.stats import per_dup_summary
 
@@ -24,7 +24,6 @@ class InsertionLossConf:
     type: str = "insertion_loss"
 
 
-@register("insertion_loss", InsertionLossConf)
 def insertion_loss(cfg: InsertionLossConf, ctx: EvalContext) -> EvalResult:
     """Mean per-token loss (nats) of every plan item, summarized per ``(experiment, dup_count)``.
 

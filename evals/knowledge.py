@@ -30,11 +30,10 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from evals.registry import EvalContext, EvalResult, register
+from evals.base import EvalContext, EvalResult
 from evals.scoring import continuation_scores
 from evals.stats import bootstrap_ci, bootstrap_diff_ci
-from pretrain_exp.config import InsertionType
-from pretrain_exp.errors import ConfigError
+from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.insertion.knowledge import (
     PROBE_KINDS,
     facts_by_item,
@@ -42,6 +41,7 @@ from pretrain_exp.insertion.knowledge import (
     probes,
     repeat_mode,
 )
+from pretrain_exp.insertion.schema import InsertionType
 
 KEY = "eval.tasks.knowledge"
 VALUES = ("logp_sum", "logp_mean", "greedy_acc")  #: per-fact values averaged per group
@@ -55,7 +55,6 @@ class KnowledgeConf:
     experiments: List[str] = field(default_factory=list)  #: experiments to score (empty: every type=knowledge one)
 
 
-@register("knowledge", KnowledgeConf)
 def knowledge(cfg: KnowledgeConf, ctx: EvalContext) -> EvalResult:
     """Knowledge probes of the facts of the run's ``type: knowledge`` experiments (module docstring).
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from evals.registry import EvalContext, EvalResult, register
+from evals.base import EvalContext, EvalResult
 from evals.scoring import greedy_decode, plan_item_rows
 from evals.stats import per_dup_summary
-from pretrain_exp.errors import ConfigError
+from pretrain_exp.core.errors import ConfigError
 
 
 @dataclass
@@ -36,7 +36,6 @@ class MemorizationConf:
                 raise ConfigError(f"eval.tasks.memorization.{name}", f"must be >= 1, got {value}")
 
 
-@register("memorization", MemorizationConf)
 def memorization(cfg: MemorizationConf, ctx: EvalContext) -> EvalResult:
     """Greedy extraction of every item longer than ``prefix_length + 1`` tokens.
 

@@ -32,9 +32,9 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 from scipy.stats import rankdata
 
-from evals.registry import EvalContext, EvalResult, register
+from evals.base import EvalContext, EvalResult
 from evals.scoring import plan_item_rows, token_losses
-from pretrain_exp.errors import ConfigError
+from pretrain_exp.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,6 @@ def bootstrap_auc(members: np.ndarray, nonmembers: np.ndarray, samples: int, see
     return auc, float(low), float(high)
 
 
-@register("mia", MiaConf)
 def mia(cfg: MiaConf, ctx: EvalContext) -> EvalResult:
     """Membership scores of every plan item and their AUCs, members (dup ``d > 0``) vs dup-0 controls.
 

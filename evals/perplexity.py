@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from evals.registry import EvalContext, EvalResult, register
+from evals.base import EvalContext, EvalResult
 from evals.scoring import token_losses
 
 
@@ -18,7 +18,6 @@ class PerplexityConf:
     type: str = "perplexity"
 
 
-@register("perplexity", PerplexityConf)
 def perplexity(cfg: PerplexityConf, ctx: EvalContext) -> EvalResult:
     """Token-level cross-entropy on ``ctx.held_out`` (int64 ``(n_rows, L)``), predicting positions ``1..L-1``.
 

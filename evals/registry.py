@@ -1,5 +1,8 @@
-"""The eval registry: each eval type has a config dataclass (its ``conf/eval/<name>.yaml`` extends
-``schema/eval/<type>``) and a function ``fn(cfg, ctx) -> EvalResult``.
+"""The eval registry: eval type name -> its config schema and its function, as ``"module:attr"`` strings.
+
+Each eval is one module of :mod:`evals` with a config dataclass (its ``conf/eval/<name>.yaml`` extends
+``schema/eval/<type>``) and a function ``fn(cfg, ctx: EvalContext) -> EvalResult`` (:mod:`evals.base`). A new eval
+is that module, one line in :data:`EVALS`, one YAML and its tests. Looking up a name imports only that eval.
 
 Contract (DESIGN.md section 7): an eval takes a loaded HF causal LM plus its config node and returns a flat
 dict of float metrics and optional per-item rows. Evals that score insertion experiments also return
@@ -9,80 +12,51 @@ dict of float metrics and optional per-item rows. Evals that score insertion exp
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from dataclasses import dataclass
+from typing import Any, Dict
 
-import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from pretrain_exp.errors import ConfigError
-
-
-@dataclass
-class EvalContext:
-    """What an eval gets besides its config.
-
-    ``model`` is an HF causal LM in eval mode; ``plan`` the run's insertion plan (items, including dup-0
-    controls); ``held_out`` the held-out rows of the corpus as an ``int64`` array of shape ``(n, L)``.
-    """
-
-    model: Any
-    tokenizer: Any
-    plan: Any
-    held_out: np.ndarray
-    step: int
-    batch_size: int
-    bootstrap_samples: int
-    seed: int
-    cache_dir: Optional[str] = None  #: the run's asset cache (None: ``$PRETRAIN_EXP_CACHE`` or ``~/.cache/...``)
-    row_tokens: Optional[Callable[[int], np.ndarray]] = None  #: training-order row q -> its tokens as trained
-    insertion: Any = None  #: the run's :class:`~pretrain_exp.config.InsertionConf` (seed, experiments), if known
-
-
-@dataclass
-class EvalResult:
-    """Output of one eval on one checkpoint."""
-
-    metrics: Dict[str, float] = field(default_factory=dict)  #: flat name -> value
-    per_dup: List[Dict[str, Any]] = field(default_factory=list)  #: per (experiment, dup count) summary rows
-    rows: List[Dict[str, Any]] = field(default_factory=list)  #: optional per-item rows
+from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.core.registry import load
 
 
 @dataclass(frozen=True)
 class EvalSpec:
-    config: type  #: the dataclass schema; must have a ``type: str`` field equal to the registry name
-    fn: Callable[[Any, EvalContext], EvalResult]
+    """One registered eval: ``"module:attr"`` of its schema and of its function, loaded on first use."""
+
+    config_target: str
+    fn_target: str
+
+    @property
+    def config(self) -> type:
+        """The dataclass schema; its ``type: str`` field equals the registry name."""
+        return load(self.config_target)
+
+    @property
+    def fn(self):
+        """``fn(cfg, ctx) -> EvalResult``."""
+        return load(self.fn_target)
 
 
-EVALS: Dict[str, EvalSpec] = {}
+def _spec(module: str, conf: str, fn: str) -> EvalSpec:
+    return EvalSpec(f"evals.{module}:{conf}", f"evals.{module}:{fn}")
 
 
-def register(name: str, config: type):
-    """Decorator registering ``fn(cfg, ctx) -> EvalResult`` as eval type ``name`` with schema ``config``."""
-
-    def wrap(fn):
-        EVALS[name] = EvalSpec(config, fn)
-        return fn
-
-    return wrap
-
-
-def _load_all() -> None:
-    from evals import (  # noqa: F401  (registration side effect)
-        benchmark,
-        gaussian,
-        insertion_loss,
-        knowledge,
-        memorization,
-        mia,
-        perplexity,
-    )
+EVALS: Dict[str, EvalSpec] = {
+    "benchmark": _spec("benchmark", "BenchmarkConf", "benchmark"),
+    "gaussian": _spec("gaussian", "GaussianConf", "gaussian"),
+    "insertion_loss": _spec("insertion_loss", "InsertionLossConf", "insertion_loss"),
+    "knowledge": _spec("knowledge", "KnowledgeConf", "knowledge"),
+    "memorization": _spec("memorization", "MemorizationConf", "memorization"),
+    "mia": _spec("mia", "MiaConf", "mia"),
+    "perplexity": _spec("perplexity", "PerplexityConf", "perplexity"),
+}
 
 
 def register_eval_schemas(cs) -> None:
     """Store each eval's schema in Hydra's ConfigStore as ``schema/eval/<type>``."""
-    _load_all()
     for name, spec in EVALS.items():
         cs.store(group="schema/eval", name=name, node=spec.config)
 
@@ -92,7 +66,6 @@ def parse_task_configs(tasks: Dict[str, Any]) -> Dict[str, Any]:
 
     :raises ConfigError: for an unknown eval type (listing the known ones) or a bad field, naming the key.
     """
-    _load_all()
     out = {}
     for name, node in tasks.items():
         key = f"eval.tasks.{name}"
@@ -111,7 +84,6 @@ def parse_task_configs(tasks: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def run_eval(cfg: Any, ctx: EvalContext) -> EvalResult:
+def run_eval(cfg: Any, ctx):
     """Run one configured eval."""
-    _load_all()
     return EVALS[cfg.type].fn(cfg, ctx)

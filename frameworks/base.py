@@ -20,8 +20,8 @@ from typing import Callable, Dict, Iterator, Optional
 
 import numpy as np
 
-from pretrain_exp.config import ExperimentConfig
-from pretrain_exp.errors import CheckpointError
+from pretrain_exp.core.config import RunConfig
+from pretrain_exp.core.errors import CheckpointError
 
 _multiarray = (np._core if hasattr(np, "_core") else np.core).multiarray
 #: the non-tensor types a trainer state (OLMo-2 ``train.pt``, OLMo-core ``train/rank<r>.pt``) may hold for
@@ -76,13 +76,13 @@ class Framework(ABC):
     #: whether :meth:`train` adds Gaussian-poisoning noise (:class:`~pretrain_exp.insertion.gaussian.EmbeddingNoise`)
     applies_embedding_noise: bool = False
 
-    def __init__(self, cfg: ExperimentConfig, model_dir: Path):
+    def __init__(self, cfg: RunConfig, model_dir: Path):
         self.cfg = cfg
         self.model_dir = Path(model_dir)  #: dir of the initial checkpoint (framework format)
         self.run_dir = Path(cfg.run_dir)
 
     @classmethod
-    def resolve_model(cls, cfg: ExperimentConfig) -> Path:
+    def resolve_model(cls, cfg: RunConfig) -> Path:
         """The initial checkpoint's dir (an asset is fetched and converted once into the cache).
 
         :raises CheckpointError: if ``model.path`` is not an HF model dir, or ``model.url`` is set (HF

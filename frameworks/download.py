@@ -55,7 +55,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
-from pretrain_exp.errors import CheckpointError
+from pretrain_exp.core.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 

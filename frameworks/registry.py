@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from pretrain_exp.errors import ConfigError
+from pretrain_exp.core.errors import ConfigError
 
 FRAMEWORKS = {
     "hf": "frameworks.hf.framework:HFFramework",

@@ -13,7 +13,8 @@ import transformers
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 
-from pretrain_exp.config import ExperimentConfig, register_configs, to_config
+from pretrain_exp.app.config import ExperimentConfig, register_configs
+from pretrain_exp.app.validate import to_config
 from pretrain_exp.insertion.plan import Plan
 
 ROOT = Path(__file__).resolve().parents[1]

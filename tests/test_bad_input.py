@@ -22,23 +22,24 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-from pretrain_exp.config import (
+from pretrain_exp.app.config import register_configs
+from pretrain_exp.app.validate import to_config
+from pretrain_exp.core.errors import ConfigError, DataError, InsertionError
+from pretrain_exp.core.io import read_jsonl
+from pretrain_exp.data import assets
+from pretrain_exp.data.assets import fetch, iter_texts
+from pretrain_exp.data.token_files import TokenFiles, write_token_file
+from pretrain_exp.data.tokenize import load_tokenizer, tokenize_source
+from pretrain_exp.insertion.plan import build_plan
+from pretrain_exp.insertion.schema import (
     EosPolicy,
     InsertionExperimentConf,
     InsertionType,
     PlacementConf,
     PlacementKind,
     RangeUnit,
-    register_configs,
-    to_config,
 )
-from pretrain_exp.data import assets
-from pretrain_exp.data.assets import fetch, iter_texts
-from pretrain_exp.data.token_files import TokenFiles, write_token_file
-from pretrain_exp.data.tokenize import load_tokenizer, tokenize_source
-from pretrain_exp.errors import ConfigError, DataError, InsertionError
-from pretrain_exp.insertion.plan import build_plan
-from pretrain_exp.insertion.sources import load_items, read_jsonl
+from pretrain_exp.insertion.sources import load_items
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -621,7 +622,7 @@ def test_asset_download_failure_is_a_clear_error(tmp_path, monkeypatch):
 
 def _main_in_process(monkeypatch, tmp_path, argv, fake_run):
     """Run the entry point in process with ``argv``; ``experiment.run`` replaced by ``fake_run``."""
-    import pretrain_exp.experiment as experiment
+    import pretrain_exp.app.experiment as experiment
 
     monkeypatch.setattr(experiment, "run", fake_run)
     monkeypatch.setenv("PRETRAIN_EXP_RUNS", str(tmp_path / "runs"))

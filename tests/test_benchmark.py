@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 import torch
 
+from evals.base import EvalContext
 from evals.benchmark import BenchmarkConf, bootstrap_diff_ci
-from evals.registry import EvalContext, parse_task_configs, run_eval
-from pretrain_exp.config import EosPolicy, InsertionExperimentConf, InsertionType
+from evals.registry import parse_task_configs, run_eval
+from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.data.assets import fetch
-from pretrain_exp.errors import ConfigError
 from pretrain_exp.insertion.benchmarks import HF_DATASETS, _read_rows, item_text, prompt, read_benchmark, sample_docs
 from pretrain_exp.insertion.plan import build_plan
+from pretrain_exp.insertion.schema import EosPolicy, InsertionExperimentConf, InsertionType
 from pretrain_exp.insertion.sources import load_items, validate_experiment
 from tests.conftest import CACHE_DIR, make_config
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from pretrain_exp.config import ExperimentConfig, PlacementKind
-from pretrain_exp.errors import ConfigError
+from pretrain_exp.app.config import ExperimentConfig
+from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.insertion.schema import PlacementKind
 from tests.conftest import CONF_DIR, compose, make_config
 
 #: mandatory values (???) that options leave to the user

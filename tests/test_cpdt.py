@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from evals.stats import contrast_replicates, percentile_interval, sign_flip_pvalue
-from pretrain_exp.config import InsertionExperimentConf, InsertionType
-from pretrain_exp.errors import InsertionError
+from pretrain_exp.core.errors import InsertionError
 from pretrain_exp.insertion.plan import Plan, build_plan
+from pretrain_exp.insertion.schema import InsertionExperimentConf, InsertionType
 from pretrain_exp.insertion.sources import ItemSet
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,12 +21,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pretrain_exp.core.errors import DataError
+from pretrain_exp.core.io import sha256_file
 from pretrain_exp.data import assets
 from pretrain_exp.data import tokenize as tokenize_mod
-from pretrain_exp.data.assets import ASSETS, fetch, hf_model_dir, iter_texts, sha256_file
+from pretrain_exp.data.assets import ASSETS, fetch, hf_model_dir, iter_texts
 from pretrain_exp.data.token_files import TokenFiles, dtype_for_vocab
 from pretrain_exp.data.tokenize import load_tokenizer, tokenize_source
-from pretrain_exp.errors import DataError
 from pretrain_exp.insertion.generators import GENERATORS, fictional_bios
 
 REPO = Path(__file__).resolve().parents[1]

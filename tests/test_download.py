@@ -28,7 +28,7 @@ from frameworks.download import (
     download_olmo2_checkpoint,
     download_olmo_core_checkpoint,
 )
-from pretrain_exp.errors import CheckpointError
+from pretrain_exp.core.errors import CheckpointError
 
 #: ``model_and_optim/.metadata`` is opaque here (OLMo-core reads it); the shards are found by probing
 DCP_METADATA = b"torch DCP metadata (opaque to the downloader)"

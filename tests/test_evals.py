@@ -12,10 +12,11 @@ import torch.nn.functional as F
 import evals.insertion_loss  # noqa: F401  (registration)
 import evals.memorization  # noqa: F401
 import evals.perplexity  # noqa: F401
-from evals.registry import EVALS, EvalContext, parse_task_configs, run_eval
+from evals.base import EvalContext
+from evals.registry import EVALS, parse_task_configs, run_eval
 from evals.scoring import greedy_decode
 from evals.stats import bootstrap_ci, per_dup_summary
-from pretrain_exp.errors import ConfigError
+from pretrain_exp.core.errors import ConfigError
 from tests.conftest import EOS, TEXT_LEN, VOCAB, make_plan, random_item, tiny_model
 
 

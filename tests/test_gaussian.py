@@ -11,11 +11,15 @@ import torch
 import transformers
 
 import frameworks.hf.framework as hf
+from evals.base import EvalContext
 from evals.gaussian import GaussianConf
 from evals.gaussian import gaussian as gaussian_eval
-from evals.registry import EvalContext
 from evals.stats import permutation_p_value
-from pretrain_exp.config import (
+from pretrain_exp.app.experiment import Experiment
+from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.insertion.gaussian import EmbeddingNoise, NoiseSpec, make_noise, noise_seed
+from pretrain_exp.insertion.plan import Plan, build_plan
+from pretrain_exp.insertion.schema import (
     EosPolicy,
     InsertionExperimentConf,
     InsertionType,
@@ -23,10 +27,6 @@ from pretrain_exp.config import (
     PlacementKind,
     RangeUnit,
 )
-from pretrain_exp.errors import ConfigError
-from pretrain_exp.experiment import Experiment
-from pretrain_exp.insertion.gaussian import EmbeddingNoise, NoiseSpec, make_noise, noise_seed
-from pretrain_exp.insertion.plan import Plan, build_plan
 from pretrain_exp.insertion.sources import load_items
 from tests.conftest import make_config, tiny_model
 

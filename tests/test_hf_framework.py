@@ -11,8 +11,8 @@ import transformers
 from safetensors.torch import load_file
 
 import frameworks.hf.framework as hf
-from pretrain_exp.errors import ConfigError, DataError, TrainingError
-from pretrain_exp.experiment import Experiment, with_retries
+from pretrain_exp.app.experiment import Experiment, with_retries
+from pretrain_exp.core.errors import ConfigError, DataError, TrainingError
 from tests.conftest import make_config
 
 TINY = ["experiment=tiny", "wandb=disabled", "eval=[insertion_loss]", "training.num_threads=1",

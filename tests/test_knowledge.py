@@ -11,19 +11,12 @@ import numpy as np
 import pytest
 import torch
 
+from evals.base import EvalContext
 from evals.knowledge import KnowledgeConf, summarize
-from evals.registry import EvalContext, run_eval
+from evals.registry import run_eval
 from evals.scoring import continuation_scores, greedy_decode
-from pretrain_exp.config import (
-    InsertionConf,
-    InsertionExperimentConf,
-    InsertionType,
-    KnowledgeRepeat,
-    PlacementConf,
-    PlacementKind,
-)
+from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.data.assets import iter_texts
-from pretrain_exp.errors import ConfigError
 from pretrain_exp.insertion.knowledge import (
     ATTRIBUTES,
     NUM_HELD_OUT_TEMPLATES,
@@ -34,6 +27,14 @@ from pretrain_exp.insertion.knowledge import (
     probes,
 )
 from pretrain_exp.insertion.plan import build_plan
+from pretrain_exp.insertion.schema import (
+    InsertionConf,
+    InsertionExperimentConf,
+    InsertionType,
+    KnowledgeRepeat,
+    PlacementConf,
+    PlacementKind,
+)
 from pretrain_exp.insertion.sources import load_items
 from tests.conftest import CACHE_DIR, tiny_model
 from tests.test_experiment import cli

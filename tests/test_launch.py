@@ -9,8 +9,8 @@ import pytest
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 
-from pretrain_exp.errors import LaunchError
-from pretrain_exp.launch import check_allocation, torchrun_argv
+from pretrain_exp.app.launch import check_allocation, torchrun_argv
+from pretrain_exp.core.errors import LaunchError
 from tests.conftest import CONF_DIR, ROOT, make_config
 
 
@@ -18,7 +18,7 @@ def test_torchrun_argv_uses_this_interpreter_and_the_worker(tmp_path):
     argv = torchrun_argv(4, tmp_path / "config.resolved.yaml", tmp_path / "torchrun")
     assert argv[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert "--standalone" in argv and "--nproc-per-node=4" in argv
-    assert argv[-3:] == ["-m", "pretrain_exp.worker", str(tmp_path / "config.resolved.yaml")]
+    assert argv[-3:] == ["-m", "pretrain_exp.app.worker", str(tmp_path / "config.resolved.yaml")]
 
 
 @pytest.mark.parametrize("env,nproc,needle", [
@@ -51,7 +51,7 @@ def test_slurm_presets_are_one_task_per_node(launcher, gpus, tmp_path):
 
 
 def test_the_worker_never_imports_hydra():
-    code = ("import sys, pretrain_exp.worker, pretrain_exp.experiment, frameworks.hf.framework; "
+    code = ("import sys, pretrain_exp.app.worker, pretrain_exp.app.experiment, frameworks.hf.framework; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('hydra', 'hydra_plugins')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
+from evals.base import EvalContext
 from evals.mia import MiaConf, bootstrap_auc, item_bytes, membership_scores, roc_auc
-from evals.registry import EVALS, EvalContext, parse_task_configs, run_eval
-from pretrain_exp.errors import ConfigError
+from evals.registry import EVALS, parse_task_configs, run_eval
+from pretrain_exp.core.errors import ConfigError
 from tests.conftest import EOS, make_config, make_plan, random_item, tiny_model
 
 

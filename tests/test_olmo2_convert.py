@@ -31,9 +31,9 @@ from frameworks.olmo2 import (
     transformer_config,
 )
 from frameworks.olmo2.checkpoint import read_train_state
+from pretrain_exp.core.errors import CheckpointError, ConfigError
 from pretrain_exp.data.order import DataOrder
 from pretrain_exp.data.token_files import TokenFiles, write_token_file
-from pretrain_exp.errors import CheckpointError, ConfigError
 from tests import olmo2_checkpoint as fx
 
 transformers = pytest.importorskip("transformers")

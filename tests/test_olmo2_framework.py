@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from pretrain_exp.errors import ConfigError
+from pretrain_exp.core.errors import ConfigError
 from tests import olmo2_checkpoint as fx
 from tests.conftest import make_config
 
@@ -74,7 +74,7 @@ def test_a_run_that_would_not_continue_the_checkpoint_is_refused(olmo2_ckpt, tmp
 def test_a_converted_checkpoint_continues_at_its_step_in_olmo2s_order(olmo2_ckpt, tmp_path):
     """Training starts at step 38: OLMo-core's loader (seed S-1, positioned at batch 37) hands over rows
     [37*B, 39*B) of OLMo-2's order, which our callback checks row by row before training on them."""
-    from pretrain_exp.experiment import Experiment
+    from pretrain_exp.app.experiment import Experiment
 
     ckpt, paths = olmo2_ckpt
     cfg = olmo2_run(ckpt, paths, tmp_path / "run")

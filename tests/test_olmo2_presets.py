@@ -17,7 +17,7 @@ import yaml
 
 from frameworks.olmo2 import load_converted
 from frameworks.olmo2.presets import TINY_CHECKPOINTS, tiny_checkpoint
-from pretrain_exp.errors import DataError
+from pretrain_exp.core.errors import DataError
 from tests.conftest import CACHE_DIR
 
 pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")

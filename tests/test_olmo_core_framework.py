@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from pretrain_exp.errors import CheckpointError
+from pretrain_exp.core.errors import CheckpointError
 from pretrain_exp.insertion.plan import Plan
 from tests.conftest import CACHE_DIR, ROOT, make_config
 
@@ -148,7 +148,7 @@ def test_trainer_state_is_read_without_unpickling_and_its_step_checked(tiny_ckpt
 def test_olmo_core_trains_exactly_the_runs_rows_with_the_plan_applied(tmp_path, monkeypatch):
     """Every row OLMo-core's data loader hands the train module, after our pre_step callback, is
     ``TrainingRows.row(q)``: the training-order row with the planned spans written."""
-    from pretrain_exp.experiment import Experiment
+    from pretrain_exp.app.experiment import Experiment
 
     seen = []
     original = olmo_core_framework._insertion_callback
@@ -225,7 +225,7 @@ def test_olmo_core_adds_exactly_the_planned_gaussian_noise(tmp_path, monkeypatch
     dry-run batch gets no noise."""
     import torch.nn.functional as F
 
-    from pretrain_exp.experiment import Experiment
+    from pretrain_exp.app.experiment import Experiment
     from pretrain_exp.insertion.gaussian import make_noise
 
     seen = []

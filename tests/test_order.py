@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 
+from pretrain_exp.core.errors import DataError
 from pretrain_exp.data.order import DataOrder, step_row_offset, step_window
 from pretrain_exp.data.rows import TrainingRows
 from pretrain_exp.data.token_files import TokenFiles, dtype_for_vocab, write_token_file
-from pretrain_exp.errors import DataError
 
 L = 32
 SIZES = (1607, 991, 100)  # -> 50, 30 and 3 instances of 32 tokens (tails 7, 31, 4 dropped)

@@ -15,7 +15,13 @@ import numpy as np
 import pytest
 import torch
 
-from pretrain_exp.config import (
+from pretrain_exp.core.errors import CheckpointError, ConfigError, InsertionError
+from pretrain_exp.data.order import DataOrder
+from pretrain_exp.data.rows import TrainingRows
+from pretrain_exp.data.token_files import TokenFiles, write_token_file
+from pretrain_exp.insertion.placement import Occupancy, expand_copies
+from pretrain_exp.insertion.plan import Plan, build_plan
+from pretrain_exp.insertion.schema import (
     EosPolicy,
     InsertionExperimentConf,
     InsertionType,
@@ -23,12 +29,6 @@ from pretrain_exp.config import (
     PlacementKind,
     RangeUnit,
 )
-from pretrain_exp.data.order import DataOrder
-from pretrain_exp.data.rows import TrainingRows
-from pretrain_exp.data.token_files import TokenFiles, write_token_file
-from pretrain_exp.errors import CheckpointError, ConfigError, InsertionError
-from pretrain_exp.insertion.placement import Occupancy, expand_copies
-from pretrain_exp.insertion.plan import Plan, build_plan
 from pretrain_exp.insertion.sources import ItemSet, load_items, sha256_tokens, validate_experiment
 from pretrain_exp.insertion.verify import verify_plan
 

@@ -16,7 +16,7 @@ from hydra import initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from pretrain_exp.config import to_config
+from pretrain_exp.app.validate import to_config
 from tests.conftest import CACHE_DIR, CONF_DIR, ROOT, compose
 
 SWEEPS = sorted(p.stem for p in (CONF_DIR / "sweep").glob("*.yaml"))

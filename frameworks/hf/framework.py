@@ -28,8 +28,8 @@ from transformers import (
 )
 
 from frameworks.base import Checkpoint, Framework, LogFn
-from pretrain_exp.config import Precision
-from pretrain_exp.errors import CheckpointError
+from pretrain_exp.core.config import Precision
+from pretrain_exp.core.errors import CheckpointError
 from pretrain_exp.insertion.gaussian import EmbeddingNoise
 
 log = logging.getLogger(__name__)

@@ -40,7 +40,7 @@ import torch
 import yaml
 
 from frameworks.base import TRAIN_STATE_SAFE_GLOBALS
-from pretrain_exp.errors import CheckpointError
+from pretrain_exp.core.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 

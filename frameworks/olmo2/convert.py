@@ -37,7 +37,7 @@ import torch
 
 from frameworks.olmo2.checkpoint import read_checkpoint
 from frameworks.olmo2.data_order import DataOrderParams, TrainPosition, data_order, train_position
-from pretrain_exp.errors import CheckpointError, ConfigError
+from pretrain_exp.core.errors import CheckpointError, ConfigError
 
 #: OLMo ``ModelConfig`` defaults (allenai/OLMo ``olmo/config.py``) for the keys read here, used when a
 #: ``config.yaml`` leaves one out (checkpoints normally carry the full dump).

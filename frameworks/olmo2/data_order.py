@@ -32,8 +32,8 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
+from pretrain_exp.core.errors import CheckpointError, ConfigError
 from pretrain_exp.data.token_files import dtype_for_vocab
-from pretrain_exp.errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
 

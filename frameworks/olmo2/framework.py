@@ -27,14 +27,14 @@ import logging
 from pathlib import Path
 
 from frameworks.olmo_core.framework import OlmoCoreFramework
-from pretrain_exp.config import ExperimentConfig
+from pretrain_exp.core.config import RunConfig
+from pretrain_exp.core.errors import CheckpointError, ConfigError
 from pretrain_exp.data.assets import build_once
-from pretrain_exp.errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
 
 
-def olmo2_checkpoint_dir(cfg: ExperimentConfig) -> Path:
+def olmo2_checkpoint_dir(cfg: RunConfig) -> Path:
     """The OLMo-2 ``step<N>-unsharded/`` dir of the run (preset built, or URL downloaded, into the cache).
 
     :raises CheckpointError: if ``model.path`` has no ``config.yaml``.
@@ -54,7 +54,7 @@ def olmo2_checkpoint_dir(cfg: ExperimentConfig) -> Path:
     return path
 
 
-def check_continuation(cfg: ExperimentConfig, source: Path) -> None:
+def check_continuation(cfg: RunConfig, source: Path) -> None:
     """Check that the run continues ``source`` where it stopped, in its data order.
 
     :raises ConfigError: naming ``model.checkpoint_step``, ``training.sequence_length``,
@@ -85,7 +85,7 @@ def check_continuation(cfg: ExperimentConfig, source: Path) -> None:
                     order.instance_filter)
 
 
-def convert_to_olmo_core(cfg: ExperimentConfig, source: Path) -> Path:
+def convert_to_olmo_core(cfg: RunConfig, source: Path) -> Path:
     """The OLMo-core checkpoint (``config.json`` + DCP model and optimizer shards) converted from ``source``,
     cached under ``<cache_dir>/models/olmo2-converted/``; the AdamW state is laid out for the optimizer the run
     builds (its peak LR, betas and weight decay are part of the cache key)."""
@@ -181,7 +181,7 @@ class Olmo2Framework(OlmoCoreFramework):
         return super().scheduler()
 
     @classmethod
-    def resolve_model(cls, cfg: ExperimentConfig) -> Path:
+    def resolve_model(cls, cfg: RunConfig) -> Path:
         """Check the continuation, then return the converted OLMo-core checkpoint dir (converted once)."""
         source = olmo2_checkpoint_dir(cfg)
         check_continuation(cfg, source)

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 import yaml
 
+from pretrain_exp.core.errors import DataError
 from pretrain_exp.data.assets import build_once
-from pretrain_exp.errors import DataError
 
 FSDP_PREFIX = "_fsdp_wrapped_module."  #: what FSDP inserts into parameter names (the model and each block)
 

@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from frameworks.base import TRAIN_STATE_SAFE_GLOBALS, Checkpoint
-from pretrain_exp.errors import CheckpointError
+from pretrain_exp.core.errors import CheckpointError
 
 
 def model_config(ckpt_dir: Path, cuda: Optional[bool] = None):

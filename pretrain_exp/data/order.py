@@ -20,8 +20,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from pretrain_exp.core.errors import DataError
 from pretrain_exp.data.token_files import TokenFiles
-from pretrain_exp.errors import DataError
 
 
 @dataclass(frozen=True)

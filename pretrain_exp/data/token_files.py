@@ -16,7 +16,7 @@ from typing import Iterable, List, Sequence
 
 import numpy as np
 
-from pretrain_exp.errors import DataError
+from pretrain_exp.core.errors import DataError
 
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:

@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import List
 
+from pretrain_exp.core.errors import DataError, PretrainExpError
 from pretrain_exp.data.assets import (
     ASSETS,
     GGUF_MEMBERS,
@@ -35,7 +36,6 @@ from pretrain_exp.data.assets import (
     tokenizer_dir,
 )
 from pretrain_exp.data.token_files import dtype_for_vocab, write_token_file
-from pretrain_exp.errors import DataError, PretrainExpError
 
 log = logging.getLogger(__name__)
 

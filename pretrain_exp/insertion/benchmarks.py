@@ -31,7 +31,6 @@ the eval call, so the eval rebuilds the docs of a plan's items in item order.
 from __future__ import annotations
 
 import functools
-import os
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -40,7 +39,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from pretrain_exp.errors import ConfigError, DataError
+from pretrain_exp.core.errors import ConfigError, DataError
+from pretrain_exp.core.io import default_cache_dir
 
 FORMATS = ("cloze", "lettered")
 LETTERS = "ABCDEFGHIJ"
@@ -115,12 +115,6 @@ BENCHMARKS: Dict[str, _Spec] = {
 #: benchmark name -> the single-file benchmarks it concatenates
 GROUPS: Dict[str, Tuple[str, ...]] = {"mmlu": tuple(f"mmlu_{s}" for s in MMLU_SUBJECTS)}
 ALLOWED = "arc_easy, arc_challenge, sciq, piqa, mmlu (all 57 subjects) or mmlu_<subject> (e.g. mmlu_anatomy)"
-
-
-def default_cache_dir() -> Path:
-    """The asset cache when none is configured: ``$PRETRAIN_EXP_CACHE`` or ``~/.cache/pretrain_exp`` (as the
-    root config's ``cache_dir``)."""
-    return Path(os.environ.get("PRETRAIN_EXP_CACHE") or Path.home() / ".cache" / "pretrain_exp")
 
 
 def check_benchmark(key: str, name: Optional[str]) -> str:
@@ -202,7 +196,7 @@ def sample_docs(name: str, *, num_items: Optional[int], seed: int, cache_dir: st
 def benchmark_docs(exp, seed: int, cache_dir: str | Path | None = None, key: str = "benchmark") -> List[BenchmarkDoc]:
     """The docs of a ``type: benchmark`` insertion experiment in item order (item ``i`` is doc ``i``).
 
-    :param exp: an :class:`~pretrain_exp.config.InsertionExperimentConf` (or any object with ``benchmark`` and
+    :param exp: an :class:`~pretrain_exp.insertion.schema.InsertionExperimentConf` (or any object with ``benchmark`` and
         ``num_items``).
     :param seed: the insertion seed (``insertion.seed``).
     """

@@ -10,7 +10,7 @@ This follows the "IID Replacements" experiment of Bordt & Pawelczyk (2025), *Tra
 Pretraining Experiments for the Cost of One* (arXiv:2509.23383, Appendix B.2 and E.10), which inserts tokens
 drawn from the not-trained remainder of the shuffled pretraining data. Inserting such text is ordinary training
 on more of the same distribution, so it should not change the outcome of any other experiment: in a CPDT run
-(:mod:`pretrain_exp.cpdt`) its interactions must be indistinguishable from 0.
+(:mod:`pretrain_exp.app.cpdt`) its interactions must be indistinguishable from 0.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Iterator, Optional, Tuple
 
 import numpy as np
 
-from pretrain_exp.config import InsertionExperimentConf, PlacementKind
-from pretrain_exp.errors import ConfigError
+from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.insertion.schema import InsertionExperimentConf, PlacementKind
 
 
 def validate(key: str, exp: InsertionExperimentConf) -> None:

@@ -42,9 +42,9 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from pretrain_exp.config import KnowledgeRepeat, PlacementKind
-from pretrain_exp.errors import ConfigError
+from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.insertion.generators import _word
+from pretrain_exp.insertion.schema import KnowledgeRepeat, PlacementKind
 
 PROBE_KINDS = ("memorization", "generalization")
 NUM_TRAINING_TEMPLATES = 4  #: training templates per attribute (``paraphrases`` may use fewer)
@@ -211,7 +211,7 @@ def knowledge_items(name: str, exp, seed: int) -> Tuple[List[Fact], List[Knowled
     Fact dup counts come from :func:`~pretrain_exp.insertion.sources.assign_dup_counts` with the experiment's
     RNG, exactly as item dup counts do for the other types.
 
-    :param exp: an :class:`~pretrain_exp.config.InsertionExperimentConf` with ``type=knowledge``.
+    :param exp: an :class:`~pretrain_exp.insertion.schema.InsertionExperimentConf` with ``type=knowledge``.
     :param seed: the insertion seed (``insertion.seed``).
     :raises ConfigError: for invalid settings (see :func:`validate`).
     """

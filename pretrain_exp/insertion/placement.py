@@ -17,8 +17,8 @@ from typing import List, Sequence
 
 import numpy as np
 
-from pretrain_exp.config import InsertionExperimentConf, PlacementKind, RangeUnit
-from pretrain_exp.errors import ConfigError, InsertionError
+from pretrain_exp.core.errors import ConfigError, InsertionError
+from pretrain_exp.insertion.schema import InsertionExperimentConf, PlacementKind, RangeUnit
 
 MAX_ROUNDS = 200  #: redraw rounds before a random placement gives up (the window is too full)
 

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,10 +27,10 @@ from typing import Dict, List
 
 import numpy as np
 
-from pretrain_exp.config import InsertionExperimentConf, InsertionType, PlacementKind
+from pretrain_exp.core.errors import CheckpointError, InsertionError
+from pretrain_exp.core.io import atomic_write
 from pretrain_exp.data.order import step_row_offset
 from pretrain_exp.data.token_files import dtype_for_vocab
-from pretrain_exp.errors import CheckpointError, InsertionError
 from pretrain_exp.insertion.gaussian import noise_seed
 from pretrain_exp.insertion.placement import (
     Occupancy,
@@ -42,6 +40,7 @@ from pretrain_exp.insertion.placement import (
     place_explicit,
     place_random,
 )
+from pretrain_exp.insertion.schema import InsertionExperimentConf, InsertionType, PlacementKind
 from pretrain_exp.insertion.sources import ItemSet, experiment_rng, sha256_tokens
 
 
@@ -137,7 +136,7 @@ class Plan:
 
     def without(self, names) -> "Plan":
         """The plan minus the items and insertions of experiments ``names``; every other insertion keeps its
-        position (CPDT's alone arms, :mod:`pretrain_exp.cpdt`). Item ids are renumbered in the same order.
+        position (CPDT's alone arms, :mod:`pretrain_exp.app.cpdt`). Item ids are renumbered in the same order.
 
         :raises InsertionError: for a name that is not an experiment of the plan.
         """
@@ -165,7 +164,7 @@ class Plan:
                 "window": [int(w) for w in self.window], "experiments": self.experiments}
         if self.noise_sigma:
             meta["noise_sigma"] = self.noise_sigma
-        _atomic(Path(path), lambda f: np.savez(
+        atomic_write(Path(path), lambda f: np.savez(
             f, meta=np.array(json.dumps(meta)), token_offsets=self.token_offsets, tokens=self.tokens,
             item_experiment=self.item_experiment, item_dup_count=self.item_dup_count, positions=self.positions,
             item_ids=self.item_ids, dup_index=self.dup_index, **(_noise_arrays(self) if self.noise_sigma else {})),
@@ -233,25 +232,13 @@ class Plan:
                     rec["sigma"] = self.noise_sigma[spec.experiment]
                 f.write(json.dumps(rec) + "\n")
 
-        _atomic(path, manifest)
-        _atomic(path.with_name("items.jsonl"), item_table)
+        atomic_write(path, manifest)
+        atomic_write(path.with_name("items.jsonl"), item_table)
 
 
 def _noise_arrays(plan: Plan) -> Dict[str, np.ndarray]:
     return {"item_noise_seed": plan.item_noise_seed, "noise_rows": plan.noise_rows,
             "noise_item_ids": plan.noise_item_ids, "noise_dup_index": plan.noise_dup_index}
-
-
-def _atomic(path: Path, write, binary: bool = False) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb" if binary else "w") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def build_plan(items: Dict[str, ItemSet], experiments: Dict[str, InsertionExperimentConf],

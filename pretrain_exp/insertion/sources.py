@@ -13,7 +13,7 @@ Dup counts (``repetitions``):
   chosen with the experiment's seed, get one more; so ``0.5`` inserts a seeded half of the items once and
   keeps the other half as controls, and the mean dup count is ``r`` up to rounding.
 
-EOS policy (:class:`~pretrain_exp.config.EosPolicy`): ``wrap`` appends EOS unless the item already ends with
+EOS policy (:class:`~pretrain_exp.insertion.schema.EosPolicy`): ``wrap`` appends EOS unless the item already ends with
 it and then prepends EOS unless it starts with it, so the item is its own EOS-delimited document as in OLMo's
 packing; token 0 of a training row is never a target, so the leading EOS also keeps an item placed at offset 0
 fully trained. Items that end up longer than the sequence length are an error naming the item.
@@ -22,17 +22,16 @@ fully trained. Items that end up longer than the sequence length are an error na
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterator, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from pretrain_exp.config import EosPolicy, InsertionExperimentConf, InsertionType, PlacementKind, RangeUnit
-from pretrain_exp.errors import ConfigError, DataError, InsertionError
+from pretrain_exp.core.errors import ConfigError, DataError, InsertionError
+from pretrain_exp.core.io import read_jsonl
+from pretrain_exp.insertion.schema import EosPolicy, InsertionExperimentConf, InsertionType, PlacementKind, RangeUnit
 
 #: item types whose payload is a text, tokenized with the model's tokenizer
 TEXT_TYPES = (InsertionType.texts, InsertionType.benchmark, InsertionType.knowledge)
@@ -95,29 +94,6 @@ class ItemSet:
 
     def __iter__(self) -> Iterator[Item]:
         return (self[i] for i in range(len(self)))
-
-
-def read_jsonl(path: str | Path) -> Iterator[tuple[int, object]]:
-    """``(line number, parsed object)`` of each non-blank line of a jsonl file (1-based line numbers).
-
-    :raises DataError: for a missing file, non-UTF-8 bytes or malformed JSON, naming the file and line.
-    """
-    path = Path(path)
-    if not path.is_file():
-        what = "is a directory, not a jsonl file" if path.is_dir() else "file not found"
-        raise DataError(f"{path}: {what}")
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{path}:{lineno}: not valid UTF-8 (byte {e.start})") from None
-            if not line.strip():
-                continue
-            try:
-                yield lineno, json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
 
 
 def validate_experiment(key: str, exp: InsertionExperimentConf) -> None:

@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from pretrain_exp.errors import InsertionError
+from pretrain_exp.core.errors import InsertionError
 
 log = logging.getLogger(__name__)
 

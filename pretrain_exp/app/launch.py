@@ -4,11 +4,11 @@ The Hydra job (local, submitit_local or a SLURM array task via hydra-submitit-la
 it writes ``config.resolved.yaml`` into the run dir, checks that the job's allocation holds
 ``training.nproc_per_node`` devices (GPUs, or CPUs on a CPU-only node), and then either runs the experiment in
 this process (N = 1) or starts ``python -m torch.distributed.run --standalone --nproc-per-node N -m
-pretrain_exp.worker config.resolved.yaml`` as a child. Workers never import Hydra; only rank 0 writes.
+pretrain_exp.app.worker config.resolved.yaml`` as a child. Workers never import Hydra; only rank 0 writes.
 
 Multi-node jobs (``nodes > 1``) are refused: one job = one node. Preemption and timeouts: a requeued job
 (submitit's checkpointing, ``hydra.launcher.max_num_timeout``) re-runs the same Hydra job in the same run dir,
-which resumes from the run's newest checkpoint (see :mod:`pretrain_exp.experiment`).
+which resumes from the run's newest checkpoint (see :mod:`pretrain_exp.app.experiment`).
 """
 
 from __future__ import annotations
@@ -22,26 +22,10 @@ from typing import List
 
 import torch
 
-from pretrain_exp.config import ExperimentConfig
-from pretrain_exp.errors import LaunchError, TrainingError
+from pretrain_exp.app.config import ExperimentConfig
+from pretrain_exp.core.errors import LaunchError, TrainingError
 
 log = logging.getLogger(__name__)
-
-
-def rank() -> int:
-    """Global rank of this process (``RANK`` set by torchrun; 0 otherwise)."""
-    return int(os.environ.get("RANK", "0"))
-
-
-def is_main_process() -> bool:
-    """True on rank 0, the only rank that writes files, logs metrics and runs evals."""
-    return rank() == 0
-
-
-def barrier() -> None:
-    """Wait for all ranks (no-op without an initialized process group)."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()
 
 
 def available_devices() -> tuple[int, str]:
@@ -72,7 +56,7 @@ def check_allocation(cfg: ExperimentConfig) -> None:
 def torchrun_argv(nproc: int, config_path: Path, log_dir: Path) -> List[str]:
     """The command that runs ``nproc`` workers on this node (same interpreter, hence the same venv)."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            f"--log-dir={log_dir}", "--redirects=3", "--tee=3", "-m", "pretrain_exp.worker", str(config_path)]
+            f"--log-dir={log_dir}", "--redirects=3", "--tee=3", "-m", "pretrain_exp.app.worker", str(config_path)]
 
 
 def launch(cfg: ExperimentConfig) -> dict | None:
@@ -81,11 +65,11 @@ def launch(cfg: ExperimentConfig) -> dict | None:
     :raises LaunchError: for an allocation that cannot hold the ranks.
     :raises TrainingError: if the torchrun child fails.
     """
-    from pretrain_exp.experiment import Experiment, check_same_run, run, save_resolved_config
+    from pretrain_exp.app.experiment import Experiment, check_same_run, run, save_resolved_config
 
     check_allocation(cfg)
     if cfg.cpdt.experiments:  # dependence testing: one ordinary launch per arm, then the interaction table
-        from pretrain_exp.cpdt import run_cpdt
+        from pretrain_exp.app.cpdt import run_cpdt
 
         run_cpdt(cfg)
         return None

@@ -11,7 +11,7 @@ with ``effect = mean_loss(dup 0) - mean_loss(dup)``; the failed jobs with the la
 ``effect_vs_dup.png`` (one line per job); with a ``benchmark`` eval also ``benchmark.csv`` / ``benchmark.png``
 (acc clean vs contaminated, the contamination effect with its CI), and for jobs evaluated at several steps the
 forgetting curves ``forgetting/<job>.png`` (insertion loss by step). For a CPDT run dir
-(:mod:`pretrain_exp.cpdt`) the jobs are its arms, and its interaction table ``cpdt.json`` / ``cpdt.csv`` /
+(:mod:`pretrain_exp.app.cpdt`) the jobs are its arms, and its interaction table ``cpdt.json`` / ``cpdt.csv`` /
 ``cpdt.md`` / ``plots/cpdt.png`` is rewritten too.
 """
 
@@ -28,44 +28,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from pretrain_exp.config import ExperimentConfig
-from pretrain_exp.errors import PretrainExpError
+from pretrain_exp.core.config import RunConfig
+from pretrain_exp.core.errors import PretrainExpError
+from pretrain_exp.core.io import atomic_path, write_json, write_text
 
 
-def write_text(path: Path, text: str) -> None:
-    """Write a text file atomically (temp file in the same folder, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
-def write_json(path: Path, obj) -> None:
-    """Write JSON atomically (NaN written as ``null``)."""
-    write_text(path, json.dumps(_nan_to_none(obj), indent=1) + "\n")
-
-
-def _nan_to_none(obj):
-    if isinstance(obj, float) and obj != obj:
-        return None
-    if isinstance(obj, dict):
-        return {k: _nan_to_none(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_nan_to_none(v) for v in obj]
-    return obj
-
-
-def _task_of_type(cfg: ExperimentConfig, kind: str):
+def _task_of_type(cfg: RunConfig, kind: str):
     return next((name for name, t in cfg.eval.tasks.items() if t.type == kind), None)
 
 
-def summarize(cfg: ExperimentConfig, plan, evaluated_now: Dict[int, dict], evaluated_all: Dict[int, dict],
+def summarize(cfg: RunConfig, plan, evaluated_now: Dict[int, dict], evaluated_all: Dict[int, dict],
               wall_s: float) -> dict:
     """The ``results.json`` content (module docstring).
 
@@ -537,17 +509,9 @@ def plot_effect_vs_dup(rows: Sequence[dict], labels: Dict[str, str], path: Path,
 
 
 def _save_png(fig, path: Path) -> None:
-    """Save a matplotlib figure as PNG atomically (temp file in the same folder, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".png")
-    os.close(fd)
-    try:
+    """Save a matplotlib figure as PNG atomically."""
+    with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def write_report(root: Path, out_dir: Optional[Path] = None) -> dict:
@@ -597,7 +561,7 @@ def write_report(root: Path, out_dir: Optional[Path] = None) -> dict:
             paths[f"forgetting_{name}"] = out_dir / "forgetting" / f"{name}.png"
             plot_loss_vs_step(j.results, paths[f"forgetting_{name}"])
     if (root / "arms").is_dir() and (root / "config.resolved.yaml").is_file():  # a CPDT run: its interactions
-        from pretrain_exp.cpdt import print_cpdt, write_cpdt_report
+        from pretrain_exp.app.cpdt import print_cpdt, write_cpdt_report
 
         table = write_cpdt_report(root, out_dir=out_dir)
         print_cpdt(table)
@@ -654,7 +618,7 @@ def log_report_wandb(rep: dict, out_dir: Path, mode: str, project: str) -> Optio
     """
     import wandb
 
-    from pretrain_exp.tracking import _has_wandb_key
+    from pretrain_exp.app.tracking import _has_wandb_key
 
     if mode == "online" and not _has_wandb_key():
         mode = "offline"
@@ -708,7 +672,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

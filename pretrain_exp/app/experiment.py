@@ -1,6 +1,6 @@
 """The experiment loop: checkpoint -> plan -> train in segments -> evaluate each segment -> results.
 
-:func:`run` is the whole run for one validated :class:`~pretrain_exp.config.ExperimentConfig`:
+:func:`run` is the whole run for one validated :class:`~pretrain_exp.app.config.ExperimentConfig`:
 
 1. resolve the model (asset or dir) and tokenizer, tokenize the corpus if needed, build the data order;
 2. load the items, place them in the training window ``[S*B*L, (S+n)*B*L)`` and build the
@@ -32,21 +32,24 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from evals.registry import EvalContext, EvalResult, run_eval
+from evals.base import EvalContext, EvalResult
+from evals.registry import run_eval
 from frameworks.base import Checkpoint
 from frameworks.registry import get_framework_class
 from pretrain_exp import report
-from pretrain_exp.config import Cleanup, ExperimentConfig
+from pretrain_exp.app.config import ExperimentConfig
+from pretrain_exp.app.tracking import NullTracker, Tracker, config_dict
+from pretrain_exp.core.config import Cleanup
+from pretrain_exp.core.distributed import barrier, is_main_process
+from pretrain_exp.core.errors import ConfigError, PretrainExpError, TrainingError
+from pretrain_exp.core.io import write_json, write_text
 from pretrain_exp.data.order import DataOrder, step_window
 from pretrain_exp.data.rows import TrainingRows
 from pretrain_exp.data.token_files import TokenFiles, dtype_for_vocab
 from pretrain_exp.data.tokenize import load_tokenizer, tokenize_source
-from pretrain_exp.errors import ConfigError, PretrainExpError, TrainingError
 from pretrain_exp.insertion.plan import Plan, build_plan
 from pretrain_exp.insertion.sources import load_items
 from pretrain_exp.insertion.verify import verify_plan
-from pretrain_exp.launch import barrier, is_main_process
-from pretrain_exp.tracking import NullTracker, Tracker, config_dict
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -182,7 +185,7 @@ class Experiment:
                     res: EvalResult = run_eval(task, ctx)
                     rec = {"task": name, "type": task.type, "step": ckpt.step, **asdict(res),
                            "seconds": time.perf_counter() - t0}
-                    report.write_json(out_dir / f"{name}.json", rec)
+                    write_json(out_dir / f"{name}.json", rec)
                     tracker.log({f"eval/{name}/{k}": v for k, v in res.metrics.items()}, ckpt.step)
                     results[name] = rec
                 del model
@@ -216,7 +219,7 @@ class Experiment:
                 return {}
             results = report.summarize(cfg, self.plan, evaluated, self._all_evaluated(),
                                        time.perf_counter() - t_start)
-            report.write_json(self.run_dir / "results.json", results)
+            write_json(self.run_dir / "results.json", results)
             plots = {"loss_vs_dup": report.plot_per_dup, "loss_vs_step": report.plot_loss_vs_step}
             for name, plot in plots.items():
                 plot(results, self.run_dir / "plots" / f"{name}.png")
@@ -263,7 +266,7 @@ def _wandb_image(path: Path):
 def save_resolved_config(cfg: ExperimentConfig, run_dir: Path) -> Path:
     """Write ``config.resolved.yaml`` (what workers and re-runs read; no Hydra interpolations left)."""
     path = Path(run_dir) / "config.resolved.yaml"
-    report.write_text(path, OmegaConf.to_yaml(OmegaConf.create(config_dict(cfg))))
+    write_text(path, OmegaConf.to_yaml(OmegaConf.create(config_dict(cfg))))
     return path
 
 

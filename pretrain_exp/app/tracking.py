@@ -18,7 +18,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Dict
 
-from pretrain_exp.config import ExperimentConfig, WandbMode
+from pretrain_exp.app.config import ExperimentConfig
+from pretrain_exp.core.config import WandbMode
 
 log = logging.getLogger(__name__)
 

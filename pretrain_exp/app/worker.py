@@ -1,6 +1,6 @@
-"""Worker entry point, without Hydra: ``python -m pretrain_exp.worker <run_dir>/config.resolved.yaml``.
+"""Worker entry point, without Hydra: ``python -m pretrain_exp.app.worker <run_dir>/config.resolved.yaml``.
 
-torchrun starts one of these per rank (see :mod:`pretrain_exp.launch`); each loads the resolved config, and
+torchrun starts one of these per rank (see :mod:`pretrain_exp.app.launch`); each loads the resolved config, and
 runs the experiment; rank 0 alone writes files, logs metrics and runs evals. Rank 0 logs at INFO, the other
 ranks at WARNING. Exit status 2 with one line on stderr for an error of the user's making.
 """
@@ -11,20 +11,20 @@ import logging
 import sys
 from typing import List, Optional
 
-from pretrain_exp.config import load_resolved
-from pretrain_exp.errors import PretrainExpError
-from pretrain_exp.launch import is_main_process, rank
+from pretrain_exp.app.validate import load_resolved
+from pretrain_exp.core.distributed import is_main_process, rank
+from pretrain_exp.core.errors import PretrainExpError
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the experiment of a resolved config; returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m pretrain_exp.worker <config.resolved.yaml>", file=sys.stderr)
+        print("usage: python -m pretrain_exp.app.worker <config.resolved.yaml>", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO if is_main_process() else logging.WARNING,
                         format=f"[%(asctime)s][rank {rank()}][%(name)s][%(levelname)s] - %(message)s")
-    from pretrain_exp.experiment import run
+    from pretrain_exp.app.experiment import run
 
     try:
         run(load_resolved(argv[0]))

@@ -8,7 +8,7 @@ per experiment alone and one with all experiments together (the last row of thei
 module runs that test for the ``K = len(cpdt.experiments)`` experiments of one config and reports, for every
 experiment ``i`` and inserted dup count ``d``, the interaction ``Y_i^{[K]} - Y_i^{{i}}``.
 
-Arms. For every seed ``S`` of ``cpdt.seeds``, ``K + 1`` ordinary runs (:func:`pretrain_exp.launch.launch` on
+Arms. For every seed ``S`` of ``cpdt.seeds``, ``K + 1`` ordinary runs (:func:`pretrain_exp.app.launch.launch` on
 derived configs, each in ``<run_dir>/arms/<arm>-seed<S>/`` and resumable like any run): ``together`` (all K
 experiments) and ``alone-<name>`` for each experiment. All arms of a seed share ``seed``, ``data.seed`` and
 ``insertion.seed`` (= S), hence the data order, the items and their dup counts, and train the same steps. An
@@ -50,8 +50,9 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from pretrain_exp.config import CpdtConf, ExperimentConfig, InsertionType
-from pretrain_exp.errors import CheckpointError, ConfigError
+from pretrain_exp.app.config import CpdtConf, ExperimentConfig
+from pretrain_exp.core.errors import CheckpointError, ConfigError
+from pretrain_exp.insertion.schema import InsertionType
 
 log = logging.getLogger(__name__)
 
@@ -164,8 +165,8 @@ def run_cpdt(cfg: ExperimentConfig) -> dict:
 
     :returns: the ``cpdt.json`` content.
     """
-    from pretrain_exp.experiment import check_same_run, save_resolved_config
-    from pretrain_exp.launch import launch
+    from pretrain_exp.app.experiment import check_same_run, save_resolved_config
+    from pretrain_exp.app.launch import launch
 
     run_dir = Path(cfg.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -222,7 +223,7 @@ def compute_table(run_dir: Path, cfg: Optional[ExperimentConfig] = None) -> dict
     :raises CheckpointError: if an arm is missing or unfinished.
     """
     from evals.stats import contrast_replicates, sign_flip_pvalue
-    from pretrain_exp.config import load_resolved
+    from pretrain_exp.app.validate import load_resolved
 
     run_dir = Path(run_dir).resolve()
     cfg = cfg or load_resolved(str(run_dir / "config.resolved.yaml"))
@@ -347,7 +348,7 @@ def write_cpdt_report(run_dir: Path, cfg: Optional[ExperimentConfig] = None,
                       out_dir: Optional[Path] = None) -> dict:
     """Compute the table (:func:`compute_table`) and write ``cpdt.json``, ``cpdt.csv``, ``cpdt.md`` and
     ``plots/cpdt.png`` into ``out_dir`` (default the run dir); returns the table with ``paths`` added."""
-    from pretrain_exp.report import write_json, write_text
+    from pretrain_exp.core.io import write_json, write_text
 
     table = compute_table(run_dir, cfg)
     out = Path(out_dir or run_dir).resolve()
@@ -367,7 +368,7 @@ def write_cpdt_report(run_dir: Path, cfg: Optional[ExperimentConfig] = None,
 def _log_wandb(cfg: ExperimentConfig, table: dict, run_dir: Path) -> None:
     """Log the pooled rows as scalars, the table as a ``wandb.Table`` and the figure, in the CPDT run's own W&B
     run (the arms have theirs)."""
-    from pretrain_exp.tracking import Tracker
+    from pretrain_exp.app.tracking import Tracker
 
     with Tracker(cfg) as tracker:
         metrics = {}

@@ -1,0 +1,38 @@
+"""What every eval gets and returns (DESIGN.md section 7): :class:`EvalContext` in, :class:`EvalResult` out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+
+
+@dataclass
+class EvalContext:
+    """What an eval gets besides its config.
+
+    ``model`` is an HF causal LM in eval mode; ``plan`` the run's insertion plan (items, including dup-0
+    controls); ``held_out`` the held-out rows of the corpus as an ``int64`` array of shape ``(n, L)``.
+    """
+
+    model: Any
+    tokenizer: Any
+    plan: Any
+    held_out: np.ndarray
+    step: int
+    batch_size: int
+    bootstrap_samples: int
+    seed: int
+    cache_dir: Optional[str] = None  #: the run's asset cache (None: ``$PRETRAIN_EXP_CACHE`` or ``~/.cache/...``)
+    row_tokens: Optional[Callable[[int], np.ndarray]] = None  #: training-order row q -> its tokens as trained
+    insertion: Any = None  #: the run's :class:`~pretrain_exp.insertion.schema.InsertionConf`, if known
+
+
+@dataclass
+class EvalResult:
+    """Output of one eval on one checkpoint."""
+
+    metrics: Dict[str, float] = field(default_factory=dict)  #: flat name -> value
+    per_dup: List[Dict[str, Any]] = field(default_factory=list)  #: per (experiment, dup count) summary rows
+    rows: List[Dict[str, Any]] = field(default_factory=list)  #: optional per-item rows

@@ -1,0 +1,72 @@
+"""The root config of a run (:class:`ExperimentConfig`), its registration in Hydra's ConfigStore, and loading.
+
+The YAML options in ``conf/<group>/`` extend the group schemas (:mod:`pretrain_exp.core.config`,
+:mod:`pretrain_exp.insertion.schema`, each eval's schema), so Hydra rejects a typo'd key or a wrong type while
+composing. :func:`pretrain_exp.app.validate.to_config` converts the composed ``DictConfig`` once into an
+:class:`ExperimentConfig` and checks the rules that span groups and plugins. Every error names the dotted key,
+the bad value and what is allowed (:class:`~pretrain_exp.core.errors.ConfigError`).
+
+Importing this module loads neither a framework nor transformers (a guard test holds it): plugins are looked up
+by name when the config is validated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List
+
+from omegaconf import MISSING
+
+from pretrain_exp.core.config import DataConf, EvalConf, FrameworkConf, ModelConf, TrainingConf, WandbConf
+from pretrain_exp.insertion.schema import InsertionConf, InsertionExperimentConf
+
+
+@dataclass
+class CpdtConf:
+    """Continual pretraining dependence testing (``experiment=cpdt_demo``; :mod:`pretrain_exp.app.cpdt`)."""
+
+    experiments: List[str] = field(default_factory=list)  #: the K tested insertion experiments (empty: off)
+    seeds: List[int] = field(default_factory=list)  #: one together arm and K alone arms per seed
+    permutations: int = 10000  #: sign-flip samples when the 2**len(seeds) exact enumeration is larger
+
+
+@dataclass
+class ExperimentConfig:
+    """The whole run (root of the composed config)."""
+
+    framework: FrameworkConf = field(default_factory=FrameworkConf)
+    model: ModelConf = field(default_factory=ModelConf)
+    data: DataConf = field(default_factory=DataConf)
+    insertion: InsertionConf = field(default_factory=InsertionConf)
+    eval: EvalConf = field(default_factory=EvalConf)
+    training: TrainingConf = field(default_factory=TrainingConf)
+    wandb: WandbConf = field(default_factory=WandbConf)
+    name: str = "default"  #: experiment name (presets set their own); part of ``run_name``
+    seed: int = 0
+    run_name: str = MISSING
+    run_dir: str = MISSING  #: the experiment directory (Hydra's output dir)
+    cache_dir: str = MISSING  #: asset and token-file cache
+    cpdt: CpdtConf = field(default_factory=CpdtConf)
+
+
+def register_configs() -> None:
+    """Store the schemas in Hydra's ConfigStore: ``base_config`` and ``schema/<group>/base``.
+
+    Idempotent; called by the entry point and by tests before composing.
+    """
+    from hydra.core.config_store import ConfigStore
+
+    from evals.registry import register_eval_schemas
+
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=ExperimentConfig)
+    for group, node in (
+        ("framework", FrameworkConf),
+        ("model", ModelConf),
+        ("data", DataConf),
+        ("insertion", InsertionExperimentConf),
+        ("training", TrainingConf),
+        ("wandb", WandbConf),
+    ):
+        cs.store(group=f"schema/{group}", name="base", node=node)
+    register_eval_schemas(cs)

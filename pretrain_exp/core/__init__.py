@@ -1,0 +1,2 @@
+"""The bottom layer: errors, atomic file I/O, distributed helpers, name registries and the protocols the layers
+above implement. Imports nothing of the project above it (no torch or transformers either)."""

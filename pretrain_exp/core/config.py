@@ -1,0 +1,153 @@
+"""The run's settings that every layer reads: framework, model, data, training, eval and W&B schemas.
+
+These are Hydra structured-config schemas (plain dataclasses); the app's root config
+(:class:`pretrain_exp.app.config.ExperimentConfig`) holds one of each, and each YAML option of a group extends
+its schema (``defaults: [/schema/<group>/base@_here_]``), so Hydra rejects a typo'd key or a wrong type while
+composing. Rules about one field are checked in ``__post_init__``-free validators of the app
+(:mod:`pretrain_exp.app.validate`). Plugins type the whole run as :class:`RunConfig` and never import the app.
+
+Units: token counts and positions are in tokens, ``global_batch_size`` and ``micro_batch_size`` in rows
+(sequences of ``sequence_length`` tokens), steps are optimizer steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Dict, List, Optional, Protocol
+
+from omegaconf import II, MISSING
+
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+
+
+class Precision(str, Enum):
+    """Training precision: ``bf16`` autocast, ``fp32``, or ``auto`` (bf16 where the device supports it)."""
+
+    auto = "auto"
+    bf16 = "bf16"
+    fp32 = "fp32"
+
+
+class WandbMode(str, Enum):
+    """W&B mode: ``offline`` writes a local run (``wandb sync`` uploads it later)."""
+
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
+
+
+class Cleanup(str, Enum):
+    """What to delete from the run dir after a successful run."""
+
+    none = "none"  #: keep everything
+    bulky = "bulky"  #: delete checkpoints except the last one's weights, and optimizer states
+    all = "all"  #: delete the whole run dir (results are in W&B only)
+
+
+@dataclass
+class FrameworkConf:
+    """Training framework (``framework=`` option); see :mod:`frameworks`."""
+
+    name: str = MISSING  #: registry name: ``hf``, ``olmo_core`` or ``olmo2`` (the last two need the ``olmo`` extra)
+    attn_implementation: str = "sdpa"  #: HF attention kernel (``sdpa``, ``eager``, ``flash_attention_2``)
+    lr_schedule: str = "run"  #: ``run``: ``training.*`` from the run's first step; ``checkpoint`` (olmo2): the
+    #: checkpoint's own peak LR and schedule, at its position (``config.yaml`` ``optimizer``/``scheduler``)
+
+
+@dataclass
+class ModelConf:
+    """The checkpoint to continue (``model=`` option)."""
+
+    name: str = MISSING  #: short name used in run names
+    asset: Optional[str] = None  #: registry asset (see ASSETS in :mod:`pretrain_exp.data.assets`)
+    path: Optional[str] = None  #: local checkpoint dir in the framework's format (exclusive with ``asset``, ``url``)
+    checkpoint_step: int = 0  #: step the checkpoint is at; training continues at positions from S*B*L
+    dtype: str = "float32"  #: dtype the weights are loaded in (master weights)
+    url: Optional[str] = None  #: base URL holding ``step<N>[-unsharded]/`` checkpoint folders (olmo_core, olmo2)
+    tokenizer: Optional[str] = None  #: HF tokenizer dir or asset (e.g. ``dolma2``); default: the model dir's
+
+
+@dataclass
+class DataConf:
+    """The training corpus and its order (``data=`` option).
+
+    Either ``paths`` lists OLMo token files, or ``text`` names a text source (a registry asset such as
+    ``shakespeare``, a folder of ``.txt`` files, or a ``.jsonl`` file with ``text_key``) that is tokenized with
+    the model's tokenizer into token files under ``token_dir``.
+    """
+
+    name: str = MISSING
+    text: Optional[str] = None
+    text_key: str = "text"
+    paths: List[str] = field(default_factory=list)
+    token_dir: str = II("cache_dir") + "/tokens"  # type: ignore[assignment]
+    seed: int = II("seed")  # type: ignore[assignment]  #: data-order seed (PCG64(seed + epoch))
+    first_epoch: int = 1  #: 1 = OLMo-core's count (OLMo-2 counts from 0: OLMo-2 seed S = OLMo-core seed S-1)
+    held_out_rows: int = 16  #: rows at the end of the first epoch's order, never trained, for perplexity
+
+
+@dataclass
+class EvalConf:
+    """Evaluations run on each segment's checkpoint (``eval=`` options add entries to ``tasks``)."""
+
+    on_load: bool = False  #: also evaluate the initial checkpoint before training
+    batch_size: int = 8  #: sequences per forward pass
+    bootstrap_samples: int = 1000  #: resamples for the 95% CIs
+    tasks: Dict[str, Any] = field(default_factory=dict)  #: name -> eval config (schema per eval type)
+
+
+@dataclass
+class TrainingConf:
+    """Optimization and the segment loop (``training=`` option)."""
+
+    num_steps: int = MISSING  #: optimizer steps to train (0 = evaluate only)
+    sequence_length: int = MISSING  #: L, tokens per row
+    global_batch_size: int = MISSING  #: B, rows per optimizer step
+    micro_batch_size: int = MISSING  #: rows per forward pass per device (grad accumulation = B / (micro*world))
+    checkpoint_interval: int = MISSING  #: steps per segment: save + evaluate after each
+    learning_rate: float = 1e-4
+    lr_scheduler: str = "cosine"  #: a transformers ``SchedulerType`` name
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    max_grad_norm: float = 1.0
+    precision: Precision = Precision.auto
+    num_threads: int = 0  #: torch intra-op threads (0 = torch's default)
+    max_retries: int = 2  #: retries of a failed training segment (exponential backoff with jitter)
+    retry_base_delay_s: float = 5.0
+    nproc_per_node: int = 1  #: processes per node (torchrun) for frameworks that support it
+    keep_last_checkpoints: int = 1  #: checkpoints kept in the run dir (0 = all, e.g. for checkpoint sweeps)
+    cleanup: Cleanup = Cleanup.none
+    log_rows: bool = False  #: olmo_core/olmo2: write ``rows/rank<r>.jsonl`` (rows and token sha256 trained per step)
+
+
+@dataclass
+class WandbConf:
+    """W&B tracking (``wandb=`` option); ``offline`` unless ``mode=online`` and a key is configured."""
+
+    mode: WandbMode = WandbMode.offline
+    project: str = "pretrain_exp"
+    entity: Optional[str] = None
+    name: str = II("run_name")  # type: ignore[assignment]
+    resume_id: Optional[str] = None  #: attach to an existing W&B run by id (``resume="must"``)
+    add_step_to_name: bool = False  #: append ``-step<checkpoint_step>`` to the run name
+
+
+class RunConfig(Protocol):
+    """What a plugin (framework, eval, insertion type) may read of the whole run: the app's root config
+    (:class:`pretrain_exp.app.config.ExperimentConfig`) satisfies it."""
+
+    framework: FrameworkConf
+    model: ModelConf
+    data: DataConf
+    training: TrainingConf
+    eval: EvalConf
+    wandb: WandbConf
+    insertion: Any  #: :class:`pretrain_exp.insertion.schema.InsertionConf`
+    name: str
+    seed: int
+    run_name: str
+    run_dir: str
+    cache_dir: str

@@ -1,0 +1,121 @@
+"""File I/O shared by every layer: atomic writes, jsonl reading, sha256 of files, the default cache dir.
+
+Atomic writes go to a temp file in the target's folder and are renamed over the target, so a reader sees the
+old file or the whole new one, never a half-written one; the file gets the mode a plain ``open(path, "w")``
+would give (``0o666`` minus the umask), not ``mkstemp``'s ``0o600``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import IO, Callable, Iterator
+
+from pretrain_exp.core.errors import DataError
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(path: str | Path, write: Callable[[IO], None], binary: bool = False) -> Path:
+    """Write ``path`` atomically: ``write(f)`` fills a temp file in the same folder, which is then renamed.
+
+    :param write: called with the open temp file (text mode, or binary with ``binary=True``).
+    :returns: ``path``. On any error the temp file is removed and the target is left as it was.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    try:
+        with os.fdopen(fd, "wb" if binary else "w") as f:
+            write(f)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """A temp path next to ``path`` for a writer that wants a file name (``savefig``, ``np.save``); renamed to
+    ``path`` when the ``with`` block ends without error, removed otherwise."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """Write a text file atomically (:func:`atomic_write`)."""
+    return atomic_write(path, lambda f: f.write(text))
+
+
+def _nan_to_none(obj):
+    if isinstance(obj, float) and obj != obj:
+        return None
+    if isinstance(obj, dict):
+        return {k: _nan_to_none(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_nan_to_none(v) for v in obj]
+    return obj
+
+
+def write_json(path: str | Path, obj) -> Path:
+    """Write JSON atomically, indented, NaN written as ``null``."""
+    return write_text(path, json.dumps(_nan_to_none(obj), indent=1) + "\n")
+
+
+def read_jsonl(path: str | Path) -> Iterator[tuple[int, object]]:
+    """``(line number, parsed object)`` of each non-blank line of a jsonl file (1-based line numbers).
+
+    :raises DataError: for a missing file, non-UTF-8 bytes or malformed JSON, naming the file and line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        what = "is a directory, not a jsonl file" if path.is_dir() else "file not found"
+        raise DataError(f"{path}: {what}")
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not valid UTF-8 (byte {e.start})") from None
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
+    """Hex sha256 of a file's bytes, read in ``chunk``-byte blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def default_cache_dir() -> Path:
+    """The asset/token/checkpoint cache when none is configured: ``$PRETRAIN_EXP_CACHE`` or
+    ``~/.cache/pretrain_exp`` (the same rule as ``cache_dir`` in ``conf/config.yaml``)."""
+    return Path(os.environ.get("PRETRAIN_EXP_CACHE") or Path.home() / ".cache" / "pretrain_exp")
