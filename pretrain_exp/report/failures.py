@@ -48,7 +48,7 @@ def last_error_line(text: str) -> Tuple[int, str]:
     return top, best[top]
 
 
-def read_log(path: Path) -> str:
+def _read_log(path: Path) -> str:
     try:
         return path.read_text(errors="replace")
     except OSError:
@@ -93,7 +93,7 @@ def failure_reason(job: Job, logs: Sequence[Path]) -> str:
     candidates += sorted(job.path.glob("*.log"))
     best, where = (0, ""), None
     for p in candidates:
-        found = last_error_line(read_log(p))
+        found = last_error_line(_read_log(p))
         if found[0] > best[0]:
             best, where = found, p
     if where is None:
@@ -107,7 +107,7 @@ def collect(root: Path) -> Tuple[List[Job], List[dict]]:
     root = Path(root)
     jobs = [load_job(p, root) for p in find_job_dirs(root)]
     logs = submitit_logs(root)
-    texts = {p: read_log(p) for p in logs}
+    texts = {p: _read_log(p) for p in logs}
     used = set()
     for j in jobs:
         mine = match_logs(j, logs, texts)

@@ -33,10 +33,12 @@ class Job:
 
 
 def natural_key(text: str):
+    """Sort key of a name in natural order (``2`` before ``10``)."""
     return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", text)]
 
 
 def is_job_dir(path: Path) -> bool:
+    """Whether ``path`` is a job dir (holds ``.hydra/`` or ``config.resolved.yaml``)."""
     return (path / ".hydra").is_dir() or (path / "config.resolved.yaml").is_file()
 
 
@@ -61,7 +63,7 @@ def find_job_dirs(root: Path) -> List[Path]:
     return [root] if is_job_dir(root) and not (root / "arms").is_dir() else walk(root)[0]
 
 
-def read_yaml(path: Path):
+def _read_yaml(path: Path):
     import yaml
 
     try:
@@ -80,12 +82,12 @@ def load_job(path: Path, root: Path) -> Job:
     path = Path(path)
     name = path.name if path == Path(root) else str(path.relative_to(root))
     job = Job(path=path, name=name)
-    job.overrides = dict(_override_key(str(o)) for o in read_yaml(path / ".hydra" / "overrides.yaml") or [])
-    hydra_cfg = (read_yaml(path / ".hydra" / "hydra.yaml") or {}).get("hydra", {}) or {}
+    job.overrides = dict(_override_key(str(o)) for o in _read_yaml(path / ".hydra" / "overrides.yaml") or [])
+    hydra_cfg = (_read_yaml(path / ".hydra" / "hydra.yaml") or {}).get("hydra", {}) or {}
     job.hydra_job = hydra_cfg.get("job", {}) or {}
     params = (hydra_cfg.get("sweeper", {}) or {}).get("params") or {}
     job.sweeper_keys = [_override_key(str(k))[0] for k in params]
-    job.config = read_yaml(path / "config.resolved.yaml") or {}
+    job.config = _read_yaml(path / "config.resolved.yaml") or {}
     res = path / "results.json"
     if res.is_file():
         try:

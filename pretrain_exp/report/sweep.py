@@ -46,6 +46,7 @@ def swept_keys(jobs: Sequence[Job]) -> List[str]:
 
 
 def column_name(key: str) -> str:
+    """The report column of a swept override key (``override:<key>`` where it would clash with a fixed one)."""
     return f"override:{key}" if key in ("job",) + REPORT_COLUMNS else key
 
 
