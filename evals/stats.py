@@ -1,6 +1,6 @@
 """Statistics shared by the evals: bootstrap confidence intervals, per-(experiment, dup count) summaries,
 permutation tests, and the stratified contrast bootstrap and sign-flip permutation test of CPDT
-(:mod:`pretrain_exp.app.cpdt`)."""
+(:mod:`pretrain_exp.report.cpdt`)."""
 
 from __future__ import annotations
 
@@ -133,7 +133,7 @@ def contrast_replicates(treated: np.ndarray, control: np.ndarray, samples: int,
     independently with replacement (the stratified bootstrap of a two-sample difference of means, Efron &
     Tibshirani 1993, ch. 8).
 
-    Used paired across arms by the CPDT interaction (:mod:`pretrain_exp.app.cpdt`): there ``treated`` and ``control``
+    Used paired across arms by the CPDT interaction (:mod:`pretrain_exp.report.cpdt`): there ``treated`` and ``control``
     hold per-item differences ``v_together(i) - v_alone(i)`` of the same items, so an item's two measurements stay
     together in every resample.
 

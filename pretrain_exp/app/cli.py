@@ -47,10 +47,12 @@ def _one_line(e: BaseException) -> str:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> None:
-    """Compose, validate once, launch; see the module docstring."""
+    """Compose, validate once, launch (a CPDT config: :func:`~pretrain_exp.app.cpdt.run_cpdt`, which launches its
+    arms); see the module docstring."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from pretrain_exp.app.cpdt import run_cpdt
     from pretrain_exp.app.launch import launch
 
     run_dir = Path(cfg.run_dir).resolve()
@@ -58,7 +60,10 @@ def main(cfg: DictConfig) -> None:
     sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         exp = to_config(cfg)
-        launch(exp)
+        if exp.cpdt.experiments:  # dependence testing: one ordinary launch per arm, then the interaction table
+            run_cpdt(exp)
+        else:
+            launch(exp)
     except PretrainExpError as e:
         log.debug("failed", exc_info=True)
         if sweep:  # keep the job dir and its log, so the sweep report can say why this job failed

@@ -36,7 +36,6 @@ from evals.base import EvalContext, EvalResult
 from evals.registry import run_eval
 from frameworks.base import Checkpoint
 from frameworks.registry import get_framework_class
-from pretrain_exp import report
 from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.app.tracking import NullTracker, Tracker, config_dict
 from pretrain_exp.core.config import Cleanup
@@ -50,6 +49,8 @@ from pretrain_exp.data.tokenize import load_tokenizer, tokenize_source
 from pretrain_exp.insertion.plan import Plan, build_plan
 from pretrain_exp.insertion.sources import load_items
 from pretrain_exp.insertion.verify import verify_plan
+from pretrain_exp.report.plots import plot_loss_vs_step, plot_per_dup
+from pretrain_exp.report.summary import print_table, summarize
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -217,10 +218,10 @@ class Experiment:
                 evaluated[ckpt.step] = self._evaluate_on_main(ckpt, tracker)
             if not self.main:
                 return {}
-            results = report.summarize(cfg, self.plan, evaluated, self._all_evaluated(),
-                                       time.perf_counter() - t_start)
+            results = summarize(cfg, self.plan, evaluated, self._all_evaluated(),
+                                time.perf_counter() - t_start)
             write_json(self.run_dir / "results.json", results)
-            plots = {"loss_vs_dup": report.plot_per_dup, "loss_vs_step": report.plot_loss_vs_step}
+            plots = {"loss_vs_dup": plot_per_dup, "loss_vs_step": plot_loss_vs_step}
             for name, plot in plots.items():
                 plot(results, self.run_dir / "plots" / f"{name}.png")
             if tracker.wandb_dir is not None:
@@ -319,5 +320,5 @@ def run(cfg: ExperimentConfig) -> dict:
     exp = Experiment(cfg)
     results = exp.run()
     if results:
-        report.print_table(results)
+        print_table(results)
     return results

@@ -68,11 +68,6 @@ def launch(cfg: ExperimentConfig) -> dict | None:
     from pretrain_exp.app.experiment import Experiment, check_same_run, run, save_resolved_config
 
     check_allocation(cfg)
-    if cfg.cpdt.experiments:  # dependence testing: one ordinary launch per arm, then the interaction table
-        from pretrain_exp.app.cpdt import run_cpdt
-
-        run_cpdt(cfg)
-        return None
     if cfg.training.nproc_per_node == 1:
         return run(cfg)
     run_dir = Path(cfg.run_dir).resolve()

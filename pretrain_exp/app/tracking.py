@@ -20,6 +20,7 @@ from typing import Any, Dict
 
 from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.core.config import WandbMode
+from pretrain_exp.report.wandb_log import has_wandb_key
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +42,6 @@ def config_dict(cfg: ExperimentConfig) -> Dict[str, Any]:
     return _plain(cfg)
 
 
-def _has_wandb_key() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    netrc = Path.home() / ".netrc"
-    return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore")
-
-
 class Tracker:
     """``metrics.jsonl`` + W&B for one run. Use as a context manager (finishes the W&B run)."""
 
@@ -58,7 +52,7 @@ class Tracker:
         self.metrics_path = self.run_dir / "metrics.jsonl"
         w = cfg.wandb
         mode = w.mode
-        if mode == WandbMode.online and not _has_wandb_key():
+        if mode == WandbMode.online and not has_wandb_key():
             log.warning("wandb.mode=online but no W&B API key is configured; logging offline instead")
             mode = WandbMode.offline
         id_file = self.run_dir / "wandb_id.txt"

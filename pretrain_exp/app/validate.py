@@ -7,6 +7,7 @@ the LR scheduler the framework supports, CPDT needing an eval, noise needing a f
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from omegaconf import DictConfig, OmegaConf
@@ -81,12 +82,50 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         if task.type == "knowledge":
             check_experiments(f"eval.tasks.{name}", task, cfg.insertion.experiments)
     if cfg.cpdt.experiments:
-        from pretrain_exp.app.cpdt import validate_cpdt
-
         validate_cpdt(cfg)
     if cfg.eval.batch_size <= 0:
         raise ConfigError("eval.batch_size", f"must be > 0, got {cfg.eval.batch_size}")
     return cfg
+
+
+def validate_cpdt(cfg: ExperimentConfig) -> None:
+    """Check ``cpdt.*`` (dependence testing, :mod:`pretrain_exp.app.cpdt`) against the rest of the config.
+
+    :raises ConfigError: for an experiment that is not an insertion experiment, fewer than 2 experiments or
+        seeds, repeated names or seeds, an experiment without dup-0 controls and inserted items, no effect
+        definition or no eval of its effect (:func:`pretrain_exp.report.cpdt.effect_task`), ``insertion.withheld``
+        set by hand, or ``training.cleanup=all``.
+    """
+    from pretrain_exp.report.cpdt import effect_task
+
+    c = cfg.cpdt
+    for i, name in enumerate(c.experiments):
+        if name not in cfg.insertion.experiments:
+            raise ConfigError(f"cpdt.experiments[{i}]", f"{name!r} is not an insertion experiment; allowed: "
+                              f"{sorted(cfg.insertion.experiments)}")
+    if len(set(c.experiments)) != len(c.experiments):
+        raise ConfigError("cpdt.experiments", f"names repeat: {list(c.experiments)}")
+    if len(c.experiments) < 2:
+        raise ConfigError("cpdt.experiments", f"dependence testing needs >= 2 experiments, got {list(c.experiments)}")
+    if len(c.seeds) < 2:
+        raise ConfigError("cpdt.seeds", f"the permutation test across seeds needs >= 2 seeds, got {list(c.seeds)}")
+    if len(set(c.seeds)) != len(c.seeds):
+        raise ConfigError("cpdt.seeds", f"seeds repeat: {list(c.seeds)}")
+    if c.permutations < 1:
+        raise ConfigError("cpdt.permutations", f"must be >= 1, got {c.permutations}")
+    if cfg.insertion.withheld:
+        raise ConfigError("insertion.withheld", "set by the CPDT arms themselves; leave it empty with cpdt.*")
+    if cfg.training.cleanup.value == "all":
+        raise ConfigError("training.cleanup", "'all' deletes the arms' run dirs, which the CPDT table is read from; "
+                          "use none or bulky")
+    tasks = {name: dataclasses.asdict(t) for name, t in cfg.eval.tasks.items()}
+    for name in c.experiments:
+        exp = cfg.insertion.experiments[name]
+        reps = list(exp.repetitions) if not isinstance(exp.repetitions, (int, float)) else [exp.repetitions]
+        if not (0 in reps and any(r > 0 for r in reps)) and not any(0 < r < 1 for r in reps):
+            raise ConfigError(f"insertion.experiments.{name}.repetitions", f"a cpdt experiment needs dup-0 "
+                              f"controls and inserted items (e.g. [0, 4]), got {reps}")
+        effect_task(name, exp.type.value, tasks)
 
 
 def to_config(cfg: DictConfig) -> ExperimentConfig:
