@@ -18,10 +18,10 @@ experiment sits at the same global token position in both arms and the arms diff
 experiments' tokens (those positions keep the corpus' own tokens). Experiments of ``insertion.experiments`` not
 listed in ``cpdt.experiments`` are inserted in every arm.
 
-Effect (:data:`EFFECTS`, one definition for every experiment type). For experiment ``i`` at dup count ``d > 0``
-in one arm: ``Y = sign * (mean_{items at dup d} v - mean_{dup-0 items} v)`` over the per-item value ``v`` of the
-last evaluated step: insertion loss (``v`` = mean loss in nats/token, ``sign = -1``: the loss gap, positive when
-inserted items are predicted better) for ``texts``/``tokens``/``corpus_chunks`` experiments, benchmark accuracy
+Effect (each insertion type's ``effect``, :mod:`pretrain_exp.insertion.types`). For experiment ``i`` at dup count
+``d > 0`` in one arm: ``Y = sign * (mean_{items at dup d} v - mean_{dup-0 items} v)`` over the per-item value
+``v`` of the last evaluated step: insertion loss (``v`` = mean loss in nats/token, ``sign = -1``: the loss gap, positive
+when inserted items are predicted better) for ``texts``/``tokens``/``corpus_chunks`` experiments, benchmark accuracy
 (``v`` = acc, ``sign = +1``: contaminated minus clean) for ``benchmark`` experiments.
 
 Statistics (:mod:`evals.stats`). Per seed, the interaction ``I = Y_together - Y_alone`` equals ``sign * (mean_d
@@ -44,7 +44,6 @@ import csv
 import io
 import json
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -52,28 +51,11 @@ import numpy as np
 
 from pretrain_exp.app.config import CpdtConf, ExperimentConfig
 from pretrain_exp.core.errors import CheckpointError, ConfigError
-from pretrain_exp.insertion.schema import InsertionType
+from pretrain_exp.insertion.types import effect
+from pretrain_exp.insertion.types.base import EffectSpec
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class EffectSpec:
-    """How an experiment's effect is read from the per-item rows of an eval (module docstring)."""
-
-    eval_type: str  #: the eval whose ``rows`` hold the per-item value
-    value: str  #: the per-item row key
-    sign: float  #: ``+1``: ``mean(dup d) - mean(dup 0)``; ``-1``: ``mean(dup 0) - mean(dup d)``
-    unit: str
-
-
-#: insertion type -> effect definition (texts/tokens/corpus chunks: loss gap; benchmark: accuracy gain)
-EFFECTS: Dict[InsertionType, EffectSpec] = {
-    InsertionType.texts: EffectSpec("insertion_loss", "loss", -1.0, "nats/token"),
-    InsertionType.tokens: EffectSpec("insertion_loss", "loss", -1.0, "nats/token"),
-    InsertionType.corpus_chunks: EffectSpec("insertion_loss", "loss", -1.0, "nats/token"),
-    InsertionType.benchmark: EffectSpec("benchmark", "acc", 1.0, "acc"),
-}
 
 TOGETHER = "together"
 
@@ -83,11 +65,14 @@ def effect_task(cfg: ExperimentConfig, name: str) -> Tuple[str, EffectSpec]:
 
     :raises ConfigError: if no configured eval task measures it.
     """
-    kind = cfg.insertion.experiments[name].type
-    if kind not in EFFECTS:
-        raise ConfigError("cpdt.experiments", f"{name!r} is a {kind.value} experiment; CPDT effects are defined for "
-                          f"{sorted(k.value for k in EFFECTS)}")
-    spec = EFFECTS[kind]
+    exp = cfg.insertion.experiments[name]
+    spec = effect(exp)  # each insertion type defines its effect (pretrain_exp.insertion.types)
+    if spec is None:
+        from pretrain_exp.insertion.types import TYPES, get_type
+
+        defined = sorted(t for t in TYPES if get_type(t).effect is not None)
+        raise ConfigError("cpdt.experiments", f"{name!r} is a {exp.type} experiment; CPDT effects are defined for "
+                          f"{defined}")
     for task, tc in cfg.eval.tasks.items():
         if tc.type == spec.eval_type and getattr(tc, "experiment", name) == name:
             return task, spec
