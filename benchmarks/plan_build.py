@@ -19,9 +19,9 @@ import tracemalloc
 
 import numpy as np
 
+from pretrain_exp.insertion.items import ItemSet
 from pretrain_exp.insertion.plan import build_plan
-from pretrain_exp.insertion.schema import InsertionExperimentConf, InsertionType
-from pretrain_exp.insertion.sources import ItemSet
+from pretrain_exp.insertion.types.tokens import TokensConf
 
 
 def make_items(n: int, lo: int, hi: int, vocab: int, seed: int) -> ItemSet:
@@ -49,7 +49,7 @@ def main() -> None:
     window = (0, args.steps * B * L)
 
     items = make_items(args.items, args.min_len, args.max_len, args.vocab, seed=0)
-    conf = {"bench": InsertionExperimentConf(type=InsertionType.tokens, file="-")}
+    conf = {"bench": TokensConf(file="-")}
     item_mb = (items.tokens.nbytes + items.offsets.nbytes) / 2**20
     tracemalloc.start()
     t0 = time.perf_counter()

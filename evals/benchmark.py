@@ -2,7 +2,7 @@
 never-inserted (dup-0) items of the same benchmark sample.
 
 The items of a ``type: benchmark`` insertion experiment are benchmark questions rendered with their gold answer
-(:mod:`pretrain_exp.insertion.benchmarks`). This eval rebuilds the questions of the experiment's items from the
+(:mod:`pretrain_exp.insertion.types.benchmark`). This eval rebuilds the questions of the experiment's items from the
 same ``(benchmark, num_items, seed)`` sample (item ``i`` of the experiment is doc ``i``; every item's tokens are
 checked against its rebuilt text, so a config that does not match the run's items fails instead of scoring the
 wrong docs) and scores them 0-shot with lm-eval (``lm_eval.simple_evaluate``, ``multiple_choice``: the choice with
@@ -28,7 +28,7 @@ import numpy as np
 from evals.base import EvalContext, EvalResult
 from evals.stats import bootstrap_ci, bootstrap_diff_ci
 from pretrain_exp.core.errors import ConfigError
-from pretrain_exp.insertion.benchmarks import (
+from pretrain_exp.insertion.types.benchmark import (
     BenchmarkDoc,
     check_benchmark,
     check_format,

@@ -40,7 +40,7 @@ from evals.base import EvalContext, EvalResult
 from evals.scoring import model_device
 from evals.stats import bootstrap_ci, permutation_p_value
 from pretrain_exp.core.errors import ConfigError
-from pretrain_exp.insertion.gaussian import make_noise
+from pretrain_exp.insertion.noise import make_noise
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def embedding_gradients(model, rows: List[np.ndarray], batch_size: int) -> torch
 
 def pattern_scores(grads: torch.Tensor, seeds: np.ndarray, sigma: float) -> np.ndarray:
     """``s(q, xi_p)`` for unit gradients ``grads`` (``(n, L, d)``) and the patterns of ``seeds`` (``(P,)``,
-    :func:`~pretrain_exp.insertion.gaussian.make_noise`): float64 ``(n, P)``, generating one pattern at a time."""
+    :func:`~pretrain_exp.insertion.noise.make_noise`): float64 ``(n, P)``, generating one pattern at a time."""
     n, L, d = grads.shape
     flat = grads.reshape(n, -1)
     return np.stack([(flat @ make_noise(int(s), L, d, sigma).reshape(-1)).double().numpy() / sigma

@@ -2,8 +2,8 @@
 by repetition mode (identical sentence vs paraphrases) and by probe kind (memorization vs generalization)?
 
 For every fact of an experiment (rebuilt from the run's insertion config with
-:func:`~pretrain_exp.insertion.knowledge.knowledge_items` and checked token by token against the plan's items)
-and every probe of it (:func:`~pretrain_exp.insertion.knowledge.probes`: ``memorization`` = an inserted
+:func:`~pretrain_exp.insertion.types.knowledge.knowledge_items` and checked token by token against the plan's items)
+and every probe of it (:func:`~pretrain_exp.insertion.types.knowledge.probes`: ``memorization`` = an inserted
 sentence cut right before the value, ``generalization`` = a held-out paraphrase or question never inserted),
 the target ``" " + value`` is scored after the probe (preceded by the items' leading EOS, if they have one):
 
@@ -34,14 +34,13 @@ from evals.base import EvalContext, EvalResult
 from evals.scoring import continuation_scores
 from evals.stats import bootstrap_ci, bootstrap_diff_ci
 from pretrain_exp.core.errors import ConfigError
-from pretrain_exp.insertion.knowledge import (
+from pretrain_exp.insertion.types.knowledge import (
     PROBE_KINDS,
     facts_by_item,
     knowledge_items,
     probes,
     repeat_mode,
 )
-from pretrain_exp.insertion.schema import InsertionType
 
 KEY = "eval.tasks.knowledge"
 VALUES = ("logp_sum", "logp_mean", "greedy_acc")  #: per-fact values averaged per group
@@ -90,12 +89,12 @@ def check_experiments(key: str, cfg: KnowledgeConf, experiments: Dict[str, Any])
     :param key: the eval's dotted key (``eval.tasks.<name>``); :param experiments: ``insertion.experiments``.
     :raises ConfigError: if a named experiment is missing or not ``type: knowledge``, or there is none.
     """
-    names = list(cfg.experiments) or sorted(n for n, e in experiments.items() if e.type == InsertionType.knowledge)
+    names = list(cfg.experiments) or sorted(n for n, e in experiments.items() if e.type == "knowledge")
     if not names:
         raise ConfigError(key, f"no type=knowledge insertion experiment in this run (experiments: "
                           f"{sorted(experiments)}); add one, e.g. insertion=knowledge")
     for n in names:
-        if n not in experiments or experiments[n].type != InsertionType.knowledge:
+        if n not in experiments or experiments[n].type != "knowledge":
             raise ConfigError(f"{key}.experiments", f"{n!r} is not a type=knowledge insertion experiment of this "
                               f"run; experiments: {sorted(experiments)}")
     return names

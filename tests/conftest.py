@@ -82,8 +82,8 @@ def make_plan(items, experiments=("bios",)) -> Plan:
                 tokens=np.concatenate([np.asarray(t) for t, _, _ in items]).astype(np.uint16),
                 item_experiment=np.array([e for _, _, e in items], np.int32),
                 item_dup_count=np.array([d for _, d, _ in items], np.int32),
-                positions=np.empty(0, np.int64), item_ids=np.empty(0, np.int32),
-                dup_index=np.empty(0, np.int32))
+                span_positions=np.empty(0, np.int64), span_item_ids=np.empty(0, np.int32),
+                span_dup_index=np.empty(0, np.int32))
 
 
 def random_item(rng, n: int = TEXT_LEN) -> list:

@@ -33,13 +33,13 @@ from pretrain_exp.data.tokenize import load_tokenizer, tokenize_source
 from pretrain_exp.insertion.plan import build_plan
 from pretrain_exp.insertion.schema import (
     EosPolicy,
-    InsertionExperimentConf,
-    InsertionType,
     PlacementConf,
     PlacementKind,
     RangeUnit,
 )
-from pretrain_exp.insertion.sources import load_items
+from pretrain_exp.insertion.types import load_items, schema
+from pretrain_exp.insertion.types.gaussian import GaussianConf
+from pretrain_exp.insertion.types.tokens import TokensConf
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -82,8 +82,8 @@ def write_jsonl(path: Path, lines) -> Path:
     return path
 
 
-def items_of(path: Path, *, type_=InsertionType.texts, seq_len: int = L, vocab: int = VOCAB, **kw):
-    exp = InsertionExperimentConf(type=type_, file=str(path), **kw)
+def items_of(path: Path, *, type_="texts", seq_len: int = L, vocab: int = VOCAB, **kw):
+    exp = schema(type_)(file=str(path), **kw)
     return load_items("exp", exp, tokenizer=TOK, vocab_size=vocab, sequence_length=seq_len, seed=0)
 
 
@@ -147,8 +147,6 @@ BAD_CONFIGS = {
     "gaussian file without explicit placement": (["insertion=gaussian",
                                                   "insertion.experiments.gaussian.file=rows.jsonl"],
                                                  ["insertion.experiments.gaussian.file", "explicit"]),
-    "sigma on a texts experiment": (["insertion.experiments.fictional_bios.sigma=0.1"],
-                                    ["insertion.experiments.fictional_bios.sigma", "only for type=gaussian"]),
     "gaussian eval without rows": (["eval=[gaussian]", "eval.tasks.gaussian.max_rows_per_item=0"],
                                    ["eval.tasks.gaussian.max_rows_per_item", ">= 1"]),
     "knowledge: no facts": (["insertion=knowledge", "insertion.experiments.knowledge.num_items=0"],
@@ -161,8 +159,6 @@ BAD_CONFIGS = {
     "knowledge: explicit placement": (["insertion=knowledge",
                                        "insertion.experiments.knowledge.placement.kind=explicit"],
                                       ["insertion.experiments.knowledge.placement", "explicit"]),
-    "repeat mode on a texts experiment": (["insertion.experiments.fictional_bios.repeat=paraphrase"],
-                                          ["insertion.experiments.fictional_bios.repeat", "type=knowledge"]),
     "knowledge eval without a knowledge experiment": (
         ["eval=[knowledge]"], ["eval.tasks.knowledge", "fictional_bios", "insertion=knowledge"]),
     "knowledge eval naming a texts experiment": (
@@ -186,8 +182,10 @@ BAD_CONFIGS = {
                                          ["eval.tasks", "insertion_loss", "fictional_bios"]),
     "cpdt with cleanup all": (["experiment=cpdt_tiny", "training.cleanup=all"], ["training.cleanup", "arms"]),
     "withheld experiment unknown": (["insertion.withheld=[bios]"], ["insertion.withheld[0]", "'bios'"]),
-    "corpus_chunks with a generator": ([IID, "insertion.experiments.iid_control.generator=fictional_bios"],
-                                       ["insertion.experiments.iid_control", "neither file"]),
+    "corpus_chunks with a file": ([IID, "insertion.experiments.iid_control.file=items.jsonl"],
+                                  ["insertion.experiments.iid_control", "neither file"]),
+    "unknown insertion type": (["insertion.experiments.fictional_bios.type=pictures"],
+                               ["insertion.experiments.fictional_bios.type", "pictures", "texts", "gaussian"]),
     "corpus_chunks without num_items": ([IID, "insertion.experiments.iid_control.num_items=null"],
                                         ["insertion.experiments.iid_control.num_items", "corpus_chunks"]),
     "corpus_chunks chunk_tokens 0": ([IID, "insertion.experiments.iid_control.chunk_tokens=0"],
@@ -213,9 +211,13 @@ COMPOSITION_ERRORS = {
     "typo'd key": (["insertion.experiments.fictional_bios.repetitons=2"], ConfigCompositionException,
                    ["insertion.experiments.fictional_bios.repetitons"]),
     "wrong type": (["training.num_steps=abc"], ConfigCompositionException, ["training.num_steps", "abc"]),
-    "unknown insertion type": (["insertion.experiments.fictional_bios.type=pictures"],
-                               ConfigCompositionException,
-                               ["insertion.experiments.fictional_bios.type", "pictures"]),
+    # a field of another insertion type is not in this type's schema
+    "sigma on a texts experiment": (["insertion.experiments.fictional_bios.sigma=0.1"], ConfigCompositionException,
+                                    ["insertion.experiments.fictional_bios.sigma"]),
+    "repeat mode on a texts experiment": (["insertion.experiments.fictional_bios.repeat=paraphrase"],
+                                          ConfigCompositionException, ["insertion.experiments.fictional_bios.repeat"]),
+    "corpus_chunks with a generator": ([IID, "insertion.experiments.iid_control.generator=fictional_bios"],
+                                       ConfigCompositionException, ["insertion.experiments.iid_control.generator"]),
     "unknown knowledge repeat mode": (["insertion=knowledge", "insertion.experiments.knowledge.repeat=sometimes"],
                                       ConfigCompositionException,
                                       ["insertion.experiments.knowledge.repeat", "sometimes"]),
@@ -236,6 +238,12 @@ def test_bad_override_rejected_by_hydra(case, tmp_path):
     ({"insertion": {"experiments": {"x": {"type": "pictures"}}}},
      ["insertion.experiments.x.type", "pictures", "texts", "tokens"]),
     ({"training": {"num_steps": "abc"}}, ["training.num_steps", "abc"]),
+    ({"insertion": {"experiments": {"x": {"type": "texts", "generator": "fictional_bios", "sigma": 0.1}}}},
+     ["insertion.experiments.x.sigma", "only for type=gaussian, not texts"]),
+    ({"insertion": {"experiments": {"x": {"type": "texts", "file": "a.jsonl", "repeat": "paraphrase"}}}},
+     ["insertion.experiments.x.repeat", "only for type=knowledge"]),
+    ({"insertion": {"experiments": {"x": {"type": "texts", "file": "a.jsonl", "formt": "cloze"}}}},
+     ["insertion.experiments.x.formt"]),
     ({"insertion": {"experiments": {"x": {"type": "knowledge", "repeat": "sometimes"}}}},
      ["insertion.experiments.x.repeat", "sometimes", "identical", "paraphrase"]),
     ({"framework": {"name": "hf"}}, ["model.name", "missing"]),
@@ -275,13 +283,13 @@ def test_wrong_payload_types(tmp_path):
     assert_error(ei, f"{f}:1", "'text'", "string")
     g = write_jsonl(tmp_path / "tokens.jsonl", [[5, 6], [5, "7"]])
     with pytest.raises(DataError) as ei:
-        items_of(g, type_=InsertionType.tokens)
+        items_of(g, type_="tokens")
     assert_error(ei, f"{g}:2", "integer token ids")
 
 
-@pytest.mark.parametrize("type_, line", [(InsertionType.texts, {"text": ""}), (InsertionType.tokens, [])])
+@pytest.mark.parametrize("type_, line", [("texts", {"text": ""}), ("tokens", [])])
 def test_empty_item(tmp_path, type_, line):
-    f = write_jsonl(tmp_path / "items.jsonl", [{"text": "ok"} if type_ == InsertionType.texts else [5], line])
+    f = write_jsonl(tmp_path / "items.jsonl", [{"text": "ok"} if type_ == "texts" else [5], line])
     with pytest.raises(InsertionError) as ei:
         items_of(f, type_=type_)
     assert_error(ei, "insertion.experiments.exp item 1", f"{f}:2", "empty item")
@@ -302,7 +310,7 @@ def test_token_id_outside_vocabulary(tmp_path, bad):
     """Including an id too large for int64 (was an OverflowError traceback)."""
     f = write_jsonl(tmp_path / "tokens.jsonl", [[5, 6, 7], [5, bad, 7]])
     with pytest.raises(InsertionError) as ei:
-        items_of(f, type_=InsertionType.tokens)
+        items_of(f, type_="tokens")
     assert_error(ei, "item 1", f"{f}:2", f"token id {bad}", f"[0, {VOCAB})")
 
 
@@ -355,9 +363,8 @@ WINDOW = (4 * L, 12 * L)  #: a run continuing from step 2 with B=2 rows for 4 st
 
 def plan_explicit(tmp_path, lines, name="exp", allow_row_crossing=False):
     f = write_jsonl(tmp_path / f"{name}.jsonl", lines)
-    exp = InsertionExperimentConf(type=InsertionType.tokens, file=str(f), key="tokens", eos=EosPolicy.none,
-                                  placement=PlacementConf(kind=PlacementKind.explicit,
-                                                          allow_row_crossing=allow_row_crossing))
+    exp = TokensConf(file=str(f), key="tokens", eos=EosPolicy.none,
+                     placement=PlacementConf(kind=PlacementKind.explicit, allow_row_crossing=allow_row_crossing))
     items = load_items(name, exp, tokenizer=TOK, vocab_size=VOCAB, sequence_length=L, seed=0)
     return f, build_plan({name: items}, {name: exp}, WINDOW, L, 2, 0, VOCAB)
 
@@ -385,8 +392,8 @@ def test_overlap_across_explicit_experiments(tmp_path):
     fa = write_jsonl(tmp_path / "a.jsonl", [{"tokens": [5, 6, 7], "position": 5 * L}])
     fb = write_jsonl(tmp_path / "b.jsonl", [{"tokens": [8, 9], "position": 5 * L + 1}])
     explicit = PlacementConf(kind=PlacementKind.explicit)
-    exps = {n: InsertionExperimentConf(type=InsertionType.tokens, file=str(f), key="tokens",
-                                       eos=EosPolicy.none, placement=explicit)
+    exps = {n: TokensConf(file=str(f), key="tokens",
+                          eos=EosPolicy.none, placement=explicit)
             for n, f in (("a", fa), ("b", fb))}
     items = {n: load_items(n, e, tokenizer=TOK, vocab_size=VOCAB, sequence_length=L, seed=0)
              for n, e in exps.items()}
@@ -414,8 +421,8 @@ def test_explicit_span_crossing_a_row(tmp_path):
 def _range_exp(tmp_path, start, end, unit=RangeUnit.position, repetitions=1):
     f = write_jsonl(tmp_path / "r.jsonl", [[5, 6, 7], [8, 9]])
     placement = PlacementConf(kind=PlacementKind.range, start=start, end=end, unit=unit)
-    exp = InsertionExperimentConf(type=InsertionType.tokens, file=str(f), eos=EosPolicy.none,
-                                  repetitions=repetitions, placement=placement)
+    exp = TokensConf(file=str(f), eos=EosPolicy.none,
+                     repetitions=repetitions, placement=placement)
     return {"r": exp}, {"r": load_items("r", exp, tokenizer=TOK, vocab_size=VOCAB, sequence_length=L, seed=0)}
 
 
@@ -442,8 +449,8 @@ def test_too_many_copies_for_the_window(tmp_path):
 
 def _gaussian(tmp_path, placement, lines=None, num_items=4):
     f = write_jsonl(tmp_path / "rows.jsonl", lines) if lines is not None else None
-    exp = InsertionExperimentConf(type=InsertionType.gaussian, file=f and str(f), sigma=0.1,
-                                  num_items=None if f else num_items, repetitions=1, placement=placement)
+    exp = GaussianConf(file=f and str(f), sigma=0.1,
+                       num_items=None if f else num_items, repetitions=1, placement=placement)
     items = load_items("g", exp, tokenizer=TOK, vocab_size=VOCAB, sequence_length=L, seed=0)
     return f, lambda: build_plan({"g": items}, {"g": exp}, WINDOW, L, 2, 0, VOCAB)
 

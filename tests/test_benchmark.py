@@ -14,10 +14,14 @@ from evals.benchmark import BenchmarkConf, bootstrap_diff_ci
 from evals.registry import parse_task_configs, run_eval
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.data.assets import fetch
-from pretrain_exp.insertion.benchmarks import HF_DATASETS, _read_rows, item_text, prompt, read_benchmark, sample_docs
 from pretrain_exp.insertion.plan import build_plan
-from pretrain_exp.insertion.schema import EosPolicy, InsertionExperimentConf, InsertionType
-from pretrain_exp.insertion.sources import load_items, validate_experiment
+from pretrain_exp.insertion.schema import EosPolicy
+from pretrain_exp.insertion.types import load_items, validate_experiment
+from pretrain_exp.insertion.types.benchmark import (
+    HF_DATASETS,
+)
+from pretrain_exp.insertion.types.benchmark import BenchmarkConf as BenchmarkExperimentConf
+from pretrain_exp.insertion.types.benchmark import _read_rows, item_text, prompt, read_benchmark, sample_docs
 from tests.conftest import CACHE_DIR, make_config
 
 L = 256
@@ -30,9 +34,9 @@ def tokenizer(tiny_model_dir):
     return AutoTokenizer.from_pretrained(str(tiny_model_dir))
 
 
-def bench_exp(**kw) -> InsertionExperimentConf:
+def bench_exp(**kw) -> BenchmarkExperimentConf:
     kw = {"benchmark": "arc_easy", "num_items": 8, "repetitions": [0, 4], **kw}
-    return InsertionExperimentConf(type=InsertionType.benchmark, **kw)
+    return BenchmarkExperimentConf(**kw)
 
 
 def items_of(exp, tokenizer, cache_dir, seed=0, name="arc"):
@@ -103,8 +107,7 @@ def test_config_errors(tmp_path, tokenizer, cache_dir):
     with pytest.raises(ConfigError, match=r"insertion\.experiments\.b\.file"):
         validate_experiment("insertion.experiments.b", bench_exp(file="items.jsonl"))
     with pytest.raises(ConfigError, match=r"insertion\.experiments\.b\.benchmark: only for type=benchmark"):
-        validate_experiment("insertion.experiments.b",
-                            InsertionExperimentConf(type=InsertionType.texts, file="x.jsonl", benchmark="sciq"))
+        validate_experiment("insertion.experiments.b", {"type": "texts", "file": "x.jsonl", "benchmark": "sciq"})
     with pytest.raises(ConfigError, match=r"insertion\.experiments\.arc\.num_items: must be in \[1, 299\]"):
         items_of(bench_exp(benchmark="arc_challenge", num_items=300), tokenizer, cache_dir)
     with pytest.raises(ConfigError, match=r"eval\.tasks\.benchmark\.benchmark"):

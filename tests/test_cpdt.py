@@ -17,9 +17,9 @@ import yaml
 
 from evals.stats import contrast_replicates, percentile_interval, sign_flip_pvalue
 from pretrain_exp.core.errors import InsertionError
+from pretrain_exp.insertion.items import ItemSet
 from pretrain_exp.insertion.plan import Plan, build_plan
-from pretrain_exp.insertion.schema import InsertionExperimentConf, InsertionType
-from pretrain_exp.insertion.sources import ItemSet
+from pretrain_exp.insertion.types.tokens import TokensConf
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,7 +98,7 @@ def test_withheld_experiments_leave_the_others_in_place():
     L, B, window, vocab = 32, 4, (0, 32 * 4 * 20), 500
     items = {n: ItemSet.from_token_lists(n, [rng.integers(3, vocab, size=int(k)) for k in rng.integers(4, 20, 12)],
                                          [0, 1, 3] * 4) for n in ("a", "b", "c")}
-    exps = {n: InsertionExperimentConf(type=InsertionType.tokens, file="x.jsonl") for n in items}
+    exps = {n: TokensConf(file="x.jsonl") for n in items}
     plan = build_plan(items, exps, window, L, B, seed=1, vocab_size=vocab)
     alone = plan.without(["a", "c"])
     assert alone.experiments == ["b"] and alone.num_items == 12

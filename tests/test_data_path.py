@@ -28,7 +28,7 @@ from pretrain_exp.data import tokenize as tokenize_mod
 from pretrain_exp.data.assets import ASSETS, fetch, hf_model_dir, iter_texts
 from pretrain_exp.data.token_files import TokenFiles, dtype_for_vocab
 from pretrain_exp.data.tokenize import load_tokenizer, tokenize_source
-from pretrain_exp.insertion.generators import GENERATORS, fictional_bios
+from pretrain_exp.insertion.types.texts import GENERATORS, fictional_bios
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("PRETRAIN_EXP_CACHE") or Path.home() / ".cache" / "pretrain_exp")

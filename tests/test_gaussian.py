@@ -17,26 +17,26 @@ from evals.gaussian import gaussian as gaussian_eval
 from evals.stats import permutation_p_value
 from pretrain_exp.app.experiment import Experiment
 from pretrain_exp.core.errors import ConfigError
-from pretrain_exp.insertion.gaussian import EmbeddingNoise, NoiseSpec, make_noise, noise_seed
+from pretrain_exp.insertion.noise import EmbeddingNoise, NoiseSpec, make_noise, noise_seed
 from pretrain_exp.insertion.plan import Plan, build_plan
 from pretrain_exp.insertion.schema import (
     EosPolicy,
-    InsertionExperimentConf,
-    InsertionType,
     PlacementConf,
     PlacementKind,
     RangeUnit,
 )
-from pretrain_exp.insertion.sources import load_items
+from pretrain_exp.insertion.types import load_items
+from pretrain_exp.insertion.types.gaussian import GaussianConf as GaussianExperimentConf
+from pretrain_exp.insertion.types.tokens import TokensConf
 from tests.conftest import make_config, tiny_model
 
 L, B, STEPS, VOCAB = 16, 4, 20, 100
 WINDOW = (0, STEPS * B * L)
 
 
-def gaussian_exp(num_items=4, repetitions=(0, 1, 2, 3), sigma=0.1, **placement) -> InsertionExperimentConf:
-    return InsertionExperimentConf(type=InsertionType.gaussian, num_items=num_items, repetitions=list(repetitions),
-                                   sigma=sigma, placement=PlacementConf(**placement))
+def gaussian_exp(num_items=4, repetitions=(0, 1, 2, 3), sigma=0.1, **placement) -> GaussianExperimentConf:
+    return GaussianExperimentConf(num_items=num_items, repetitions=list(repetitions), sigma=sigma,
+                                  placement=PlacementConf(**placement))
 
 
 def plan_of(exps, seed=0):
@@ -96,12 +96,47 @@ def test_placement_options_hold_for_noise_rows(placement, check):
 def test_noise_rows_hold_no_other_insertion(tmp_path, tokens_name):
     f = tmp_path / "t.jsonl"
     f.write_text("".join(json.dumps([5, 6, 7, 8, 9]) + "\n" for _ in range(10)))
-    tok = InsertionExperimentConf(type=InsertionType.tokens, file=str(f), eos=EosPolicy.none, repetitions=2)
+    tok = TokensConf(file=str(f), eos=EosPolicy.none, repetitions=2)
     plan, _ = plan_of({tokens_name: tok, "g": gaussian_exp(num_items=20, repetitions=[0, 2, 4])})
     assert plan.num_insertions == 20 and plan.noise_rows.size > 0
     assert np.intersect1d(plan.affected_rows(), plan.noise_rows).size == 0
     row = np.zeros(L, np.int64)
     assert all(plan.apply(int(q), row) == 0 for q in plan.noise_rows)  # the tokens of a noise row stay as they are
+
+
+def test_without_nothing_keeps_the_noise(tmp_path):
+    """``without([])`` is the same plan, noise spans included (equal digest)."""
+    f = tmp_path / "t.jsonl"
+    f.write_text("".join(json.dumps([5, 6, 7, 8, 9]) + "\n" for _ in range(10)))
+    plan, _ = plan_of({"t": TokensConf(file=str(f), eos=EosPolicy.none, repetitions=2), "g": gaussian_exp()})
+    same = plan.without([])
+    assert same.digest() == plan.digest() and same.noise_rows.size == plan.noise_rows.size > 0
+    np.testing.assert_array_equal(same.noise_rows, plan.noise_rows)
+    np.testing.assert_array_equal(same.item_noise_seed, plan.item_noise_seed)
+    assert same.noise_sigma == plan.noise_sigma
+
+
+def test_withholding_one_experiment_keeps_the_others_noise(tmp_path):
+    """The CPDT alone arm: withholding a token experiment keeps every noise row (same rows, seeds and sigmas);
+    withholding the gaussian one drops exactly its rows and keeps the other's noise."""
+    f = tmp_path / "t.jsonl"
+    f.write_text("".join(json.dumps([5, 6, 7, 8, 9]) + "\n" for _ in range(10)))
+    exps = {"t": TokensConf(file=str(f), eos=EosPolicy.none, repetitions=2), "g": gaussian_exp(),
+            "h": gaussian_exp(num_items=3, repetitions=[1, 2, 0], sigma=0.2)}
+    plan, _ = plan_of(exps)
+    spec = NoiseSpec.from_plan(plan)
+    alone = plan.without(["t"])
+    assert alone.num_insertions == 0 and alone.experiments == ["g", "h"]
+    a = NoiseSpec.from_plan(alone)
+    for x, y in ((a.rows, spec.rows), (a.seeds, spec.seeds), (a.sigmas, spec.sigmas)):
+        np.testing.assert_array_equal(x, y)
+    only_h = plan.without(["g", "t"])
+    mine = plan.experiments.index("h") == plan.item_experiment[plan.noise_item_ids]
+    h = NoiseSpec.from_plan(only_h)
+    np.testing.assert_array_equal(h.rows, spec.rows[mine])
+    np.testing.assert_array_equal(h.seeds, spec.seeds[mine])
+    assert only_h.noise_sigma == {"h": 0.2} and set(h.sigmas) == {0.2}
+    assert plan.without(["g", "h"]).noise_rows.size == 0 and plan.without(["g", "h"]).num_insertions == 20
 
 
 def test_hook_api_checks_rows_and_leaves_other_rows_alone():
@@ -174,10 +209,9 @@ def _noise_plan(dups, rows_of, sigma, seq_len, n_rows):
     items = np.concatenate([np.full(len(r), i, np.int32) for i, r in enumerate(rows_of)])
     order = np.argsort(noise_rows)
     return Plan(seq_len, 8, (0, n_rows * seq_len), ["g"], np.zeros(n + 1, np.int64), np.empty(0, np.uint16),
-                np.zeros(n, np.int32), np.asarray(dups, np.int32), np.empty(0, np.int64), np.empty(0, np.int32),
-                np.empty(0, np.int32), item_noise_seed=np.array([noise_seed(0, "g", i) for i in range(n)]),
-                noise_rows=noise_rows[order], noise_item_ids=items[order],
-                noise_dup_index=np.zeros(noise_rows.size, np.int32), noise_sigma={"g": sigma})
+                np.zeros(n, np.int32), np.asarray(dups, np.int32), span_positions=noise_rows[order] * seq_len,
+                span_item_ids=items[order], span_dup_index=np.zeros(noise_rows.size, np.int32),
+                item_noise_seed=np.array([noise_seed(0, "g", i) for i in range(n)]), noise_sigma={"g": sigma})
 
 
 def test_eval_tells_trained_noise_from_fresh_noise(one_torch_thread):

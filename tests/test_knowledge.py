@@ -17,25 +17,22 @@ from evals.registry import run_eval
 from evals.scoring import continuation_scores, greedy_decode
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.data.assets import iter_texts
-from pretrain_exp.insertion.knowledge import (
+from pretrain_exp.insertion.plan import build_plan
+from pretrain_exp.insertion.schema import InsertionConf, PlacementConf, PlacementKind
+from pretrain_exp.insertion.types import load_items
+from pretrain_exp.insertion.types.knowledge import (
     ATTRIBUTES,
     NUM_HELD_OUT_TEMPLATES,
     NUM_TRAINING_TEMPLATES,
+)
+from pretrain_exp.insertion.types.knowledge import KnowledgeConf as KnowledgeExperimentConf
+from pretrain_exp.insertion.types.knowledge import (
+    KnowledgeRepeat,
     generate_facts,
     item_templates,
     knowledge_items,
     probes,
 )
-from pretrain_exp.insertion.plan import build_plan
-from pretrain_exp.insertion.schema import (
-    InsertionConf,
-    InsertionExperimentConf,
-    InsertionType,
-    KnowledgeRepeat,
-    PlacementConf,
-    PlacementKind,
-)
-from pretrain_exp.insertion.sources import load_items
 from tests.conftest import CACHE_DIR, tiny_model
 from tests.test_experiment import cli
 
@@ -50,9 +47,9 @@ def tokenizer(tiny_model_dir):
     return AutoTokenizer.from_pretrained(str(tiny_model_dir))
 
 
-def kexp(**kw) -> InsertionExperimentConf:
+def kexp(**kw) -> KnowledgeExperimentConf:
     kw = {"num_items": 16, "repetitions": [0, 1, 4, 16], **kw}
-    return InsertionExperimentConf(type=InsertionType.knowledge, **kw)
+    return KnowledgeExperimentConf(**kw)
 
 
 def items_of(exp, tokenizer, name="facts", seed=0):

@@ -226,7 +226,7 @@ def test_olmo_core_adds_exactly_the_planned_gaussian_noise(tmp_path, monkeypatch
     import torch.nn.functional as F
 
     from pretrain_exp.app.experiment import Experiment
-    from pretrain_exp.insertion.gaussian import make_noise
+    from pretrain_exp.insertion.noise import make_noise
 
     seen = []
     attach = olmo_core_framework.MicroBatchRows.attach

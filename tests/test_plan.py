@@ -19,17 +19,18 @@ from pretrain_exp.core.errors import CheckpointError, ConfigError, InsertionErro
 from pretrain_exp.data.order import DataOrder
 from pretrain_exp.data.rows import TrainingRows
 from pretrain_exp.data.token_files import TokenFiles, write_token_file
+from pretrain_exp.insertion.items import ItemSet, sha256_tokens
 from pretrain_exp.insertion.placement import Occupancy, expand_copies
 from pretrain_exp.insertion.plan import Plan, build_plan
 from pretrain_exp.insertion.schema import (
     EosPolicy,
     InsertionExperimentConf,
-    InsertionType,
     PlacementConf,
     PlacementKind,
     RangeUnit,
 )
-from pretrain_exp.insertion.sources import ItemSet, load_items, sha256_tokens, validate_experiment
+from pretrain_exp.insertion.types import load_items, validate_experiment
+from pretrain_exp.insertion.types.tokens import TokensConf
 from pretrain_exp.insertion.verify import verify_plan
 
 VOCAB = 50_000
@@ -39,9 +40,9 @@ MANIFEST_FIELDS = {"position", "step", "row", "offset", "length", "item_id", "ex
 
 # --- helpers --------------------------------------------------------------------------------------
 
-def conf(kind: str = "random", **placement) -> InsertionExperimentConf:
-    return InsertionExperimentConf(type=InsertionType.tokens, file="items.jsonl", eos=EosPolicy.none,
-                                   placement=PlacementConf(kind=PlacementKind(kind), **placement))
+def conf(kind: str = "random", **placement) -> TokensConf:
+    return TokensConf(file="items.jsonl", eos=EosPolicy.none,
+                      placement=PlacementConf(kind=PlacementKind(kind), **placement))
 
 
 def make_items(name, lengths, dups, rng, positions=None, low=0, high=VOCAB, text=False):
@@ -285,8 +286,8 @@ def test_range_config_errors():
 def load(tmp_path, n, repetitions, seed=0, L=32, name="e"):
     path = tmp_path / f"{name}.jsonl"
     path.write_text("".join(json.dumps([i + 1, i + 2, 7]) + "\n" for i in range(n)))
-    exp = InsertionExperimentConf(type=InsertionType.tokens, file=str(path), eos=EosPolicy.none,
-                                  repetitions=repetitions)
+    exp = TokensConf(file=str(path), eos=EosPolicy.none,
+                     repetitions=repetitions)
     return exp, load_items(name, exp, tokenizer=None, vocab_size=VOCAB, sequence_length=L, seed=seed)
 
 
@@ -352,8 +353,8 @@ def test_explicit_via_load_items(tmp_path):
     path = tmp_path / "ex.jsonl"
     lines = [{"tokens": [5, 6, 7], "position": 40}, {"tokens": [9], "position": [3, 70]}]
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    exp = InsertionExperimentConf(type=InsertionType.tokens, file=str(path), key="tokens", eos=EosPolicy.none,
-                                  placement=PlacementConf(kind=PlacementKind.explicit))
+    exp = TokensConf(file=str(path), key="tokens", eos=EosPolicy.none,
+                     placement=PlacementConf(kind=PlacementKind.explicit))
     items = load_items("ex", exp, tokenizer=None, vocab_size=VOCAB, sequence_length=32, seed=0)
     assert [it.dup_count for it in items] == [1, 2]
     plan = build_plan({"ex": items}, {"ex": exp}, (0, 4 * 32), 32, 2, seed=0, vocab_size=VOCAB)
@@ -496,8 +497,8 @@ def test_apply_on_empty_plan():
 
 # --- save / load / manifest -----------------------------------------------------------------------
 
-PLAN_ARRAYS = ("token_offsets", "tokens", "item_experiment", "item_dup_count", "positions", "item_ids",
-               "dup_index")
+PLAN_ARRAYS = ("token_offsets", "tokens", "item_experiment", "item_dup_count", "span_positions", "span_item_ids",
+               "span_dup_index", "item_noise_seed")
 
 
 def test_save_load_round_trip(tmp_path):
@@ -512,7 +513,7 @@ def test_save_load_round_trip(tmp_path):
     assert back.digest() == plan.digest()
     assert (back.sequence_length, back.global_batch_size, back.window, back.experiments) == \
            (plan.sequence_length, plan.global_batch_size, plan.window, plan.experiments)
-    for k in PLAN_ARRAYS + ("ends", "lengths"):
+    for k in PLAN_ARRAYS + ("positions", "item_ids", "dup_index", "ends", "lengths"):
         a, b = getattr(plan, k), getattr(back, k)
         assert a.dtype == b.dtype, k
         np.testing.assert_array_equal(a, b, err_msg=k)

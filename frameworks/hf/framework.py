@@ -30,7 +30,7 @@ from transformers import (
 from frameworks.base import Checkpoint, Framework, LogFn
 from pretrain_exp.core.config import Precision
 from pretrain_exp.core.errors import CheckpointError
-from pretrain_exp.insertion.gaussian import EmbeddingNoise
+from pretrain_exp.insertion.noise import EmbeddingNoise
 
 log = logging.getLogger(__name__)
 

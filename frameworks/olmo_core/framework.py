@@ -38,7 +38,7 @@ from frameworks.base import Checkpoint, Framework, LogFn
 from frameworks.olmo_core.checkpoint import OlmoCoreCheckpoint, check_train_state, model_config
 from pretrain_exp.core.config import Precision, RunConfig
 from pretrain_exp.core.errors import CheckpointError, ConfigError, TrainingError
-from pretrain_exp.insertion.gaussian import EmbeddingNoise
+from pretrain_exp.insertion.noise import EmbeddingNoise
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The root config of a run (:class:`ExperimentConfig`), its registration in Hydra's ConfigStore, and loading.
 
 The YAML options in ``conf/<group>/`` extend the group schemas (:mod:`pretrain_exp.core.config`,
-:mod:`pretrain_exp.insertion.schema`, each eval's schema), so Hydra rejects a typo'd key or a wrong type while
+:mod:`pretrain_exp.insertion.types`, each eval's schema), so Hydra rejects a typo'd key or a wrong type while
 composing. :func:`pretrain_exp.app.validate.to_config` converts the composed ``DictConfig`` once into an
 :class:`ExperimentConfig` and checks the rules that span groups and plugins. Every error names the dotted key,
 the bad value and what is allowed (:class:`~pretrain_exp.core.errors.ConfigError`).
@@ -18,7 +18,7 @@ from typing import List
 from omegaconf import MISSING
 
 from pretrain_exp.core.config import DataConf, EvalConf, FrameworkConf, ModelConf, TrainingConf, WandbConf
-from pretrain_exp.insertion.schema import InsertionConf, InsertionExperimentConf
+from pretrain_exp.insertion.schema import InsertionConf
 
 
 @dataclass
@@ -50,13 +50,15 @@ class ExperimentConfig:
 
 
 def register_configs() -> None:
-    """Store the schemas in Hydra's ConfigStore: ``base_config`` and ``schema/<group>/base``.
+    """Store the schemas in Hydra's ConfigStore: ``base_config``, ``schema/<group>/base``, ``schema/insertion/<type>``
+    and ``schema/eval/<type>``.
 
     Idempotent; called by the entry point and by tests before composing.
     """
     from hydra.core.config_store import ConfigStore
 
     from evals.registry import register_eval_schemas
+    from pretrain_exp.insertion.types import register_insertion_schemas
 
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=ExperimentConfig)
@@ -64,9 +66,9 @@ def register_configs() -> None:
         ("framework", FrameworkConf),
         ("model", ModelConf),
         ("data", DataConf),
-        ("insertion", InsertionExperimentConf),
         ("training", TrainingConf),
         ("wandb", WandbConf),
     ):
         cs.store(group=f"schema/{group}", name="base", node=node)
+    register_insertion_schemas(cs)
     register_eval_schemas(cs)

@@ -46,8 +46,9 @@ from pretrain_exp.data.order import DataOrder, step_window
 from pretrain_exp.data.rows import TrainingRows
 from pretrain_exp.data.token_files import TokenFiles, dtype_for_vocab
 from pretrain_exp.data.tokenize import load_tokenizer, tokenize_source
+from pretrain_exp.insertion.items import LoadContext
 from pretrain_exp.insertion.plan import Plan, build_plan
-from pretrain_exp.insertion.sources import load_items
+from pretrain_exp.insertion.types import load_items, reserved_rows
 from pretrain_exp.insertion.verify import verify_plan
 from pretrain_exp.report.plots import plot_loss_vs_step, plot_per_dup
 from pretrain_exp.report.summary import print_table, summarize
@@ -116,8 +117,6 @@ class Experiment:
                               f"{sorted(self.plan.noise_sigma)}")
 
     def _check_held_out(self) -> None:
-        from pretrain_exp.insertion.corpus_chunks import reserved_rows
-
         n = self.cfg.data.held_out_rows + reserved_rows(self.cfg.insertion.experiments)
         first_row, end_row = self.window[0] // self.L, self.window[1] // self.L
         ho = self.order.held_out_rows(n)
@@ -129,10 +128,9 @@ class Experiment:
 
     def _plan(self) -> Plan:
         cfg = self.cfg
-        items = {name: load_items(name, exp, tokenizer=self.tokenizer, vocab_size=self.vocab_size,
-                                  sequence_length=self.L, seed=cfg.insertion.seed, cache_dir=cfg.cache_dir,
-                                  order=self.order, held_out_rows=cfg.data.held_out_rows)
-                 for name, exp in cfg.insertion.experiments.items()}
+        ctx = LoadContext(self.tokenizer, self.vocab_size, self.L, cfg.insertion.seed, cfg.cache_dir, self.order,
+                          cfg.data.held_out_rows)
+        items = {name: load_items(name, exp, ctx) for name, exp in cfg.insertion.experiments.items()}
         plan = build_plan(items, cfg.insertion.experiments, self.window, self.L, self.B,
                           cfg.insertion.seed, self.vocab_size)
         if cfg.insertion.withheld:  # placed with the others (same positions), then left out

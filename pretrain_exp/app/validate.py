@@ -19,13 +19,14 @@ from pretrain_exp.core.errors import ConfigError
 
 
 def validate(cfg: ExperimentConfig) -> ExperimentConfig:
-    """Check the cross-field rules of ``cfg``; return it (with ``eval.tasks`` parsed into their schemas).
+    """Check the cross-field rules of ``cfg``; return it (with ``insertion.experiments`` and ``eval.tasks`` parsed
+    into their schemas).
 
     :raises ConfigError: naming the dotted key of the first violated rule.
     """
     from evals.registry import parse_task_configs
     from frameworks.registry import get_framework_class
-    from pretrain_exp.insertion.sources import validate_experiment
+    from pretrain_exp.insertion.types import parse_experiments
 
     get_framework_class(cfg.framework.name)  # raises ConfigError listing the frameworks
     if sum(x is not None for x in (cfg.model.asset, cfg.model.path, cfg.model.url)) != 1:
@@ -69,8 +70,9 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     allowed = sorted(s.value for s in SchedulerType)
     if t.lr_scheduler not in allowed:
         raise ConfigError("training.lr_scheduler", f"unknown scheduler {t.lr_scheduler!r}; allowed: {allowed}")
+    cfg.insertion.experiments = parse_experiments(cfg.insertion.experiments)
     for name, exp in cfg.insertion.experiments.items():
-        validate_experiment(f"insertion.experiments.{name}", exp)
+        exp.validate(f"insertion.experiments.{name}")
     for i, name in enumerate(cfg.insertion.withheld):
         if name not in cfg.insertion.experiments:
             raise ConfigError(f"insertion.withheld[{i}]", f"{name!r} is not an insertion experiment; "
@@ -125,7 +127,7 @@ def validate_cpdt(cfg: ExperimentConfig) -> None:
         if not (0 in reps and any(r > 0 for r in reps)) and not any(0 < r < 1 for r in reps):
             raise ConfigError(f"insertion.experiments.{name}.repetitions", f"a cpdt experiment needs dup-0 "
                               f"controls and inserted items (e.g. [0, 4]), got {reps}")
-        effect_task(name, exp.type.value, tasks)
+        effect_task(name, exp.type, tasks)
 
 
 def to_config(cfg: DictConfig) -> ExperimentConfig:
@@ -136,6 +138,12 @@ def to_config(cfg: DictConfig) -> ExperimentConfig:
     try:
         if not OmegaConf.is_config(cfg) or OmegaConf.get_type(cfg) is not ExperimentConfig:
             cfg = OmegaConf.merge(OmegaConf.structured(ExperimentConfig), cfg)
+        from pretrain_exp.insertion.types import typed_node
+
+        for name, node in cfg.insertion.experiments.items():  # each experiment in its type's schema
+            typed = typed_node(f"insertion.experiments.{name}", node)
+            if typed is not node:
+                cfg.insertion.experiments[name] = typed
         exp = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "config"

@@ -23,7 +23,7 @@ class TrainingRows(torch.utils.data.Dataset):
     ``__getitem__(i)`` returns ``{"input_ids": LongTensor (L,), "labels": LongTensor (L,), "row_index":
     LongTensor ()}`` (labels equal the inputs; the model shifts them, so token 0 of a row is never a target;
     ``row_index`` is the row's training-order index ``q``, which the trainer pops before calling the model and
-    hands to the Gaussian-poisoning hook, :mod:`~pretrain_exp.insertion.gaussian`). Safe in data-loader
+    hands to the Gaussian-poisoning hook, :mod:`~pretrain_exp.insertion.noise`). Safe in data-loader
     workers (holds only arrays and lazily opened memmaps).
     """
 

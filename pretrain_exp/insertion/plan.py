@@ -1,19 +1,20 @@
 """The insertion :class:`Plan`: every insertion of a run as sorted arrays, saved without pickling.
 
-A plan holds the items (CSR token storage, one entry per item including never-inserted controls) and the
-insertions (one entry per copy: global token position, item, dup index), sorted by position and
-non-overlapping. :meth:`Plan.apply` is the only code that writes inserted tokens into training rows.
-Gaussian-poisoning patterns (``type=gaussian``, :mod:`~pretrain_exp.insertion.gaussian`) are items without
-tokens; their copies are whole training rows, kept beside the token insertions in ``noise_rows`` (sorted
-training-order indices) with ``noise_item_ids`` / ``noise_dup_index``, and each pattern's seed in
-``item_noise_seed`` (``-1`` for token items) and its experiment's std in ``noise_sigma``: enough to regenerate
-every noise tensor, so no noise is stored.
+A plan holds the items (CSR token storage, one entry per item including never-inserted controls) and the spans
+(one entry per copy: global token position, item, dup index), sorted by position and non-overlapping. A span has
+one of two kinds, given by its item: a **token span** writes the item's tokens at ``[position, position + length)``;
+a **noise span** (an item with a noise seed, ``item_noise_seed >= 0``, and no tokens) covers the whole row
+``position // L`` and adds the item's seeded noise to that row's input embeddings
+(:mod:`~pretrain_exp.insertion.noise`): each pattern's seed and its experiment's std (``noise_sigma``) regenerate
+every noise tensor, so no noise is stored. :meth:`Plan.apply` is the only code that writes inserted tokens into
+training rows; it writes token spans only. The token spans are also exposed as ``positions``/``item_ids``/
+``dup_index``/``lengths``/``ends`` and the noise spans as ``noise_rows``/``noise_item_ids``/``noise_dup_index``.
 
 Files (written atomically): ``plan.npz`` (``numpy.savez``; load with ``allow_pickle=False``),
-``manifest.jsonl`` (one line per insertion: ``position, step, row, offset, length, item_id, experiment,
+``manifest.jsonl`` (one line per span: ``position, step, row, offset, length, item_id, experiment,
 dup_index, sha256``) and ``items.jsonl`` (one line per item: ``item_id, experiment, index, dup_count, length,
-sha256, source`` and ``text`` for text items). A gaussian copy is a manifest line with ``offset 0``, ``length L``,
-``sha256 null`` and the pattern's ``noise_seed`` and ``sigma``; a gaussian item has them in ``items.jsonl`` too.
+sha256, source`` and ``text`` for text items). A noise span is a manifest line with ``offset 0``, ``length L``,
+``sha256 null`` and the pattern's ``noise_seed`` and ``sigma``; a noise item has them in ``items.jsonl`` too.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import json
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -31,7 +32,8 @@ from pretrain_exp.core.errors import CheckpointError, InsertionError
 from pretrain_exp.core.io import atomic_write
 from pretrain_exp.data.order import step_row_offset
 from pretrain_exp.data.token_files import dtype_for_vocab
-from pretrain_exp.insertion.gaussian import noise_seed
+from pretrain_exp.insertion.items import ItemSet, experiment_rng, sha256_tokens
+from pretrain_exp.insertion.noise import noise_seed
 from pretrain_exp.insertion.placement import (
     Occupancy,
     allowed_rows,
@@ -40,15 +42,19 @@ from pretrain_exp.insertion.placement import (
     place_explicit,
     place_random,
 )
-from pretrain_exp.insertion.schema import InsertionExperimentConf, InsertionType, PlacementKind
-from pretrain_exp.insertion.sources import ItemSet, experiment_rng, sha256_tokens
+from pretrain_exp.insertion.schema import InsertionExperimentConf, PlacementKind
+
+#: the arrays of ``plan.npz`` besides ``meta``
+ARRAYS = ("token_offsets", "tokens", "item_experiment", "item_dup_count", "span_positions", "span_item_ids",
+          "span_dup_index", "item_noise_seed")
 
 
 @dataclass
 class Plan:
     """All insertions of a run.
 
-    Item arrays have shape ``(num_items,)``, insertion arrays ``(num_insertions,)``.
+    Item arrays have shape ``(num_items,)``, span arrays ``(num_spans,)`` (token and noise spans together, sorted
+    by position); the token-span views have shape ``(num_insertions,)``, the noise-span views ``(n_noise,)``.
     """
 
     sequence_length: int
@@ -59,19 +65,30 @@ class Plan:
     tokens: np.ndarray  #: uint16/uint32 ``(sum of item lengths,)``
     item_experiment: np.ndarray  #: int32 ``(num_items,)``
     item_dup_count: np.ndarray  #: int32 ``(num_items,)``; 0 = control
-    positions: np.ndarray  #: int64 ``(num_insertions,)``, sorted ascending
-    item_ids: np.ndarray  #: int32 ``(num_insertions,)``
-    dup_index: np.ndarray  #: int32 ``(num_insertions,)``: which copy of its item (0-based)
-    ends: np.ndarray = field(init=False)  #: int64, ``positions + lengths`` (derived)
-    item_noise_seed: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  #: int64 ``(num_items,)``
-    noise_rows: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  #: int64 ``(n_noise,)``, sorted
-    noise_item_ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))  #: int32 ``(n_noise,)``
-    noise_dup_index: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))  #: int32 ``(n_noise,)``
-    noise_sigma: Dict[str, float] = field(default_factory=dict)  #: gaussian experiment -> noise std
+    span_positions: np.ndarray  #: int64 ``(num_spans,)``, sorted ascending (a noise span: its row start)
+    span_item_ids: np.ndarray  #: int32 ``(num_spans,)``
+    span_dup_index: np.ndarray  #: int32 ``(num_spans,)``: which copy of its item (0-based)
+    #: int64 ``(num_items,)``: the noise seed of a noise item, ``-1`` for a token item (default: all token items)
+    item_noise_seed: Optional[np.ndarray] = None
+    noise_sigma: Dict[str, float] = field(default_factory=dict)  #: experiment with noise items -> noise std
 
     def __post_init__(self):
-        self.lengths = np.diff(self.token_offsets).astype(np.int64)[self.item_ids]  #: int64 per insertion
-        self.ends = self.positions + self.lengths
+        if self.item_noise_seed is None:
+            self.item_noise_seed = np.full(self.item_experiment.size, -1, dtype=np.int64)
+        noise_item = self.item_noise_seed >= 0
+        #: int64 ``(num_spans,)``: tokens a span covers (a noise span: ``L``, its whole row)
+        self.span_lengths = np.where(noise_item, self.sequence_length,
+                                     np.diff(self.token_offsets)).astype(np.int64)[self.span_item_ids]
+        noise = noise_item[self.span_item_ids]  #: bool per span: the span kind
+        tok = ~noise
+        self.positions = self.span_positions[tok]  #: int64 ``(num_insertions,)``: token spans, sorted
+        self.item_ids = self.span_item_ids[tok]  #: int32 ``(num_insertions,)``
+        self.dup_index = self.span_dup_index[tok]  #: int32 ``(num_insertions,)``
+        self.lengths = self.span_lengths[tok]  #: int64 ``(num_insertions,)``
+        self.ends = self.positions + self.lengths  #: int64 ``(num_insertions,)``
+        self.noise_rows = self.span_positions[noise] // self.sequence_length  #: int64 ``(n_noise,)``, sorted
+        self.noise_item_ids = self.span_item_ids[noise]  #: int32 ``(n_noise,)``
+        self.noise_dup_index = self.span_dup_index[noise]  #: int32 ``(n_noise,)``
 
     @property
     def num_items(self) -> int:
@@ -79,6 +96,7 @@ class Plan:
 
     @property
     def num_insertions(self) -> int:
+        """Token spans (noise spans are counted by ``noise_rows.size``)."""
         return int(self.positions.size)
 
     def item_tokens(self, item: int) -> np.ndarray:
@@ -86,7 +104,7 @@ class Plan:
         return self.tokens[self.token_offsets[item]:self.token_offsets[item + 1]]
 
     def spans_in_row(self, q: int) -> tuple[int, int]:
-        """Insertions ``[i0, i1)`` (indices into the sorted arrays) that overlap training-order row ``q``.
+        """Token spans ``[i0, i1)`` (indices into ``positions``) that overlap training-order row ``q``.
 
         One ``searchsorted`` on the positions, then a walk back over the (non-overlapping, hence also sorted)
         ends: O(log n + k) for k spans in the row.
@@ -99,7 +117,7 @@ class Plan:
         return i0, i1
 
     def apply(self, q: int, row: np.ndarray) -> int:
-        """Overwrite, in place, the planned spans inside training-order row ``q``; O(log n + k).
+        """Overwrite, in place, the planned token spans inside training-order row ``q``; O(log n + k).
 
         :param row: the row's tokens as read from the data, shape ``(L,)`` (any integer dtype).
         :returns: number of spans (or parts of row-crossing spans) written.
@@ -115,64 +133,78 @@ class Plan:
         return i1 - i0
 
     def affected_rows(self) -> np.ndarray:
-        """Sorted unique training-order rows touched by any insertion (``int64``)."""
+        """Sorted unique training-order rows touched by any token span (``int64``)."""
         L = self.sequence_length
         first, last = self.positions // L, (self.ends - 1) // L
         extra = [np.arange(a + 1, b + 1) for a, b in zip(first[first != last], last[first != last])]
         return np.unique(np.concatenate([first] + extra)) if self.positions.size else first
 
+    def _meta(self) -> dict:
+        meta = {"sequence_length": self.sequence_length, "global_batch_size": self.global_batch_size,
+                "window": [int(w) for w in self.window], "experiments": self.experiments}
+        if self.noise_sigma:
+            meta["noise_sigma"] = self.noise_sigma
+        return meta
+
     def digest(self) -> str:
         """sha256 over the plan's arrays and layout (equal plans have equal digests)."""
-        h = hashlib.sha256(json.dumps([self.sequence_length, self.global_batch_size, list(map(int, self.window)),
-                                       self.experiments]).encode())
-        for a in (self.token_offsets, self.tokens, self.item_experiment, self.item_dup_count, self.positions,
-                  self.item_ids, self.dup_index):
-            h.update(np.ascontiguousarray(a).tobytes())
-        if self.noise_sigma:
-            h.update(json.dumps(sorted(self.noise_sigma.items())).encode())
-            for a in _noise_arrays(self).values():
-                h.update(np.ascontiguousarray(a).tobytes())
+        h = hashlib.sha256(json.dumps(self._meta(), sort_keys=True).encode())
+        for k in ARRAYS:
+            h.update(np.ascontiguousarray(getattr(self, k)).tobytes())
         return h.hexdigest()
 
+    def select(self, keep) -> "Plan":
+        """The plan with only the items and spans (token and noise) of the kept experiments; every kept span keeps
+        its position. Item ids are renumbered in the same order.
+
+        :param keep: experiment names, or a bool mask of shape ``(len(experiments),)``.
+        :raises InsertionError: for a name that is not an experiment of the plan, or a mask of another length.
+        """
+        if isinstance(keep, np.ndarray) and keep.dtype == bool:
+            if keep.shape != (len(self.experiments),):
+                raise InsertionError(f"select: mask of shape {keep.shape} for {len(self.experiments)} experiments")
+            mask = keep
+        else:
+            names = set(keep)
+            unknown = sorted(names - set(self.experiments))
+            if unknown:
+                raise InsertionError(f"cannot select {unknown}: the plan's experiments are {self.experiments}")
+            mask = np.array([n in names for n in self.experiments], dtype=bool)
+        kept = [n for n, m in zip(self.experiments, mask) if m]
+        exp_map = np.full(len(self.experiments), -1, dtype=np.int32)
+        exp_map[mask] = np.arange(len(kept), dtype=np.int32)
+        keep_item = mask[self.item_experiment] if self.num_items else np.zeros(0, bool)
+        new_id = np.cumsum(keep_item, dtype=np.int64) - 1
+        lengths = np.diff(self.token_offsets)
+        keep_span = keep_item[self.span_item_ids]
+        return Plan(self.sequence_length, self.global_batch_size, self.window, kept,
+                    token_offsets=np.concatenate([[0], np.cumsum(lengths[keep_item])]).astype(np.int64),
+                    tokens=self.tokens[np.repeat(keep_item, lengths)],
+                    item_experiment=exp_map[self.item_experiment[keep_item]],
+                    item_dup_count=self.item_dup_count[keep_item], span_positions=self.span_positions[keep_span],
+                    span_item_ids=new_id[self.span_item_ids[keep_span]].astype(np.int32),
+                    span_dup_index=self.span_dup_index[keep_span], item_noise_seed=self.item_noise_seed[keep_item],
+                    noise_sigma={n: s for n, s in self.noise_sigma.items() if n in kept})
+
     def without(self, names) -> "Plan":
-        """The plan minus the items and insertions of experiments ``names``; every other insertion keeps its
-        position (CPDT's alone arms, :mod:`pretrain_exp.app.cpdt`). Item ids are renumbered in the same order.
+        """The plan minus the items and spans of experiments ``names`` (:meth:`select` of the others; CPDT's alone
+        arms, :mod:`pretrain_exp.app.cpdt`). ``without([])`` is the same plan (equal digest).
 
         :raises InsertionError: for a name that is not an experiment of the plan.
         """
         unknown = sorted(set(names) - set(self.experiments))
         if unknown:
             raise InsertionError(f"cannot withhold {unknown}: the plan's experiments are {self.experiments}")
-        kept = [n for n in self.experiments if n not in set(names)]
-        exp_map = np.full(len(self.experiments), -1, dtype=np.int32)
-        for k, n in enumerate(kept):
-            exp_map[self.experiments.index(n)] = k
-        keep_item = exp_map[self.item_experiment] >= 0
-        new_id = np.cumsum(keep_item, dtype=np.int64) - 1
-        lengths = np.diff(self.token_offsets)
-        tok_keep = np.repeat(keep_item, lengths)
-        keep_ins = keep_item[self.item_ids]
-        return Plan(self.sequence_length, self.global_batch_size, self.window, kept,
-                    token_offsets=np.concatenate([[0], np.cumsum(lengths[keep_item])]).astype(np.int64),
-                    tokens=self.tokens[tok_keep], item_experiment=exp_map[self.item_experiment[keep_item]],
-                    item_dup_count=self.item_dup_count[keep_item], positions=self.positions[keep_ins],
-                    item_ids=new_id[self.item_ids[keep_ins]].astype(np.int32), dup_index=self.dup_index[keep_ins])
+        return self.select([n for n in self.experiments if n not in set(names)])
 
     def save(self, path: str | Path) -> None:
         """Write ``plan.npz`` atomically (no pickled objects)."""
-        meta = {"sequence_length": self.sequence_length, "global_batch_size": self.global_batch_size,
-                "window": [int(w) for w in self.window], "experiments": self.experiments}
-        if self.noise_sigma:
-            meta["noise_sigma"] = self.noise_sigma
         atomic_write(Path(path), lambda f: np.savez(
-            f, meta=np.array(json.dumps(meta)), token_offsets=self.token_offsets, tokens=self.tokens,
-            item_experiment=self.item_experiment, item_dup_count=self.item_dup_count, positions=self.positions,
-            item_ids=self.item_ids, dup_index=self.dup_index, **(_noise_arrays(self) if self.noise_sigma else {})),
-            binary=True)
+            f, meta=np.array(json.dumps(self._meta())), **{k: getattr(self, k) for k in ARRAYS}), binary=True)
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
-        """Read a ``plan.npz`` written by :meth:`save`.
+        """Read a ``plan.npz`` written by :meth:`save` (or by the earlier layout with separate ``noise_rows``).
 
         :raises CheckpointError: if the file is missing or not a plan.
         """
@@ -180,44 +212,36 @@ class Plan:
             with np.load(path, allow_pickle=False) as z:
                 meta = json.loads(str(z["meta"]))
                 arrays = {k: z[k] for k in z.files if k != "meta"}
-        except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
+            if "positions" in arrays:  # earlier layout: token spans and noise rows in separate arrays
+                arrays = _merge_spans(arrays, int(meta["sequence_length"]))
+            return cls(meta["sequence_length"], meta["global_batch_size"], tuple(meta["window"]),
+                       meta["experiments"], noise_sigma=meta.get("noise_sigma", {}),
+                       **{k: arrays[k] for k in ARRAYS if k in arrays})
+        except (OSError, KeyError, ValueError, TypeError, IndexError, zipfile.BadZipFile) as e:
             raise CheckpointError(f"{path}: not a readable plan ({e})") from None
-        return cls(meta["sequence_length"], meta["global_batch_size"], tuple(meta["window"]), meta["experiments"],
-                   noise_sigma=meta.get("noise_sigma", {}), **arrays)
 
     def write_manifest(self, path: str | Path, items: Dict[str, ItemSet]) -> None:
-        """Write ``manifest.jsonl`` (one line per insertion) and, beside it, ``items.jsonl`` (one per item).
+        """Write ``manifest.jsonl`` (one line per span, by position) and, beside it, ``items.jsonl`` (one per
+        item).
 
         :param items: the item sets the plan was built from (for sources and texts).
         """
         path = Path(path)
         L, B = self.sequence_length, self.global_batch_size
-        item_sha = [sha256_tokens(self.item_tokens(i)) for i in range(self.num_items)]
-        step, row, offset = step_row_offset(self.positions, L, B)
-
-        noised = self.item_noise_seed >= 0 if self.noise_sigma else np.zeros(self.num_items, bool)
-        for i in np.flatnonzero(noised):
-            item_sha[i] = None
-        lines = []
-        for k in range(self.num_insertions):
-            it = int(self.item_ids[k])
-            lines.append((int(self.positions[k]), {
-                "position": int(self.positions[k]), "step": int(step[k]), "row": int(row[k]),
-                "offset": int(offset[k]), "length": int(self.lengths[k]), "item_id": it,
-                "experiment": self.experiments[self.item_experiment[it]], "dup_index": int(self.dup_index[k]),
-                "sha256": item_sha[it]}))
-        nstep, nrow, _ = step_row_offset(self.noise_rows * L, L, B)
-        for k in range(self.noise_rows.size):
-            it = int(self.noise_item_ids[k])
-            exp = self.experiments[self.item_experiment[it]]
-            lines.append((int(self.noise_rows[k]) * L, {
-                "position": int(self.noise_rows[k]) * L, "step": int(nstep[k]), "row": int(nrow[k]), "offset": 0,
-                "length": L, "item_id": it, "experiment": exp, "dup_index": int(self.noise_dup_index[k]),
-                "sha256": None, "noise_seed": int(self.item_noise_seed[it]), "sigma": self.noise_sigma[exp]}))
-        lines.sort(key=lambda t: t[0])
+        noised = self.item_noise_seed >= 0
+        item_sha = [None if noised[i] else sha256_tokens(self.item_tokens(i)) for i in range(self.num_items)]
+        step, row, offset = step_row_offset(self.span_positions, L, B)
 
         def manifest(f):
-            for _, rec in lines:
+            for k in range(self.span_positions.size):
+                it = int(self.span_item_ids[k])
+                exp = self.experiments[self.item_experiment[it]]
+                rec = {"position": int(self.span_positions[k]), "step": int(step[k]), "row": int(row[k]),
+                       "offset": int(offset[k]), "length": int(self.span_lengths[k]), "item_id": it,
+                       "experiment": exp, "dup_index": int(self.span_dup_index[k]), "sha256": item_sha[it]}
+                if noised[it]:
+                    rec["noise_seed"] = int(self.item_noise_seed[it])
+                    rec["sigma"] = self.noise_sigma[exp]
                 f.write(json.dumps(rec) + "\n")
 
         def item_table(f):
@@ -236,9 +260,15 @@ class Plan:
         atomic_write(path.with_name("items.jsonl"), item_table)
 
 
-def _noise_arrays(plan: Plan) -> Dict[str, np.ndarray]:
-    return {"item_noise_seed": plan.item_noise_seed, "noise_rows": plan.noise_rows,
-            "noise_item_ids": plan.noise_item_ids, "noise_dup_index": plan.noise_dup_index}
+def _merge_spans(arrays: Dict[str, np.ndarray], L: int) -> Dict[str, np.ndarray]:
+    """The span arrays of an earlier-layout ``plan.npz`` (``positions``/``item_ids``/``dup_index`` plus optional
+    ``noise_rows``/``noise_item_ids``/``noise_dup_index``), merged and sorted by position."""
+    empty = np.empty(0, np.int64)
+    pos = np.concatenate([arrays.pop("positions"), arrays.pop("noise_rows", empty) * L]).astype(np.int64)
+    ids = np.concatenate([arrays.pop("item_ids"), arrays.pop("noise_item_ids", empty)]).astype(np.int32)
+    dix = np.concatenate([arrays.pop("dup_index"), arrays.pop("noise_dup_index", empty)]).astype(np.int32)
+    order = np.argsort(pos, kind="stable")
+    return {**arrays, "span_positions": pos[order], "span_item_ids": ids[order], "span_dup_index": dix[order]}
 
 
 def build_plan(items: Dict[str, ItemSet], experiments: Dict[str, InsertionExperimentConf],
@@ -246,15 +276,15 @@ def build_plan(items: Dict[str, ItemSet], experiments: Dict[str, InsertionExperi
                vocab_size: int) -> Plan:
     """Place every copy of every item and assemble the :class:`Plan`.
 
-    :param items: experiment name -> its items (from :func:`~pretrain_exp.insertion.sources.load_items`).
+    :param items: experiment name -> its items (from :func:`~pretrain_exp.insertion.types.load_items`).
     :param window: ``(start, end)`` global token positions trained by the run; both multiples of ``L``.
     :returns: the plan; global item ids number the items of the experiments in sorted name order.
     :raises InsertionError: for explicit-placement violations or a window too full for the random copies.
     :raises ConfigError: for a bad range placement.
 
     An empty window (an evaluate-only run) places nothing: the items and their dup counts are kept for the evals.
-    A ``type=gaussian`` copy is placed like a span of ``L`` tokens, so it takes a whole row (explicit positions
-    must be row starts) that no other insertion shares; it lands in ``noise_rows``, not in ``positions``.
+    A copy of a noise item (an item set with ``noise_sigma``) is placed like a span of ``L`` tokens, so it takes a
+    whole row (explicit positions must be row starts) that no other insertion shares: a noise span.
     """
     L = sequence_length
     if window[0] % L or window[1] % L:
@@ -265,9 +295,9 @@ def build_plan(items: Dict[str, ItemSet], experiments: Dict[str, InsertionExperi
     lengths = np.concatenate([s.lengths for s in sets]) if sets else np.empty(0, np.int64)
     dups = np.concatenate([s.dup_counts for s in sets]) if sets else np.empty(0, np.int64)
     first_item = np.cumsum([0] + [len(s) for s in sets])
-    gaussian = [n for n in names if experiments[n].type == InsertionType.gaussian]
+    noisy = [n for n in names if items[n].noise_sigma is not None]
     is_noise = np.zeros(lengths.size, dtype=bool)
-    for n in gaussian:
+    for n in noisy:
         k = names.index(n)
         is_noise[first_item[k]:first_item[k + 1]] = True
     lengths = np.where(is_noise, L, lengths)  # placement length: a pattern takes its whole row
@@ -290,11 +320,11 @@ def build_plan(items: Dict[str, ItemSet], experiments: Dict[str, InsertionExperi
             ids.append(loc_item + first_item[k])
             dix.append(loc_dup)
             pos.append(explicit_positions([it.positions for it in items[n]]))
-            if n in gaussian:
+            if n in noisy:
                 for j in np.flatnonzero(pos[-1] % L)[:1]:
                     raise InsertionError(f"insertion.experiments.{n} item {loc_item[j]} "
                                          f"({items[n].source(int(loc_item[j]))}): position {pos[-1][j]} is not a "
-                                         f"row start; gaussian noise covers whole rows: give row q as q * {L}")
+                                         f"row start; noise covers whole rows: give row q as q * {L}")
             cross.append(np.full(loc_item.size, experiments[n].placement.allow_row_crossing))
             labels += [f"insertion.experiments.{n} item {j} ({items[n].source(int(j))})" for j in loc_item]
         ids, dix, pos = np.concatenate(ids), np.concatenate(dix), np.concatenate(pos)
@@ -315,20 +345,11 @@ def build_plan(items: Dict[str, ItemSet], experiments: Dict[str, InsertionExperi
     pos = np.concatenate(copy_pos) if copy_pos else np.empty(0, np.int64)
     all_item = np.concatenate(copy_item) if copy_item else np.empty(0, np.int64)
     all_dup = np.concatenate(copy_dup) if copy_dup else np.empty(0, np.int64)
-    noise_copy = is_noise[all_item]
     order = np.argsort(pos, kind="stable")
-    order, noise_order = order[~noise_copy[order]], order[noise_copy[order]]
-
-    noise = {}
-    if gaussian:
-        seeds = np.full(lengths.size, -1, dtype=np.int64)
-        for n in gaussian:
-            k = names.index(n)
-            seeds[first_item[k]:first_item[k + 1]] = [noise_seed(seed, n, j) for j in range(len(items[n]))]
-        noise = dict(item_noise_seed=seeds, noise_rows=(pos[noise_order] // L).astype(np.int64),
-                     noise_item_ids=all_item[noise_order].astype(np.int32),
-                     noise_dup_index=all_dup[noise_order].astype(np.int32),
-                     noise_sigma={n: float(experiments[n].sigma) for n in gaussian})
+    seeds = np.full(lengths.size, -1, dtype=np.int64)
+    for n in noisy:
+        k = names.index(n)
+        seeds[first_item[k]:first_item[k + 1]] = [noise_seed(seed, n, j) for j in range(len(items[n]))]
     lengths = np.where(is_noise, 0, lengths)  # a pattern has no tokens
     tok_dtype = dtype_for_vocab(vocab_size)
     return Plan(
@@ -339,8 +360,9 @@ def build_plan(items: Dict[str, ItemSet], experiments: Dict[str, InsertionExperi
                 else sets[0].tokens.astype(tok_dtype, copy=False) if sets else np.empty(0, tok_dtype)),
         item_experiment=np.repeat(np.arange(len(names), dtype=np.int32), np.diff(first_item)),
         item_dup_count=dups.astype(np.int32),
-        positions=pos[order].astype(np.int64),
-        item_ids=all_item[order].astype(np.int32),
-        dup_index=all_dup[order].astype(np.int32),
-        **noise,
+        span_positions=pos[order].astype(np.int64),
+        span_item_ids=all_item[order].astype(np.int32),
+        span_dup_index=all_dup[order].astype(np.int32),
+        item_noise_seed=seeds,
+        noise_sigma={n: float(items[n].noise_sigma) for n in noisy},
     )

@@ -1,34 +1,20 @@
-"""Schemas of insertion experiments (``insertion=`` options; ``conf/insertion/<name>.yaml`` extends
-``schema/insertion/base``) and the enums of placement and EOS policy.
+"""The common schema of insertion experiments (each type extends :class:`InsertionExperimentConf` in
+:mod:`pretrain_exp.insertion.types`; ``conf/insertion/<name>.yaml`` extends ``schema/insertion/<type>``) and the
+enums of placement and EOS policy.
 
 Units: positions and lengths in tokens; ``placement.steps`` are global optimizer steps.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Dict, List, Optional
 
 from omegaconf import II, MISSING
 
-
-class InsertionType(str, Enum):
-    """Where the items of an insertion experiment come from."""
-
-    texts = "texts"  #: jsonl lines with a text under ``key`` (or a generator), tokenized with the model's tokenizer
-    tokens = "tokens"  #: jsonl lines holding a list of token ids (under ``key``, or the line itself)
-    benchmark = "benchmark"  #: multiple-choice questions of a benchmark asset as texts (``benchmark``, ``format``)
-    gaussian = "gaussian"  #: seeded Gaussian noise on the input embeddings of whole rows (``sigma``; no tokens)
-    knowledge = "knowledge"  #: generated fictional facts as texts (``num_items`` facts, ``repeat``, ``paraphrases``)
-    corpus_chunks = "corpus_chunks"  #: token chunks of never-trained rows of the run's own corpus (i.i.d. control)
-
-
-class KnowledgeRepeat(str, Enum):
-    """How a ``knowledge`` fact with dup count ``d`` is inserted (see :mod:`pretrain_exp.insertion.knowledge`)."""
-
-    identical = "identical"  #: the same sentence ``d`` times
-    paraphrase = "paraphrase"  #: ``d`` sentences cycling through the fact's ``paraphrases`` training templates
+from pretrain_exp.core.errors import ConfigError
 
 
 class PlacementKind(str, Enum):
@@ -76,22 +62,30 @@ class PlacementConf:
 
 @dataclass
 class InsertionExperimentConf:
-    """One named insertion experiment: items, how often each is inserted, and where."""
+    """The fields every insertion experiment has: which type, its items, how often each is inserted, and where.
 
-    type: InsertionType = MISSING
-    file: Optional[str] = None  #: jsonl file of items (exclusive with ``generator``)
-    key: Optional[str] = None  #: jsonl key of the text / token list (default ``text``; ``tokens``: the line itself)
-    generator: Optional[str] = None  #: built-in item generator (``texts`` only), e.g. ``fictional_bios``
-    num_items: Optional[int] = None  #: items to generate, the first N items of ``file`` or of a shuffled benchmark
+    Each insertion type (:mod:`pretrain_exp.insertion.types`) extends this with its own fields and checks; its
+    YAML options extend ``schema/insertion/<type>``.
+    """
+
+    type: str = MISSING  #: registered insertion type (:data:`pretrain_exp.insertion.types.TYPES`)
+    file: Optional[str] = None  #: jsonl file of items
+    key: Optional[str] = None  #: jsonl key of the item's payload (each type documents its default)
+    num_items: Optional[int] = None  #: items to use (the first N of ``file``, or how many to generate)
     repetitions: Any = 1  #: dup count: int, float (fractional, see docs) or a list of dup counts per item group
     eos: EosPolicy = EosPolicy.wrap
     placement: PlacementConf = field(default_factory=PlacementConf)
-    benchmark: Optional[str] = None  #: ``type=benchmark``: arc_easy, arc_challenge, sciq, piqa, mmlu, mmlu_<subject>
-    format: str = "cloze"  #: ``type=benchmark``: ``cloze`` (question + answer text) or ``lettered`` (A/B/C/D)
-    sigma: Optional[float] = None  #: ``type=gaussian``: std of the noise per embedding coordinate (> 0)
-    repeat: Optional[KnowledgeRepeat] = None  #: ``type=knowledge``: ``identical`` (default) or ``paraphrase``
-    paraphrases: Optional[int] = None  #: ``type=knowledge``: training templates per fact in use (default: all)
-    chunk_tokens: int = 64  #: ``type=corpus_chunks``: tokens per item (the start of one never-trained row)
+
+    def validate(self, key: str) -> None:
+        """Static checks of the common fields (no files read); types extend it with their own checks first.
+
+        :param key: dotted key of the experiment (``insertion.experiments.<name>``), used in messages.
+        :raises ConfigError: naming the offending key.
+        """
+        if self.num_items is not None and self.num_items <= 0:
+            raise ConfigError(f"{key}.num_items", f"must be > 0, got {self.num_items}")
+        parse_repetitions(f"{key}.repetitions", self.repetitions)
+        validate_placement(key, self)
 
 
 @dataclass
@@ -100,5 +94,69 @@ class InsertionConf:
 
     seed: int = II("seed")  # type: ignore[assignment]
     verify: bool = True  #: read every affected row back through the data path after planning
-    experiments: Dict[str, InsertionExperimentConf] = field(default_factory=dict)
+    #: name -> experiment config (one schema per type: :func:`pretrain_exp.insertion.types.parse_experiments`)
+    experiments: Dict[str, Any] = field(default_factory=dict)
     withheld: List[str] = field(default_factory=list)  #: placed like the others but not inserted nor evaluated
+
+
+def validate_placement(key: str, exp: InsertionExperimentConf) -> None:
+    """Static checks of ``exp.placement`` (and of ``file``/``repetitions`` for explicit placement).
+
+    :raises ConfigError: naming the offending key.
+    """
+    pl = exp.placement
+    if pl.kind == PlacementKind.range:
+        if pl.start is None or pl.end is None:
+            raise ConfigError(f"{key}.placement", "range placement needs placement.start and placement.end")
+        if not pl.start < pl.end:
+            raise ConfigError(f"{key}.placement", f"start ({pl.start}) must be < end ({pl.end})")
+        if pl.unit == RangeUnit.fraction and not (0.0 <= pl.start and pl.end <= 1.0):
+            raise ConfigError(f"{key}.placement", f"fractions must lie in [0, 1], got [{pl.start}, {pl.end})")
+        if pl.unit == RangeUnit.position and (pl.start != int(pl.start) or pl.end != int(pl.end)):
+            raise ConfigError(f"{key}.placement", "token positions must be integers")
+    elif pl.start is not None or pl.end is not None:
+        raise ConfigError(f"{key}.placement", f"start/end only apply to range placement, not {pl.kind.value}")
+    if pl.kind == PlacementKind.explicit:
+        if exp.file is None:
+            raise ConfigError(f"{key}.placement", "explicit placement reads positions from a file; set file")
+        if exp.repetitions != 1:
+            raise ConfigError(f"{key}.repetitions", "explicit placement takes dup counts from the positions "
+                              "given per item (an int or a list); leave repetitions at 1")
+    if pl.steps and pl.every_n_steps:
+        raise ConfigError(f"{key}.placement", "set placement.steps or placement.every_n_steps, not both")
+    for name in ("every_n_steps", "max_per_batch"):
+        if getattr(pl, name) < 0:
+            raise ConfigError(f"{key}.placement.{name}", f"must be >= 0 (0 = no restriction), got {getattr(pl, name)}")
+    if any(k < 1 for k in pl.steps):
+        raise ConfigError(f"{key}.placement.steps", f"global steps are >= 1, got {list(pl.steps)}")
+    if pl.kind == PlacementKind.explicit and (pl.steps or pl.every_n_steps or pl.max_per_batch):
+        raise ConfigError(f"{key}.placement", "steps / every_n_steps / max_per_batch apply to random and range "
+                          "placement, not explicit")
+    if pl.allow_row_crossing and pl.kind != PlacementKind.explicit:
+        raise ConfigError(f"{key}.placement.allow_row_crossing", "only explicit placements may cross rows")
+
+
+def parse_repetitions(key: str, value) -> list | int | float:
+    """Check a ``repetitions`` value; returns it as int, float or list of ints.
+
+    :raises ConfigError: for negative, NaN/inf, non-numeric values or an empty list.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(key, f"must be a number or a list of dup counts, got {value!r}")
+    if isinstance(value, (list, tuple)) or hasattr(value, "__iter__") and not isinstance(value, str):
+        vals = list(value)
+        if not vals:
+            raise ConfigError(key, "empty list of dup counts")
+        for v in vals:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(key, f"dup counts in a list must be integers >= 0, got {v!r}")
+        return vals
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(key, f"must be >= 0, got {value}")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(key, f"must be a finite number >= 0, got {value}")
+        return int(value) if value == int(value) else value
+    raise ConfigError(key, f"must be a number or a list of dup counts, got {value!r}")

@@ -5,8 +5,8 @@ and seed in ``arms/<arm>-seed<S>/``: ``together`` (all tested experiments) and `
 module reads them as plain data (the run's config as YAML, each arm's ``plan.npz`` and last eval), without the
 app's config classes.
 
-Effect (:data:`EFFECTS`, one definition for every experiment type). For experiment ``i`` at dup count ``d > 0``
-in one arm: ``Y = sign * (mean_{items at dup d} v - mean_{dup-0 items} v)`` over the per-item value ``v`` of the
+Effect (each insertion type's ``effect``, :mod:`pretrain_exp.insertion.types`). For experiment ``i`` at dup count
+``d > 0`` in one arm: ``Y = sign * (mean_{items at dup d} v - mean_{dup-0 items} v)`` over the per-item value ``v`` of the
 last evaluated step: insertion loss (``v`` = mean loss in nats/token, ``sign = -1``: the loss gap, positive when
 inserted items are predicted better) for ``texts``/``tokens``/``corpus_chunks`` experiments, benchmark accuracy
 (``v`` = acc, ``sign = +1``: contaminated minus clean) for ``benchmark`` experiments.
@@ -27,7 +27,6 @@ the run's W&B run (:func:`log_cpdt_wandb`); ``python -m pretrain_exp.report <run
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Tuple
 
@@ -35,42 +34,26 @@ import numpy as np
 
 from pretrain_exp.core.errors import CheckpointError, ConfigError
 from pretrain_exp.core.io import write_json, write_text
+from pretrain_exp.insertion.types import TYPES, get_type
+from pretrain_exp.insertion.types.base import EffectSpec
 from pretrain_exp.report.plots import save_png
 from pretrain_exp.report.text import csv_text, fmt
 
 
-# --- the effect of an experiment (to become part of each insertion type's plugin) ------------------------------
-@dataclass(frozen=True)
-class EffectSpec:
-    """How an experiment's effect is read from the per-item rows of an eval (module docstring)."""
-
-    eval_type: str  #: the eval whose ``rows`` hold the per-item value
-    value: str  #: the per-item row key
-    sign: float  #: ``+1``: ``mean(dup d) - mean(dup 0)``; ``-1``: ``mean(dup 0) - mean(dup d)``
-    unit: str
-
-
-#: insertion type (its string value) -> effect definition (texts/tokens/corpus chunks: loss gap; benchmark: acc gain)
-EFFECTS: Dict[str, EffectSpec] = {
-    "texts": EffectSpec("insertion_loss", "loss", -1.0, "nats/token"),
-    "tokens": EffectSpec("insertion_loss", "loss", -1.0, "nats/token"),
-    "corpus_chunks": EffectSpec("insertion_loss", "loss", -1.0, "nats/token"),
-    "benchmark": EffectSpec("benchmark", "acc", 1.0, "acc"),
-}
-
-
+# --- the effect of an experiment ------------------------------------------------------------------------------
 def effect_task(name: str, insertion_type: str, tasks: Mapping[str, Mapping[str, Any]]) -> Tuple[str, EffectSpec]:
     """``(eval task name, effect spec)`` measuring experiment ``name``'s effect.
 
     :param insertion_type: the experiment's insertion type (``"texts"``, ``"benchmark"``, ...).
     :param tasks: ``eval.tasks`` as plain data: task name -> ``{"type": ..., "experiment": ...}`` (``experiment``
         only for experiment-specific evals; a task without it measures every experiment).
-    :raises ConfigError: if the type has no effect definition or no eval task measures it.
+    :raises ConfigError: for an unknown type, a type without an effect definition or no eval task measuring it.
     """
-    if insertion_type not in EFFECTS:
+    spec = get_type(insertion_type, f"insertion.experiments.{name}.type").effect
+    if spec is None:
+        defined = sorted(t for t in TYPES if get_type(t).effect is not None)
         raise ConfigError("cpdt.experiments", f"{name!r} is a {insertion_type} experiment; CPDT effects are defined "
-                          f"for {sorted(EFFECTS)}")
-    spec = EFFECTS[insertion_type]
+                          f"for {defined}")
     for task, tc in tasks.items():
         if tc.get("type") == spec.eval_type and tc.get("experiment", name) == name:
             return task, spec

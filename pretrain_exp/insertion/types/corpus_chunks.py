@@ -1,4 +1,4 @@
-"""``corpus_chunks`` items: the i.i.d. control insertion experiment.
+"""``type: corpus_chunks``: the i.i.d. control insertion experiment.
 
 Each item is the first ``chunk_tokens`` tokens of one row of the run's own data order that no run of this config
 trains: the ``num_items`` rows just before the ``data.held_out_rows`` perplexity rows at the end of the first
@@ -15,29 +15,41 @@ on more of the same distribution, so it should not change the outcome of any oth
 
 from __future__ import annotations
 
-from typing import Iterator, Optional, Tuple
+from dataclasses import dataclass
+from typing import Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
 from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.insertion.items import ItemSet, LoadContext, tokenized_items
 from pretrain_exp.insertion.schema import InsertionExperimentConf, PlacementKind
+from pretrain_exp.insertion.types.base import LOSS_GAP, TypeSpec
 
 
-def validate(key: str, exp: InsertionExperimentConf) -> None:
-    """Static checks of a ``corpus_chunks`` experiment.
+@dataclass
+class CorpusChunksConf(InsertionExperimentConf):
+    """A ``type: corpus_chunks`` experiment: ``num_items`` chunks of ``chunk_tokens`` tokens of never-trained
+    rows."""
 
-    :raises ConfigError: for a file or generator, a missing ``num_items``, ``chunk_tokens < 1`` or explicit
-        placement, naming the key.
-    """
-    if exp.file is not None or exp.generator is not None:
-        raise ConfigError(key, "corpus_chunks items come from the run's corpus; set neither file nor generator")
-    if exp.num_items is None:
-        raise ConfigError(f"{key}.num_items", "required with type=corpus_chunks (one never-trained row per item)")
-    if exp.chunk_tokens < 1:
-        raise ConfigError(f"{key}.chunk_tokens", f"must be >= 1, got {exp.chunk_tokens}")
-    if exp.placement.kind == PlacementKind.explicit:
-        raise ConfigError(f"{key}.placement", "explicit placement reads positions from a file; corpus_chunks items "
-                          "use random or range placement")
+    type: str = "corpus_chunks"
+    chunk_tokens: int = 64  #: tokens per item (the start of one never-trained row)
+
+    def validate(self, key: str) -> None:
+        """Static checks of a ``corpus_chunks`` experiment.
+
+        :raises ConfigError: for a file, a missing ``num_items``, ``chunk_tokens < 1`` or explicit placement,
+            naming the key.
+        """
+        if self.file is not None:
+            raise ConfigError(key, "corpus_chunks items come from the run's corpus; set neither file nor generator")
+        if self.num_items is None:
+            raise ConfigError(f"{key}.num_items", "required with type=corpus_chunks (one never-trained row per item)")
+        if self.chunk_tokens < 1:
+            raise ConfigError(f"{key}.chunk_tokens", f"must be >= 1, got {self.chunk_tokens}")
+        if self.placement.kind == PlacementKind.explicit:
+            raise ConfigError(f"{key}.placement", "explicit placement reads positions from a file; corpus_chunks "
+                              "items use random or range placement")
+        super().validate(key)
 
 
 def control_rows(rows_per_epoch: int, num_items: int, held_out_rows: int) -> np.ndarray:
@@ -46,7 +58,7 @@ def control_rows(rows_per_epoch: int, num_items: int, held_out_rows: int) -> np.
     return np.arange(end - num_items, end, dtype=np.int64)
 
 
-def iter_items(name: str, exp: InsertionExperimentConf, order, held_out_rows: int
+def iter_items(name: str, exp: CorpusChunksConf, order, held_out_rows: int
                ) -> Iterator[Tuple[str, list, Optional[list]]]:
     """``(source, token ids, None)`` per item; the source is ``corpus:row<q>`` (``q`` a training-order row).
 
@@ -64,14 +76,27 @@ def iter_items(name: str, exp: InsertionExperimentConf, order, held_out_rows: in
         yield f"corpus:row{int(q)}", order.row_tokens(int(q))[:exp.chunk_tokens].tolist(), None
 
 
-def reserved_rows(experiments) -> int:
-    """Rows that ``corpus_chunks`` experiments take before the held-out rows (``num_items`` of the one such
-    experiment, 0 if none).
+def reserved_rows(experiments: Dict[str, CorpusChunksConf]) -> int:
+    """Rows that the ``corpus_chunks`` experiments (name -> config, all of this type) take before the held-out
+    rows (``num_items`` of the one such experiment, 0 if none).
 
     :raises ConfigError: for more than one ``corpus_chunks`` experiment (they would share rows).
     """
-    names = [n for n, e in experiments.items() if e.type.value == "corpus_chunks"]
+    names = list(experiments)
     if len(names) > 1:
         raise ConfigError(f"insertion.experiments.{names[1]}.type", f"only one corpus_chunks experiment per run "
                           f"(they would cut the same rows); found {names}")
     return int(experiments[names[0]].num_items) if names else 0
+
+
+def load_items(name: str, exp: CorpusChunksConf, ctx: LoadContext) -> ItemSet:
+    """The chunks (:func:`iter_items` with ``ctx.order`` and ``ctx.held_out_rows``), EOS policy applied, dup counts
+    assigned.
+
+    :raises ConfigError: without a data order, or if the first epoch has too few rows.
+    """
+    raw = list(iter_items(name, exp, ctx.order, ctx.held_out_rows))
+    return tokenized_items(name, exp, raw, ctx, text=False, what="the corpus")
+
+
+TYPE = TypeSpec(CorpusChunksConf, load_items, effect=LOSS_GAP, reserved_rows=reserved_rows)

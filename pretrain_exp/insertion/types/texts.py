@@ -1,0 +1,113 @@
+"""``type: texts``: texts read from a jsonl file (under ``key``, default ``text``) or made by a built-in generator,
+tokenized with the model's tokenizer.
+
+Built-in generators (``generator``) make novel texts, deterministic from a seed: each maps ``(num_items, seed)``
+to a list of texts that are not in any corpus: names and places are assembled from random syllables, so a model
+cannot have seen them in pretraining and every item is distinct.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+from pretrain_exp.core.errors import ConfigError, DataError
+from pretrain_exp.insertion.items import ItemSet, LoadContext, first_items, read_item_file, tokenized_items
+from pretrain_exp.insertion.schema import InsertionExperimentConf
+from pretrain_exp.insertion.types.base import LOSS_GAP, TypeSpec
+
+_ONSETS = ["b", "br", "d", "dr", "f", "g", "gl", "k", "kr", "l", "m", "n", "p", "pl", "r", "s", "st", "t",
+           "th", "v", "z", "qu", "sh", "ch", "w", "y"]
+_VOWELS = ["a", "e", "i", "o", "u", "ae", "ei", "ou", "ia", "y"]
+_CODAS = ["", "n", "r", "l", "s", "th", "x", "m", "nd", "rk", "sk", "v"]
+_PROFESSIONS = ["cartographer", "glassblower", "beekeeper", "astronomer", "clockmaker", "botanist",
+                "ferryman", "archivist", "lute maker", "salt merchant", "bridge engineer", "dyer",
+                "falconer", "cooper", "lighthouse keeper", "mapmaker", "apothecary", "stonemason", "weaver",
+                "shipwright"]
+_OBJECTS = ["tidal clocks", "copper lanterns", "river maps", "winter bees", "blue glass", "star charts",
+            "salt roads", "paper boats", "iron bells", "moss gardens", "silver looms", "storm kites"]
+_TRAITS = ["kept a tame heron", "refused to travel by boat", "wrote only in green ink",
+           "collected broken compasses", "spoke four forgotten dialects",
+           "slept in a lighthouse every summer", "never ate bread", "carried a brass owl",
+           "walked barefoot in snow", "counted every step of the harbour stairs"]
+
+
+def _word(rng: np.random.Generator, syllables: int) -> str:
+    parts = [rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(syllables)]
+    return "".join(parts).capitalize()
+
+
+def fictional_bios(num_items: int, seed: int) -> List[str]:
+    """Short biographies of fictional people (about 40 tokens each), unique names, deterministic in
+    ``seed``."""
+    rng = np.random.Generator(np.random.PCG64([int(seed), 0xB105]))
+    names: set = set()
+    out = []
+    while len(out) < num_items:
+        name = f"{_word(rng, 2)} {_word(rng, 3)}"
+        if name in names:
+            continue
+        names.add(name)
+        first = name.split()[0]
+        out.append(
+            f"{name} was born in {int(rng.integers(1610, 1890))} in the village of {_word(rng, 2)}. "
+            f"A {rng.choice(_PROFESSIONS)} by trade, {first} built {int(rng.integers(3, 40))} "
+            f"{rng.choice(_OBJECTS)} and {rng.choice(_TRAITS)}."
+        )
+    return out
+
+
+GENERATORS: Dict[str, Callable[[int, int], List[str]]] = {"fictional_bios": fictional_bios}
+
+
+@dataclass
+class TextsConf(InsertionExperimentConf):
+    """A ``type: texts`` experiment: ``file`` (texts under ``key``, default ``text``) or ``generator``."""
+
+    type: str = "texts"
+    generator: Optional[str] = None  #: built-in item generator (exclusive with ``file``), e.g. ``fictional_bios``
+
+    def validate(self, key: str) -> None:
+        """Static checks (no files read).
+
+        :raises ConfigError: naming the offending key.
+        """
+        if self.file is None and self.generator is None:
+            raise ConfigError(f"{key}.file", f"missing: set {key}.file=<items.jsonl> (or {key}.generator=<name>)")
+        if self.file is not None and self.generator is not None:
+            raise ConfigError(key, f"file ({self.file!r}) and generator ({self.generator!r}) are exclusive; "
+                              "set only one")
+        if self.generator is not None:
+            if self.generator not in GENERATORS:
+                raise ConfigError(f"{key}.generator",
+                                  f"unknown generator {self.generator!r}; allowed: {sorted(GENERATORS)}")
+            if self.num_items is None:
+                raise ConfigError(f"{key}.num_items", "required with a generator")
+        super().validate(key)
+
+
+def load_items(name: str, exp: TextsConf, ctx: LoadContext) -> ItemSet:
+    """The experiment's items: generated texts (sources ``<generator>:<seed>:<index>``) or the texts of
+    ``exp.file`` (sources ``file:line``), tokenized, EOS policy applied, dup counts assigned.
+
+    :raises DataError: for file problems (naming file and line).
+    :raises InsertionError: for an empty or too long item, naming it.
+    """
+    key = f"insertion.experiments.{name}"
+    if exp.generator is not None:
+        raw = [(f"{exp.generator}:{ctx.seed}:{i}", text, None)
+               for i, text in enumerate(GENERATORS[exp.generator](exp.num_items, ctx.seed))]
+    else:
+        field = exp.key or "text"
+
+        def check(where, payload):
+            if not isinstance(payload, str):
+                raise DataError(f"{where}: {field!r} must be a string, got {type(payload).__name__}")
+
+        raw = list(read_item_file(key, exp, field, check))
+    return tokenized_items(name, exp, first_items(key, exp, raw), ctx, text=True, what=exp.file or exp.generator)
+
+
+TYPE = TypeSpec(TextsConf, load_items, effect=LOSS_GAP)
