@@ -6,10 +6,10 @@ module reads them as plain data (the run's config as YAML, each arm's ``plan.npz
 app's config classes.
 
 Effect (each insertion type's ``effect``, :mod:`pretrain_exp.insertion.types`). For experiment ``i`` at dup count
-``d > 0`` in one arm: ``Y = sign * (mean_{items at dup d} v - mean_{dup-0 items} v)`` over the per-item value ``v`` of the
-last evaluated step: insertion loss (``v`` = mean loss in nats/token, ``sign = -1``: the loss gap, positive when
-inserted items are predicted better) for ``texts``/``tokens``/``corpus_chunks`` experiments, benchmark accuracy
-(``v`` = acc, ``sign = +1``: contaminated minus clean) for ``benchmark`` experiments.
+``d > 0`` in one arm: ``Y = sign * (mean_{items at dup d} v - mean_{dup-0 items} v)`` over the per-item value
+``v`` of the last evaluated step: insertion loss (``v`` = mean loss in nats/token, ``sign = -1``: the loss gap,
+positive when inserted items are predicted better) for ``texts``/``tokens``/``corpus_chunks`` experiments,
+benchmark accuracy (``v`` = acc, ``sign = +1``: contaminated minus clean) for ``benchmark`` experiments.
 
 Statistics (:mod:`evals.stats`). Per seed, the interaction ``I = Y_together - Y_alone`` equals ``sign * (mean_d
 D - mean_0 D)`` for the per-item paired differences ``D(j) = v_together(j) - v_alone(j)`` of the same items; its
