@@ -1,12 +1,15 @@
 """pretrain_exp: continual-pretraining experiments with controlled data insertion.
 
-Entry point: ``python -m pretrain_exp`` (Hydra; see README.md). The pieces:
+Entry point: ``python -m pretrain_exp`` (Hydra; see README.md). The layers, each importing only those below it
+(a test over the source holds it):
 
-- :mod:`pretrain_exp.config` -- dataclass schemas of every config group.
-- :mod:`pretrain_exp.data` -- registry assets, tokenization into OLMo token files, the data order.
-- :mod:`pretrain_exp.insertion` -- item sources, placement, the
-  :class:`~pretrain_exp.insertion.plan.Plan`, the verifier.
-- :mod:`pretrain_exp.app.experiment` -- the loop: checkpoint, plan, train in segments, evaluate, log.
+- :mod:`pretrain_exp.app` -- the root config and its validation, the experiment loop, launch, worker, CLI.
+- :mod:`pretrain_exp.report` -- run summaries, sweep tables, failures, plots, the CPDT table, W&B logging.
+- plugins: :mod:`pretrain_exp.insertion.types` (one module per insertion type), :mod:`frameworks`, :mod:`evals`.
+- :mod:`pretrain_exp.insertion` -- the engine, blind to item types: items, placement, the
+  :class:`~pretrain_exp.insertion.plan.Plan`, the noise feed, the verifier.
+- :mod:`pretrain_exp.data` -- registry assets, tokenization into OLMo token files, the data order, the row schedule.
+- :mod:`pretrain_exp.core` -- errors, atomic I/O, distributed helpers, name registries, the shared schemas.
 """
 
 __version__ = "0.1.0"
