@@ -14,7 +14,8 @@ from pretrain_exp.core.errors import ConfigError
 def test_missing_olmo_core_gives_the_install_hint(name, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda mod, *a: None if mod == "olmo_core" else real(mod, *a))
-    with pytest.raises(ConfigError, match=r"framework.name: framework '.*' needs olmo_core: pip install -e '\.\[olmo\]'"):
+    hint = r"framework.name: framework '.*' needs olmo_core: pip install -e '\.\[olmo\]'"
+    with pytest.raises(ConfigError, match=hint):
         registry.get_framework_class(name)
 
 
