@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 import json
 import pathlib
+import re
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterator, Optional
+from typing import Callable, ClassVar, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
@@ -39,16 +40,24 @@ TRAIN_STATE_SAFE_GLOBALS = [
 LogFn = Callable[[Dict[str, float], int], None]
 
 
+def latest_step_dir(parent: Path, pattern: str, complete_marker: str) -> Optional[Tuple[int, Path]]:
+    """The sub-dir of ``parent`` whose name fully matches ``pattern`` (one integer group: its step) with the
+    highest step among those holding ``complete_marker`` (the file a framework writes last into a checkpoint),
+    as ``(step, path)``; ``None`` if there is none."""
+    best = None
+    for d in Path(parent).glob("*"):
+        m = re.fullmatch(pattern, d.name)
+        if m and (d / complete_marker).is_file() and (best is None or int(m[1]) > best[0]):
+            best = (int(m[1]), d)
+    return best
+
+
 @dataclass
 class Checkpoint:
     """A checkpoint of a framework: its directory and the global step it holds."""
 
     path: Path
     step: int
-
-    def get_step(self) -> int:
-        """Global optimizer step of this checkpoint."""
-        return self.step
 
     def to_hf(self, out_dir: Path) -> Path:
         """Write (or point to) an HF model dir of this checkpoint; returns its path. HF checkpoints are HF dirs."""
@@ -73,8 +82,10 @@ class Framework(ABC):
     once, or ``model.path``) that also holds the tokenizer and ``config.json``'s ``vocab_size``.
     """
 
-    #: whether :meth:`train` adds Gaussian-poisoning noise (:class:`~pretrain_exp.insertion.gaussian.EmbeddingNoise`)
-    applies_embedding_noise: bool = False
+    #: whether :meth:`train` adds Gaussian-poisoning noise (through :class:`~frameworks.noise_feed.NoiseFeed`)
+    applies_embedding_noise: ClassVar[bool] = False
+    #: the ``training.lr_scheduler`` values :meth:`train` supports (checked when the config is validated)
+    lr_schedulers: ClassVar[Tuple[str, ...]] = ()
 
     def __init__(self, cfg: RunConfig, model_dir: Path):
         self.cfg = cfg
@@ -119,10 +130,25 @@ class Framework(ABC):
         """The newest complete checkpoint this run wrote in its run dir, or ``None``."""
 
     @abstractmethod
+    def peek_rows(self, rows, step: int, dp_rank: int, dp_world: int,
+                  only: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
+        """The rows DP rank ``dp_rank`` of ``dp_world`` will train at global step ``step``, read through the
+        framework's own data path with the insertions applied exactly as :meth:`train` applies them (what the
+        verifier, :func:`~pretrain_exp.insertion.verify.verify_batches`, checks).
+
+        :param rows: the run's :class:`~pretrain_exp.data.rows.TrainingRows`.
+        :param only: training-order indices to return (the others of the rank batch are not read); ``None`` = all.
+        :returns: ``(q, tokens)``: ``int64`` ``(n,)`` training-order indices in the order the rank trains them and
+            ``int64`` ``(n, L)`` their tokens as trained.
+        :raises TrainingError: if the framework's data path does not hand over the run's rows.
+        """
+
+    @abstractmethod
     def train(self, start: Checkpoint, until_step: int, rows, log_fn: LogFn) -> Checkpoint:
         """Train from ``start`` to global step ``until_step`` on ``rows`` and save a checkpoint there.
 
         :param rows: :class:`~pretrain_exp.data.rows.TrainingRows` covering the whole run (row 0 = first row
-            after the initial checkpoint).
+            after the initial checkpoint). Under ``W`` processes DP rank ``r`` trains
+            :func:`~pretrain_exp.data.schedule.rows_for` ``(k, r, W, B)`` at global step ``k`` (OLMo's layout).
         :raises TrainingError: (or any runtime error) if training fails; the loop retries.
         """

@@ -301,6 +301,17 @@ class _Fetcher:
         return None
 
 
+def _download_checkpoint(url: str, ckpt_dir: Path, fetch_files: Callable[[_Fetcher], None], **kwargs) -> Path:
+    """The skeleton of both checkpoint downloads: nothing to do if ``ckpt_dir``'s completion marker says it is
+    complete; else ``fetch_files`` fetches the layout's files (raising :class:`CheckpointError` for a missing
+    required one) and the marker listing them is written. ``kwargs`` go to :func:`download_file`."""
+    fetch = _Fetcher.unless_complete(url, ckpt_dir, **kwargs)
+    if fetch is not None:
+        fetch_files(fetch)
+        _write_marker(ckpt_dir, url, fetch.files)
+    return ckpt_dir
+
+
 def download_olmo2_checkpoint(base_url: str, step: int, dest_dir: str | os.PathLike, *, max_retries: int = 5,
                               base_delay_s: float = 1.0, sleep: SleepFn = time.sleep,
                               timeout_s: float = DEFAULT_TIMEOUT_S) -> Path:
@@ -318,18 +329,16 @@ def download_olmo2_checkpoint(base_url: str, step: int, dest_dir: str | os.PathL
     :raises CheckpointError: if ``config.yaml``, ``train.pt`` or both model files answer 404 (the message
         names the URLs), or a file cannot be fetched after retries. A missing optimizer state only warns.
     """
-    url = olmo2_checkpoint_url(base_url, step)
-    ckpt_dir = Path(dest_dir) / f"step{int(step)}-unsharded"
-    fetch = _Fetcher.unless_complete(url, ckpt_dir, max_retries=max_retries, base_delay_s=base_delay_s,
-                                     sleep=sleep, timeout_s=timeout_s)
-    if fetch is None:
-        return ckpt_dir
-    fetch.get("config.yaml")
-    fetch.get("train.pt")
-    fetch.first_of(["model.safetensors", "model.pt"], required=True, what="model state")
-    fetch.first_of(["optim.safetensors", "optim.pt"], required=False, what="optimizer state")
-    _write_marker(ckpt_dir, url, fetch.files)
-    return ckpt_dir
+
+    def fetch_files(fetch: _Fetcher) -> None:
+        fetch.get("config.yaml")
+        fetch.get("train.pt")
+        fetch.first_of(["model.safetensors", "model.pt"], required=True, what="model state")
+        fetch.first_of(["optim.safetensors", "optim.pt"], required=False, what="optimizer state")
+
+    return _download_checkpoint(olmo2_checkpoint_url(base_url, step), Path(dest_dir) / f"step{int(step)}-unsharded",
+                                fetch_files, max_retries=max_retries, base_delay_s=base_delay_s, sleep=sleep,
+                                timeout_s=timeout_s)
 
 
 def download_olmo_core_checkpoint(base_url: str, step: int, dest_dir: str | os.PathLike, *, max_retries: int = 5,
@@ -354,36 +363,33 @@ def download_olmo_core_checkpoint(base_url: str, step: int, dest_dir: str | os.P
         ``model_and_optim/.metadata`` or ``model_and_optim/__0_0.distcp`` answers 404 (the message names the URL),
         or a file cannot be fetched after retries.
     """
-    url = olmo_core_checkpoint_url(base_url, step)
-    ckpt_dir = Path(dest_dir) / f"step{int(step)}"
-    fetch = _Fetcher.unless_complete(url, ckpt_dir, max_retries=max_retries, base_delay_s=base_delay_s,
-                                     sleep=sleep, timeout_s=timeout_s)
-    if fetch is None:
-        return ckpt_dir
-    fetch.get(".metadata.json")
-    fetch.get("config.json")
-    fetch.probe("data_paths.txt")
-    fetch.get("train/rank0.pt")
-    r = 1
-    while train_ranks is None or r < train_ranks:
-        rel = f"train/rank{r}.pt"
-        if train_ranks is not None:
-            fetch.get(rel)
-        elif fetch.probe(rel) is None:
-            break
-        r += 1
-    fetch.get("model_and_optim/.metadata")
-    rank = 0
-    while fetch.probe(f"model_and_optim/__{rank}_0.distcp") is not None:
-        i = 1
-        while fetch.probe(f"model_and_optim/__{rank}_{i}.distcp") is not None:
-            i += 1
-        rank += 1
-    if rank == 0:
-        raise CheckpointError(f"{url}/model_and_optim/__0_0.distcp: not found (HTTP 404)")
-    _write_marker(ckpt_dir, url, fetch.files)
-    return ckpt_dir
 
+    def fetch_files(fetch: _Fetcher) -> None:
+        fetch.get(".metadata.json")
+        fetch.get("config.json")
+        fetch.probe("data_paths.txt")
+        fetch.get("train/rank0.pt")
+        r = 1
+        while train_ranks is None or r < train_ranks:
+            rel = f"train/rank{r}.pt"
+            if train_ranks is not None:
+                fetch.get(rel)
+            elif fetch.probe(rel) is None:
+                break
+            r += 1
+        fetch.get("model_and_optim/.metadata")
+        rank = 0
+        while fetch.probe(f"model_and_optim/__{rank}_0.distcp") is not None:
+            i = 1
+            while fetch.probe(f"model_and_optim/__{rank}_{i}.distcp") is not None:
+                i += 1
+            rank += 1
+        if rank == 0:
+            raise CheckpointError(f"{fetch.url}/model_and_optim/__0_0.distcp: not found (HTTP 404)")
+
+    return _download_checkpoint(olmo_core_checkpoint_url(base_url, step), Path(dest_dir) / f"step{int(step)}",
+                                fetch_files, max_retries=max_retries, base_delay_s=base_delay_s, sleep=sleep,
+                                timeout_s=timeout_s)
 
 # ------------------------------------------------------------------------------------------------ CLI
 

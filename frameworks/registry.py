@@ -1,10 +1,13 @@
-"""Framework registry: ``framework.name`` -> implementation class (imported lazily)."""
+"""Framework registry: ``framework.name`` -> implementation class (imported only when that name is used).
+
+``olmo_core`` and ``olmo2`` need the ``olmo`` extra: :func:`importlib.util.find_spec` looks for ``olmo_core``
+before the import, so a missing install is one :class:`~pretrain_exp.core.errors.ConfigError` with the install
+hint rather than an ``ImportError`` from deep inside the framework.
+"""
 
 from __future__ import annotations
 
-import importlib
-
-from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.core.registry import lookup
 
 FRAMEWORKS = {
     "hf": "frameworks.hf.framework:HFFramework",
@@ -12,19 +15,16 @@ FRAMEWORKS = {
     "olmo2": "frameworks.olmo2.framework:Olmo2Framework",
 }
 
+OLMO_HINT = "pip install -e '.[olmo]' (ai2-olmo-core==3.0.0)"
+#: framework -> (top-level module it needs, install hint)
+REQUIRES = {"olmo_core": ("olmo_core", OLMO_HINT), "olmo2": ("olmo_core", OLMO_HINT)}
+
 
 def get_framework_class(name: str) -> type:
     """The framework class registered as ``name``.
 
-    :raises ConfigError: for an unknown name, listing the registered ones.
+    :raises ConfigError: (key ``framework.name``) for an unknown name, listing the registered ones, or for a
+        framework whose optional dependency is not installed (``"framework 'olmo_core' needs olmo_core: pip
+        install -e '.[olmo]' ..."``).
     """
-    if name not in FRAMEWORKS:
-        raise ConfigError("framework.name", f"unknown framework {name!r}; allowed: {sorted(FRAMEWORKS)}")
-    module, cls = FRAMEWORKS[name].split(":")
-    try:
-        return getattr(importlib.import_module(module), cls)
-    except ModuleNotFoundError as e:
-        if (e.name or "").split(".")[0] != "olmo_core":
-            raise
-        raise ConfigError("framework.name", f"framework {name!r} needs OLMo-core: pip install -e '.[olmo]' "
-                          "(ai2-olmo-core==3.0.0)") from None
+    return lookup(FRAMEWORKS, name, "framework.name", "framework", REQUIRES)

@@ -26,6 +26,7 @@ from tests.conftest import CACHE_DIR, ROOT, make_config
 
 pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
 
+from frameworks.noise_feed import NoiseFeed  # noqa: E402
 from frameworks.olmo_core import framework as olmo_core_framework  # noqa: E402
 from frameworks.olmo_core.checkpoint import check_train_state, load_model, save_hf  # noqa: E402
 from frameworks.olmo_core.presets import tiny_checkpoint  # noqa: E402
@@ -151,19 +152,13 @@ def test_olmo_core_trains_exactly_the_runs_rows_with_the_plan_applied(tmp_path, 
     from pretrain_exp.app.experiment import Experiment
 
     seen = []
-    original = olmo_core_framework._insertion_callback
 
-    def recording(*args):
-        inner = original(*args)
+    class Record(olmo_core_framework.Insertions):
+        def pre_step(self, batch):
+            super().pre_step(batch)
+            seen.append((self.trainer.global_step, batch["input_ids"].clone()))
 
-        class Record(type(inner)):
-            def pre_step(self, batch):
-                super().pre_step(batch)
-                seen.append((self.trainer.global_step, batch["input_ids"].clone()))
-
-        return Record()
-
-    monkeypatch.setattr(olmo_core_framework, "_insertion_callback", recording)
+    monkeypatch.setattr(olmo_core_framework, "Insertions", Record)
     cfg = make_config(*RUN, "training.num_steps=4", "eval=[]", run_dir=tmp_path / "run")
     exp = Experiment(cfg)
     assert exp.plan.num_insertions == 2 * (1 + 2 + 4)
@@ -229,18 +224,18 @@ def test_olmo_core_adds_exactly_the_planned_gaussian_noise(tmp_path, monkeypatch
     from pretrain_exp.insertion.noise import make_noise
 
     seen = []
-    attach = olmo_core_framework.MicroBatchRows.attach
+    attach = NoiseFeed.attach
 
     def recording_attach(self, embeddings):
         attach(self, embeddings)
 
         def record(module, args, output):
-            rows = None if self._rows is None else self.noise._rows.copy()
+            rows = None if self.rows is None else self.noise._rows.copy()
             seen.append((rows, (output - F.embedding(args[0], module.weight)).detach().clone()))
 
         embeddings.register_forward_hook(record)
 
-    monkeypatch.setattr(olmo_core_framework.MicroBatchRows, "attach", recording_attach)
+    monkeypatch.setattr(NoiseFeed, "attach", recording_attach)
     cfg = make_config("framework=olmo_core", "training=tiny", "training.num_steps=2", "training.global_batch_size=4",
                       "training.micro_batch_size=2", "training.checkpoint_interval=2", "training.num_threads=1",
                       "data.held_out_rows=8", "insertion=gaussian", "insertion.experiments.gaussian.num_items=4",

@@ -1,8 +1,13 @@
 """The ``hf`` framework: continual pretraining of any HF causal LM with ``transformers.Trainer``.
 
-Rows come from :class:`~pretrain_exp.data.rows.TrainingRows` through a sequential sampler, so optimizer step
-``k`` (trainer-relative) trains rows ``[(k-1)*B, k*B)`` of the run whatever the micro-batch size and gradient
-accumulation (``B = micro_batch_size * grad_accum * world_size``). Checkpoints are the Trainer's own
+Rows come from :class:`~pretrain_exp.data.rows.TrainingRows` through
+:class:`~frameworks.hf.sampler.RankLayoutSampler`, so global step ``k`` trains rows ``[(k-1)*B, k*B)`` of the run
+whatever the micro-batch size and gradient accumulation (``B = micro_batch_size * grad_accum * world_size``), and
+under ``W`` processes DP rank ``r`` trains :func:`~pretrain_exp.data.schedule.rows_for` ``(k, r, W, B)`` (OLMo's
+rank layout; :meth:`HFFramework.peek_rows` reads them back for the verifier). Gaussian-poisoning noise goes
+through :class:`~frameworks.noise_feed.NoiseFeed`, started per micro-batch with the rows the batch carries.
+
+Checkpoints are the Trainer's own
 ``<run_dir>/checkpoints/checkpoint-<k>`` dirs (model, optimizer, scheduler, RNG states, ``trainer_state.json``);
 the global step of ``checkpoint-k`` is ``model.checkpoint_step + k``. The LR schedule spans the whole run
 (``max_steps = training.num_steps``), and a segment ends by stopping the Trainer at its last step, so training
@@ -12,25 +17,28 @@ in segments, or resuming after a crash, follows the same schedule as one uninter
 from __future__ import annotations
 
 import logging
-import re
 import time
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import torch
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
+    SchedulerType,
     Trainer,
     TrainerCallback,
     TrainingArguments,
     default_data_collator,
 )
 
-from frameworks.base import Checkpoint, Framework, LogFn
+from frameworks.base import Checkpoint, Framework, LogFn, latest_step_dir
+from frameworks.hf.sampler import RankLayoutSampler
+from frameworks.noise_feed import NoiseFeed
 from pretrain_exp.core.config import Precision
+from pretrain_exp.core.distributed import world_size
 from pretrain_exp.core.errors import CheckpointError
-from pretrain_exp.insertion.noise import EmbeddingNoise
 
 log = logging.getLogger(__name__)
 
@@ -43,24 +51,28 @@ def bf16_supported() -> bool:
 
 
 class _OrderedTrainer(Trainer):
-    """``Trainer`` that reads the dataset in order (the run's training order) instead of shuffling it, and tells
-    the Gaussian-poisoning hook (``noise``, an :class:`EmbeddingNoise` or ``None``) which rows each
-    micro-batch holds."""
+    """``Trainer`` that reads the dataset through ``sampler`` (the run's training order in OLMo's rank layout)
+    instead of shuffling it, and starts the Gaussian-poisoning feed (``noise``, a :class:`NoiseFeed` or ``None``)
+    with the rows of each micro-batch."""
 
-    def __init__(self, *args, noise: Optional[EmbeddingNoise] = None, **kwargs):
+    def __init__(self, *args, sampler: RankLayoutSampler, noise: Optional[NoiseFeed] = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.noise = noise
+        self.sampler, self.noise = sampler, noise
 
     def _get_train_sampler(self, *args, **kwargs):
-        return torch.utils.data.SequentialSampler(self.train_dataset)
+        return self.sampler
 
     def compute_loss(self, model, inputs, *args, **kwargs):
         """Pop the rows' training-order indices (``row_index``, LongTensor ``(b,)``) before the model sees the
-        batch, hand them to the noise hook, then compute the loss as ``Trainer`` does."""
+        batch, start the noise feed with them, then compute the loss as ``Trainer`` does."""
         q = inputs.pop("row_index", None)
-        if self.noise is not None:
-            self.noise.set_rows(q)
-        return super().compute_loss(model, inputs, *args, **kwargs)
+        if self.noise is None:
+            return super().compute_loss(model, inputs, *args, **kwargs)
+        self.noise.start(q)
+        try:
+            return super().compute_loss(model, inputs, *args, **kwargs)
+        finally:
+            self.noise.stop()
 
 
 class _Segment(TrainerCallback):
@@ -93,24 +105,43 @@ class HFFramework(Framework):
     """Continue an HF causal LM with ``transformers.Trainer`` (module docstring)."""
 
     applies_embedding_noise = True
+    #: every ``transformers`` ``SchedulerType`` (``training.lr_scheduler`` is passed to ``TrainingArguments``)
+    lr_schedulers = tuple(s.value for s in SchedulerType)
 
     @property
     def checkpoint_dir(self) -> Path:
         return self.run_dir / "checkpoints"
 
     def latest_checkpoint(self) -> Optional[Checkpoint]:
-        """Newest ``checkpoint-<k>`` with a ``trainer_state.json`` (written last by the Trainer)."""
-        best = None
-        for d in self.checkpoint_dir.glob("checkpoint-*"):
-            m = re.fullmatch(r"checkpoint-(\d+)", d.name)
-            if m and (d / "trainer_state.json").is_file() and (best is None or int(m[1]) > best[0]):
-                best = (int(m[1]), d)
-        return None if best is None else Checkpoint(best[1], self.cfg.model.checkpoint_step + best[0])
+        """Newest ``checkpoint-<k>`` with a ``trainer_state.json`` (written last by the Trainer); its global step
+        is ``model.checkpoint_step + k``."""
+        found = latest_step_dir(self.checkpoint_dir, r"checkpoint-(\d+)", "trainer_state.json")
+        return None if found is None else Checkpoint(found[1], self.cfg.model.checkpoint_step + found[0])
+
+    def sampler(self, dp_world: int) -> RankLayoutSampler:
+        """The sampler of the run's rows for ``dp_world`` processes (:mod:`frameworks.hf.sampler`)."""
+        t = self.cfg.training
+        return RankLayoutSampler(self.cfg.model.checkpoint_step, t.num_steps, t.global_batch_size,
+                                 t.micro_batch_size, dp_world)
+
+    def peek_rows(self, rows, step: int, dp_rank: int, dp_world: int, only=None):
+        """The rows DP rank ``dp_rank`` of ``dp_world`` trains at global step ``step``, read through the path
+        training reads them: :meth:`sampler` indices (as ``accelerate`` shards them) into ``rows`` (the
+        :class:`~pretrain_exp.data.rows.TrainingRows` dataset, which applies the plan). See
+        :meth:`Framework.peek_rows <frameworks.base.Framework.peek_rows>`."""
+        idx = self.sampler(dp_world).rank_indices(step, dp_rank)
+        if only is not None:
+            idx = idx[np.isin(idx + rows.first_row, np.asarray(only, dtype=np.int64))]
+        items = [rows[int(i)] for i in idx]
+        L = self.cfg.training.sequence_length
+        q = np.array([int(it["row_index"]) for it in items], dtype=np.int64)
+        tokens = np.stack([it["input_ids"].numpy() for it in items]) if items else np.empty((0, L), np.int64)
+        return q, tokens.astype(np.int64)
 
     def training_arguments(self) -> TrainingArguments:
         """The ``TrainingArguments`` of this run (whole-run schedule, save at every segment end)."""
         t = self.cfg.training
-        world = max(1, torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1)
+        world = world_size()
         bf16 = t.precision == Precision.bf16 or (t.precision == Precision.auto and bf16_supported())
         keep = self.cfg.training.keep_last_checkpoints
         return TrainingArguments(
@@ -149,19 +180,20 @@ class HFFramework(Framework):
             attn_implementation=self.cfg.framework.attn_implementation)
         model.config.use_cache = False
         t = self.cfg.training
-        plan = getattr(rows, "plan", None)
-        noise = EmbeddingNoise(plan) if plan is not None and plan.noise_rows.size else None
-        handle = noise.attach(model.get_input_embeddings()) if noise is not None else None
+        noise = NoiseFeed.for_plan(getattr(rows, "plan", None))
+        if noise is not None:
+            noise.attach(model.get_input_embeddings())
         trainer = _OrderedTrainer(
             model=model, args=self.training_arguments(), train_dataset=rows, data_collator=default_data_collator,
             processing_class=AutoTokenizer.from_pretrained(str(self.model_dir)),  # saved with every checkpoint
-            callbacks=[_Segment(until_step - s0, s0, t.global_batch_size * t.sequence_length, log_fn)], noise=noise)
+            callbacks=[_Segment(until_step - s0, s0, t.global_batch_size * t.sequence_length, log_fn)],
+            sampler=self.sampler(world_size()), noise=noise)
         log.info("training steps %d -> %d (%s)", start.step, until_step, "resumed" if resume else "fresh")
         try:
             trainer.train(resume_from_checkpoint=str(resume) if resume else None)
         finally:
-            if handle is not None:
-                handle.remove()
+            if noise is not None:
+                noise.detach()
         done = self.latest_checkpoint()
         if done is None or done.step != until_step:
             raise CheckpointError(f"training stopped at {done and done.step} instead of step {until_step}")

@@ -3,12 +3,15 @@ OLMo-core's own ``Trainer`` and ``TransformerTrainModule``, with insertions.
 
 Data: OLMo-core's own ``NumpyFSLDataset`` + ``NumpyDataLoader`` read the run's token files, so the dataset
 fingerprint is OLMo-core's and an official checkpoint's trainer state (data-loader position, fingerprint, RNG)
-loads unchanged. Insertions are spliced in by a ``pre_step`` callback: at global step ``k`` DP rank ``r`` of
-``W`` holds training-order rows ``q = (k-1)·B + r + i·W`` (``i`` = row of the rank batch; OLMo-core's layout,
-tested against ``NumpyFSLDataLoader`` in ``tests/test_olmo_core_order.py``). The callback first checks that the
-batch holds exactly those rows (instance ids and tokens, read through :class:`~pretrain_exp.data.order.DataOrder`)
-and then overwrites the planned spans with :meth:`Plan.apply <pretrain_exp.insertion.plan.Plan.apply>`;
-Gaussian-poisoning rows get their noise through :class:`MicroBatchRows` on the embedding module.
+loads unchanged. Insertions are spliced in by the ``pre_step`` callback
+:class:`~frameworks.olmo_core.callbacks.Insertions`: at global step ``k`` DP rank ``r`` of ``W`` holds
+:func:`~pretrain_exp.data.schedule.rows_for` ``(k, r, W, B)`` (OLMo-core's layout, tested against
+``NumpyFSLDataLoader`` in ``tests/test_olmo_core_order.py``); the callback checks that the batch holds exactly
+those rows (instance ids at every step, tokens at the first step of a fit) and overwrites the planned spans with
+:meth:`Plan.apply <pretrain_exp.insertion.plan.Plan.apply>`; Gaussian-poisoning rows get their noise through
+:class:`~frameworks.noise_feed.NoiseFeed` on the embedding module. :meth:`OlmoCoreFramework.peek_rows` reads the
+rows of any step and rank through OLMo-core's own dataset and rank slicing with the same function the callback
+applies, for the verifier.
 
 Training: the trainer's ``max_duration`` is the run's last step ``S + n`` and ``hard_stop`` the segment's last
 step, so the LR schedule spans the whole run whatever the segments; the schedule (``training.lr_scheduler``) is
@@ -21,11 +24,9 @@ tokens/s (and MFU on GPUs) are forwarded to the run's tracker. Evals read an HF 
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,30 +35,19 @@ from typing import Optional
 import numpy as np
 import torch
 
-from frameworks.base import Checkpoint, Framework, LogFn
+from frameworks.base import Checkpoint, Framework, LogFn, latest_step_dir
+from frameworks.noise_feed import NoiseFeed
+from frameworks.olmo_core.callbacks import ForwardMetrics, Insertions, SaveModelConfig, StartAt, apply_insertions
 from frameworks.olmo_core.checkpoint import OlmoCoreCheckpoint, check_train_state, model_config
 from pretrain_exp.core.config import Precision, RunConfig
+from pretrain_exp.core.distributed import is_main_process, rank, world_size
 from pretrain_exp.core.errors import CheckpointError, ConfigError, TrainingError
-from pretrain_exp.insertion.noise import EmbeddingNoise
+from pretrain_exp.data.schedule import rows_for
 
 log = logging.getLogger(__name__)
 
 #: ``training.lr_scheduler`` values this framework maps onto OLMo-core schedulers
 SCHEDULERS = ("constant", "constant_with_warmup", "cosine", "linear")
-#: OLMo-core metric -> the run's metric name
-METRICS = {
-    "train/CE loss": "train/loss",
-    "optim/total grad norm": "train/grad_norm",
-    "optim/LR (group 0)": "train/learning_rate",
-    "throughput/device/TPS": "train/tokens_per_s",
-    "throughput/device/MFU": "train/mfu",
-}
-
-
-def _world() -> tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
 
 
 def run_scheduler(name: str, warmup_steps: int, start_step: int):
@@ -85,143 +75,12 @@ def run_scheduler(name: str, warmup_steps: int, start_step: int):
     return _FromRunStart()
 
 
-class MicroBatchRows:
-    """Feeds the Gaussian-poisoning hook (:class:`~pretrain_exp.insertion.gaussian.EmbeddingNoise`) the rows of
-    each micro-batch: OLMo-core's train module splits the rank batch into consecutive micro-batches and runs one
-    forward pass per micro-batch, so a forward pre-hook on the embedding module hands the next ``b`` rows of the
-    step (``b`` = the micro-batch's rows) to the noise hook. Outside a training step (the
-    trainer's dry-run batch) no rows are set, so no noise is added."""
-
-    def __init__(self, noise):
-        self.noise = noise
-        self._rows: Optional[np.ndarray] = None
-        self._next = 0
-
-    def attach(self, embeddings: torch.nn.Module) -> None:
-        """Register the noise hook and the feeding pre-hook on ``embeddings``."""
-        self.noise.attach(embeddings)
-        embeddings.register_forward_pre_hook(self._pre_hook)
-
-    def start_step(self, qs: np.ndarray) -> None:
-        """The rank batch's training-order rows ``(b,)`` for the step about to be trained."""
-        self._rows, self._next = np.asarray(qs, dtype=np.int64), 0
-
-    def end_step(self) -> None:
-        self._rows = None
-        self.noise.set_rows(None)
-
-    def _pre_hook(self, module, args):
-        if self._rows is None:
-            self.noise.set_rows(None)
-            return
-        b = args[0].shape[0]
-        self.noise.set_rows(self._rows[self._next:self._next + b])
-        self._next += b
-
-
-def _insertion_callback(rows, rank: int, world: int, rows_log: Optional[Path] = None,
-                        noise_feed: Optional[MicroBatchRows] = None):
-    from olmo_core.train.callbacks import Callback
-
-    class Insertions(Callback):
-        """``pre_step``: check the rank batch holds rows ``(k-1)·B + r + i·W``, apply the plan to them and tell
-        ``noise_feed`` (Gaussian poisoning) the step's rows; with ``rows_log``, append ``{"step", "rank",
-        "rows": [q, ...], "sha256": [...]}`` (the tokens each row is trained on) to that jsonl file.
-
-        The instance id of every row is checked at every step; the tokens (catching another dtype or other files)
-        at the first step of each fit. Only rows holding planned spans are copied and rewritten."""
-
-        checked = False
-
-        def pre_step(self, batch):
-            order, plan = rows.order, rows.plan
-            ids = batch["input_ids"]
-            qs = (self.trainer.global_step - 1) * order.global_batch_size + rank + world * np.arange(ids.shape[0])
-            index = batch["index"].tolist() if "index" in batch else None
-            check_tokens = not self.checked  # tokens once per fit (dtype, files); instance ids at every step
-            self.checked = True
-            for i, q in enumerate(qs.tolist()):
-                instance = order.instance(q)[1]
-                if (index is not None and index[i] != instance) or (
-                        check_tokens and not np.array_equal(ids[i].cpu().numpy(), order.row_tokens(q))):
-                    raise TrainingError(
-                        f"step {self.trainer.global_step}, rank {rank}: OLMo-core's batch row {i} is not "
-                        f"training-order row {q} (instance {instance}, got {index[i] if index else '?'}); "
-                        "data.seed / data.paths / sequence length differ from the checkpoint's data loader")
-                first, end = plan.spans_in_row(q) if plan is not None else (0, 0)
-                if end > first:
-                    row = ids[i].cpu().numpy().astype(np.int64)
-                    plan.apply(q, row)
-                    ids[i] = torch.from_numpy(row).to(ids.dtype)
-            if rows_log is not None:
-                digests = [hashlib.sha256(r.cpu().numpy().astype(np.int64).tobytes()).hexdigest() for r in ids]
-                with open(rows_log, "a") as f:
-                    f.write(json.dumps({"step": self.trainer.global_step, "rank": rank, "rows": qs.tolist(),
-                                        "sha256": digests}) + "\n")
-            if noise_feed is not None:
-                noise_feed.start_step(qs)
-
-        def post_train_batch(self):
-            if noise_feed is not None:
-                noise_feed.end_step()
-
-    return Insertions()
-
-
-def _config_callback(config_json: Path, rank: int):
-    from olmo_core.train.callbacks import Callback
-
-    class SaveModelConfig(Callback):
-        """``post_checkpoint_saved``: put the model's ``config.json`` into every checkpoint (rank 0), so each
-        one is self-describing like the published ones."""
-
-        def post_checkpoint_saved(self, path):
-            if rank == 0 and not str(path).startswith(("s3://", "gs://", "http")):
-                tmp = Path(path) / ".config.json.tmp"
-                shutil.copyfile(config_json, tmp)
-                os.replace(tmp, Path(path) / "config.json")
-
-    return SaveModelConfig()
-
-
-def _start_callback(step: int, tokens_per_step: int):
-    from olmo_core.train.callbacks import Callback
-
-    class StartAt(Callback):
-        """``post_checkpoint_loaded``: a checkpoint without trainer state (model-only, or converted from
-        OLMo-2) leaves the trainer at step 0; put the trainer and its data loader at the run's first step."""
-
-        def post_checkpoint_loaded(self, path):
-            trainer = self.trainer
-            if trainer.global_step == 0 and step > 0:
-                state = trainer.data_loader.state_dict()
-                state.update(batches_processed=step, tokens_processed=step * tokens_per_step)
-                trainer.data_loader.load_state_dict(state)
-                trainer.global_step = step
-                trainer.global_train_tokens_seen = step * tokens_per_step
-
-    return StartAt()
-
-
-def _log_callback(log_fn: LogFn):
-    from olmo_core.train.callbacks import Callback
-
-    class Forward(Callback):
-        """Forward OLMo-core's training scalars (loss, grad norm, LR, tokens/s, MFU) to the run's tracker."""
-
-        def log_metrics(self, step: int, metrics):
-            out = {ours: float(metrics[theirs]) for theirs, ours in METRICS.items() if theirs in metrics}
-            if out:
-                log_fn(out, step)
-
-    return Forward()
-
-
 class OlmoCoreFramework(Framework):
     """Continue an OLMo-core checkpoint with OLMo-core's ``Trainer`` (module docstring)."""
 
     DEFAULT_TOKENIZER = "dolma2"
     applies_embedding_noise = True
+    lr_schedulers = SCHEDULERS  #: mapped onto OLMo-core schedulers by :func:`run_scheduler`
 
     def __init__(self, cfg: RunConfig, model_dir: Path):
         super().__init__(cfg, model_dir)
@@ -307,12 +166,8 @@ class OlmoCoreFramework(Framework):
 
     def latest_checkpoint(self) -> Optional[Checkpoint]:
         """Newest complete ``checkpoints/step<N>/`` (OLMo-core writes ``.metadata.json`` last)."""
-        best = None
-        for d in self.checkpoint_dir.glob("step*"):
-            m = re.fullmatch(r"step(\d+)", d.name)
-            if m and (d / ".metadata.json").is_file() and (best is None or int(m[1]) > best[0]):
-                best = (int(m[1]), d)
-        return None if best is None else OlmoCoreCheckpoint(best[1], best[0], self._tokenizer)
+        found = latest_step_dir(self.checkpoint_dir, r"step(\d+)", ".metadata.json")
+        return None if found is None else OlmoCoreCheckpoint(found[1], found[0], self._tokenizer)
 
     @property
     def peak_lr(self) -> float:
@@ -345,9 +200,69 @@ class OlmoCoreFramework(Framework):
         (self.run_dir / "rows").mkdir(parents=True, exist_ok=True)
         return self.run_dir / "rows" / f"rank{rank}.jsonl"
 
+    @property
+    def work_dir(self) -> Path:
+        """OLMo-core's data work dir of the run (global-indices files)."""
+        return self.run_dir / "olmo_core_work"
+
+    def dataset(self, order):
+        """OLMo-core's ``NumpyFSLDataset`` over the run's token files (``order.files``), as training builds it."""
+        from olmo_core.data import NumpyFSLDatasetConfig, TokenizerConfig
+
+        tok = self._tokenizer
+        return NumpyFSLDatasetConfig(
+            tokenizer=TokenizerConfig(vocab_size=self.vocab_size, eos_token_id=tok.eos_token_id,
+                                      pad_token_id=tok.pad_token_id if tok.pad_token_id is not None
+                                      else tok.eos_token_id),
+            paths=[str(p) for p in order.files.paths], sequence_length=self.cfg.training.sequence_length,
+            work_dir=str(self.work_dir),
+        ).build()
+
+    @functools.lru_cache(maxsize=4)
+    def _peek_loader(self, order, dp_rank: int, dp_world: int):
+        from olmo_core.data import DataCollator
+        from olmo_core.data.data_loader import NumpyDataLoaderBase
+
+        dataset = self.dataset(order)
+        dataset.prepare()
+        return NumpyDataLoaderBase.wrap_numpy_dataset(
+            dataset, global_batch_size=order.global_batch_size * order.sequence_length,
+            collator=DataCollator(pad_token_id=dataset.pad_token_id, vocab_size=dataset.vocab_size),
+            work_dir=self.work_dir, seed=self.loader_seed, dp_world_size=dp_world, dp_rank=dp_rank,
+            fs_local_rank=0)
+
+    def peek_rows(self, rows, step: int, dp_rank: int, dp_world: int, only=None):
+        """The rows DP rank ``dp_rank`` of ``dp_world`` trains at global step ``step`` as OLMo-core hands them
+        over: the instance ids come from OLMo-core's ``NumpyFSLDataLoader`` (its epoch shuffle, or the trainer's
+        global-indices file when it exists, and its own rank slicing), the tokens from its ``NumpyFSLDataset``,
+        and :func:`~frameworks.olmo_core.callbacks.apply_insertions` checks and writes them as the training
+        callback does. No process group is used (safe on rank 0 alone). See :meth:`Framework.peek_rows
+        <frameworks.base.Framework.peek_rows>`.
+
+        :raises TrainingError: if OLMo-core's instance for a row is not the run's (another seed, files or ``L``).
+        """
+        order = rows.order
+        B = order.global_batch_size
+        loader = self._peek_loader(order, int(dp_rank), int(dp_world))
+        batches_per_epoch = order.rows_per_epoch // B
+        epoch, batch = 1 + (step - 1) // batches_per_epoch, (step - 1) % batches_per_epoch  # OLMo-core epochs
+        if loader._epoch != epoch:  # as reshuffle(epoch), without its barrier
+            loader._epoch = epoch
+            loader._global_indices = None if loader._global_indices_file.is_file() else (
+                loader._build_global_indices())
+        global_batch = np.asarray(loader.get_global_indices()[batch * B:(batch + 1) * B])
+        instances = np.asarray(loader._get_local_instance_indices(global_batch), dtype=np.int64)
+        qs = rows_for(step, dp_rank, dp_world, B)
+        keep = np.ones(qs.size, bool) if only is None else np.isin(qs, np.asarray(only, dtype=np.int64))
+        if not keep.any():
+            return qs[:0], np.empty((0, order.sequence_length), np.int64)
+        batch_dict = loader.collator([loader._get_dataset_item(int(i)) for i in instances[keep]])
+        apply_insertions(batch_dict, qs[keep], order, rows.plan, where=f"step {step}, rank {dp_rank} (peek)")
+        return qs[keep], batch_dict["input_ids"].numpy().astype(np.int64)
+
     def _build_trainer(self, start: Checkpoint, until_step: int, rows, log_fn: LogFn):
         from olmo_core.config import DType
-        from olmo_core.data import NumpyDataLoaderConfig, NumpyFSLDatasetConfig, TokenizerConfig
+        from olmo_core.data import NumpyDataLoaderConfig
         from olmo_core.optim import AdamWConfig
         from olmo_core.train import Duration, LoadStrategy, TrainerConfig
         from olmo_core.train.callbacks import CheckpointerCallback
@@ -355,7 +270,7 @@ class OlmoCoreFramework(Framework):
         from olmo_core.utils import seed_all
 
         cfg, t = self.cfg, self.cfg.training
-        rank, world = _world()
+        dp_rank, world = rank(), world_size()
         cuda = torch.cuda.is_available()
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         bf16 = t.precision == Precision.bf16 or (
@@ -375,29 +290,20 @@ class OlmoCoreFramework(Framework):
             autocast_precision=DType.bfloat16 if bf16 else None,
             dp_config=self._dp_config(world, cuda),
         ).build(model, device=device)
-        noise_feed = None
-        if rows.plan is not None and rows.plan.noise_rows.size:
-            noise_feed = MicroBatchRows(EmbeddingNoise(rows.plan))
+        noise_feed = NoiseFeed.for_plan(rows.plan)
+        if noise_feed is not None:
             noise_feed.attach(model.embeddings)
-        tok = self._tokenizer
-        work_dir = self.run_dir / "olmo_core_work"
-        dataset = NumpyFSLDatasetConfig(
-            tokenizer=TokenizerConfig(vocab_size=self.vocab_size, eos_token_id=tok.eos_token_id,
-                                      pad_token_id=tok.pad_token_id if tok.pad_token_id is not None
-                                      else tok.eos_token_id),
-            paths=[str(p) for p in rows.order.files.paths], sequence_length=L, work_dir=str(work_dir),
-        ).build()
         data_loader = NumpyDataLoaderConfig(global_batch_size=t.global_batch_size * L, seed=self.loader_seed,
-                                            work_dir=str(work_dir)).build(dataset)
+                                            work_dir=str(self.work_dir)).build(self.dataset(rows.order))
         initial = start.path == self.model_dir
         has_train_state = (Path(start.path) / "train" / "rank0.pt").is_file()
         has_optim_state = (Path(start.path) / "model_and_optim").is_dir() or bool(
             json.loads((Path(start.path) / "config.json").read_text()).get("optimizer_state"))
         callbacks = {
-            "pretrain_exp_start": _start_callback(cfg.model.checkpoint_step, t.global_batch_size * L),
-            "pretrain_exp_insertions": _insertion_callback(rows, rank, world, self._rows_log(rank), noise_feed),
-            "pretrain_exp_metrics": _log_callback(log_fn),
-            "pretrain_exp_config": _config_callback(self.model_dir / "config.json", rank),
+            "pretrain_exp_start": StartAt(cfg.model.checkpoint_step, t.global_batch_size * L),
+            "pretrain_exp_insertions": Insertions(rows, dp_rank, world, self._rows_log(dp_rank), noise_feed),
+            "pretrain_exp_metrics": ForwardMetrics(log_fn),
+            "pretrain_exp_config": SaveModelConfig(self.model_dir / "config.json", is_main_process()),
             "checkpointer": CheckpointerCallback(save_interval=t.checkpoint_interval, save_async=False),
         }
         trainer = TrainerConfig(
@@ -430,7 +336,7 @@ class OlmoCoreFramework(Framework):
 
     def _trim_checkpoints(self, last: Checkpoint) -> None:
         keep = self.cfg.training.keep_last_checkpoints
-        if keep <= 0 or _world()[0] != 0:
+        if keep <= 0 or not is_main_process():
             return
         found = sorted((int(d.name[4:]), d) for d in self.checkpoint_dir.glob("step*") if d.name[4:].isdigit())
         for _, d in found[:-keep]:
@@ -441,7 +347,7 @@ class OlmoCoreFramework(Framework):
 
 def init_distributed() -> None:
     """Join the torchrun process group (gloo on CPU, NCCL + gloo on GPUs) if there is one and it is not joined."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
+    if world_size() > 1 and not torch.distributed.is_initialized():
         torch.distributed.init_process_group(backend="cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

@@ -18,7 +18,7 @@ from pretrain_exp.data.assets import build_once
 DOLMA2_PADDED_VOCAB = 100_352  #: dolma2's 100,278 ids padded to a multiple of 128, as OLMo-2/3 models do
 
 #: name -> OLMo-core ``TransformerConfig.llama_like`` arguments (plus the sliding-window pattern)
-TINY_MODELS = {
+TINY_PRESETS = {
     "olmo3_tiny": dict(d_model=32, n_layers=4, n_heads=4, window=64),
 }
 
@@ -32,9 +32,9 @@ def tiny_model_config(name: str):
     from olmo_core.nn.attention.backend import AttentionBackendName
     from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
 
-    if name not in TINY_MODELS:
-        raise DataError(f"model asset {name!r} is not an OLMo-core preset; presets: {sorted(TINY_MODELS)}")
-    spec = dict(TINY_MODELS[name])
+    if name not in TINY_PRESETS:
+        raise DataError(f"model asset {name!r} is not an OLMo-core preset; presets: {sorted(TINY_PRESETS)}")
+    spec = dict(TINY_PRESETS[name])
     window = spec.pop("window")
     return TransformerConfig.llama_like(
         vocab_size=DOLMA2_PADDED_VOCAB, qk_norm=True, rope_theta=500_000, layer_norm_eps=1e-6,

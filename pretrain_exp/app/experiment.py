@@ -5,7 +5,8 @@
 1. resolve the model (asset or dir) and tokenizer, tokenize the corpus if needed, build the data order;
 2. load the items, place them in the training window ``[S*B*L, (S+n)*B*L)`` and build the
    :class:`~pretrain_exp.insertion.plan.Plan`; save ``plan.npz`` + ``manifest.jsonl`` (or check that the plan
-   already in the run dir is identical) and verify it through the real data path;
+   already in the run dir is identical) and verify it on the batches the framework will train (its
+   ``peek_rows`` for every affected step and DP rank, :func:`~pretrain_exp.insertion.verify.verify_batches`);
 3. evaluate the initial checkpoint if ``eval.on_load`` (or if ``training.num_steps=0``);
 4. train segment by segment (``training.checkpoint_interval`` steps each), retrying failed segments with
    exponential backoff and jitter (config and data errors are not retried), and evaluate every segment's
@@ -39,7 +40,7 @@ from frameworks.registry import get_framework_class
 from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.app.tracking import NullTracker, Tracker, config_dict
 from pretrain_exp.core.config import Cleanup
-from pretrain_exp.core.distributed import barrier, is_main_process
+from pretrain_exp.core.distributed import barrier, is_main_process, world_size
 from pretrain_exp.core.errors import ConfigError, PretrainExpError, TrainingError
 from pretrain_exp.core.io import write_json, write_text
 from pretrain_exp.data.order import DataOrder, step_window
@@ -49,7 +50,7 @@ from pretrain_exp.data.tokenize import load_tokenizer, tokenize_source
 from pretrain_exp.insertion.items import LoadContext
 from pretrain_exp.insertion.plan import Plan, build_plan
 from pretrain_exp.insertion.types import load_items, reserved_rows
-from pretrain_exp.insertion.verify import verify_plan
+from pretrain_exp.insertion.verify import verify_batches
 from pretrain_exp.report.plots import plot_loss_vs_step, plot_per_dup
 from pretrain_exp.report.summary import print_table, summarize
 
@@ -110,8 +111,8 @@ class Experiment:
         self.plan = self._plan()
         self.rows = TrainingRows(self.order, self.plan, self.start_step * self.B, self.num_steps * self.B)
         if self.main and cfg.insertion.verify and self.plan.num_insertions:
-            verify_plan(self.plan, self.rows.row, self.order.row_tokens,
-                        (self.rows.first_row, self.rows.first_row + len(self.rows)), seed=cfg.seed)
+            verify_batches(self.plan, functools.partial(self.framework.peek_rows, self.rows), self.order.row_tokens,
+                           (self.rows.first_row, self.rows.first_row + len(self.rows)), world_size(), seed=cfg.seed)
         if self.plan.noise_rows.size and not self.framework.applies_embedding_noise:
             raise ConfigError("framework.name", f"{cfg.framework.name!r} does not apply the gaussian noise of "
                               f"{sorted(self.plan.noise_sigma)}")

@@ -28,7 +28,7 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     from frameworks.registry import get_framework_class
     from pretrain_exp.insertion.types import parse_experiments
 
-    get_framework_class(cfg.framework.name)  # raises ConfigError listing the frameworks
+    framework = get_framework_class(cfg.framework.name)  # ConfigError listing the frameworks, or the install hint
     if sum(x is not None for x in (cfg.model.asset, cfg.model.path, cfg.model.url)) != 1:
         raise ConfigError("model", "set exactly one of model.asset, model.path and model.url")
     if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
@@ -65,11 +65,9 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError("training.max_retries", f"must be >= 0, got {t.max_retries}")
     if not (t.learning_rate >= 0 and math.isfinite(t.learning_rate)):
         raise ConfigError("training.learning_rate", f"must be a finite number >= 0, got {t.learning_rate}")
-    from transformers import SchedulerType
-
-    allowed = sorted(s.value for s in SchedulerType)
-    if t.lr_scheduler not in allowed:
-        raise ConfigError("training.lr_scheduler", f"unknown scheduler {t.lr_scheduler!r}; allowed: {allowed}")
+    if cfg.framework.lr_schedule == "run" and t.lr_scheduler not in framework.lr_schedulers:
+        raise ConfigError("training.lr_scheduler", f"unknown scheduler {t.lr_scheduler!r} for framework "
+                          f"{cfg.framework.name!r}; allowed: {sorted(framework.lr_schedulers)}")
     cfg.insertion.experiments = parse_experiments(cfg.insertion.experiments)
     for name, exp in cfg.insertion.experiments.items():
         exp.validate(f"insertion.experiments.{name}")

@@ -3,8 +3,8 @@
 :class:`TrainingRows` is the map-style dataset every framework trains on (and the verifier reads back):
 item ``i`` is training-order row ``q = first_row + i``, read from the token files through
 :class:`~pretrain_exp.data.order.DataOrder`, with :meth:`Plan.apply <pretrain_exp.insertion.plan.Plan.apply>`
-writing the planned spans. With a sequential sampler, optimizer step ``k`` of a run that starts at checkpoint
-step ``S`` trains rows ``[(S+k-1)*B, (S+k)*B)``.
+writing the planned spans. Optimizer step ``k`` of a run that starts at checkpoint step ``S`` trains rows
+``[(S+k-1)*B, (S+k)*B)``; which of them each DP rank trains is :func:`~pretrain_exp.data.schedule.rows_for`.
 """
 
 from __future__ import annotations

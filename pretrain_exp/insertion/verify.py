@@ -4,17 +4,27 @@ For every training-order row touched by the plan, the row as the trainer's datas
 the same row read from the token files without insertions: inside each planned span it must equal the
 planned tokens, outside all spans it must equal the original tokens, and every planned token position must be
 covered exactly once over all rows. A sample of untouched rows must come back unchanged.
+
+:func:`verify_batches` reads those rows through a framework's own batches (``Framework.peek_rows``: the rows DP
+rank ``r`` of ``W`` trains at step ``k``, read through the framework's data path with the insertions applied as
+training applies them), checks that each (step, rank) holds exactly :func:`~pretrain_exp.data.schedule.rows_for`'s
+rows in that order, and runs :func:`verify_plan` on what came back. Only the (step, rank) batches holding an
+affected or sampled row are read, and of them only those rows.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Dict, Tuple
 
 import numpy as np
 
 from pretrain_exp.core.errors import InsertionError
+from pretrain_exp.data.schedule import rows_for, step_and_rank
+
+#: ``(step, dp_rank, dp_world, only) -> (q int64 (n,), tokens int64 (n, L))``: a framework's ``peek_rows``
+PeekFn = Callable[[int, int, int, np.ndarray], Tuple[np.ndarray, np.ndarray]]
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +37,14 @@ class VerifyReport:
     spans_checked: int
     tokens_inserted: int
     untouched_rows_checked: int
+
+
+def untouched_rows(plan, row_range: tuple[int, int], n: int, seed: int) -> np.ndarray:
+    """Up to ``n`` rows of ``[first, end)`` without any planned span (seeded sample): ``int64``, sorted."""
+    if row_range[1] <= row_range[0] or not n:
+        return np.empty(0, dtype=np.int64)
+    cand = np.unique(np.random.default_rng(seed).integers(row_range[0], row_range[1], size=4 * n))
+    return cand[~np.isin(cand, plan.affected_rows())][:n].astype(np.int64)
 
 
 def verify_plan(plan, read_row: Callable[[int], np.ndarray], base_row: Callable[[int], np.ndarray],
@@ -65,11 +83,7 @@ def verify_plan(plan, read_row: Callable[[int], np.ndarray], base_row: Callable[
         i = int(np.flatnonzero(covered != plan.lengths)[0])
         raise InsertionError(f"insertion {i} at {int(plan.positions[i])}: {int(covered[i])} of "
                              f"{int(plan.lengths[i])} tokens landed")
-    rng = np.random.default_rng(seed)
-    sample = np.empty(0, dtype=np.int64)
-    if row_range[1] > row_range[0] and untouched_sample:
-        cand = np.unique(rng.integers(row_range[0], row_range[1], size=4 * untouched_sample))
-        sample = cand[~np.isin(cand, rows)][:untouched_sample]
+    sample = untouched_rows(plan, row_range, untouched_sample, seed)
     for q in sample:
         if not np.array_equal(np.asarray(read_row(int(q))), np.asarray(base_row(int(q)))):
             raise InsertionError(f"row {int(q)} has no planned insertion but changed")
@@ -77,3 +91,30 @@ def verify_plan(plan, read_row: Callable[[int], np.ndarray], base_row: Callable[
     log.info("verified plan: %d insertions (%d tokens) in %d rows landed exactly once; %d untouched rows unchanged",
              report.spans_checked, report.tokens_inserted, report.rows_checked, report.untouched_rows_checked)
     return report
+
+
+def verify_batches(plan, peek: PeekFn, base_row: Callable[[int], np.ndarray], row_range: tuple[int, int],
+                   dp_world: int, untouched_sample: int = 16, seed: int = 0) -> VerifyReport:
+    """:func:`verify_plan` on the batches a framework will train (module docstring).
+
+    :param peek: the framework's ``peek_rows`` bound to the run's rows: ``(step, dp_rank, dp_world, only)`` ->
+        ``(q, tokens)`` for the rows of ``only`` among those rank ``dp_rank`` trains at global step ``step``.
+    :param base_row: training-order row ``q`` -> tokens from the files, no insertions, shape ``(L,)``.
+    :param row_range: ``[first, end)`` rows the run trains.
+    :param dp_world: data-parallel processes ``W`` of the run.
+    :raises InsertionError: if a batch does not hold its scheduled rows in order, or a span did not land exactly.
+    """
+    B = plan.global_batch_size
+    wanted = np.union1d(plan.affected_rows(), untouched_rows(plan, row_range, untouched_sample, seed))
+    steps, ranks, _ = step_and_rank(wanted.astype(np.int64), dp_world, B)
+    got: Dict[int, np.ndarray] = {}
+    for k, r in sorted(set(zip(steps.tolist(), ranks.tolist()))):
+        only = wanted[(steps == k) & (ranks == r)]
+        q, tokens = peek(k, r, dp_world, only)
+        scheduled = rows_for(k, r, dp_world, B)
+        want = scheduled[np.isin(scheduled, only)]
+        if not np.array_equal(np.asarray(q, dtype=np.int64), want):
+            raise InsertionError(f"step {k}, rank {r} of {dp_world}: the framework's batch holds rows "
+                                 f"{np.asarray(q).tolist()[:8]}, the schedule (rows_for) {want.tolist()[:8]}")
+        got.update(zip(want.tolist(), np.asarray(tokens)))
+    return verify_plan(plan, lambda q: got[q], base_row, row_range, untouched_sample, seed)

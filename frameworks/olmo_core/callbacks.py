@@ -1,0 +1,157 @@
+"""OLMo-core ``Trainer`` callbacks of the ``olmo_core`` (and ``olmo2``) framework, and the one function that puts
+the plan into an OLMo-core batch.
+
+- :func:`apply_insertions`: check that a rank batch holds the run's rows and write the planned spans with
+  :meth:`Plan.apply <pretrain_exp.insertion.plan.Plan.apply>` (used by :class:`Insertions` during training and by
+  :meth:`OlmoCoreFramework.peek_rows <frameworks.olmo_core.framework.OlmoCoreFramework.peek_rows>` for the verifier);
+- :class:`Insertions` (``pre_step``): the rank's rows from :func:`~pretrain_exp.data.schedule.rows_for`, checked
+  and written; Gaussian-poisoning rows fed through :class:`~frameworks.noise_feed.NoiseFeed`;
+- :class:`StartAt`, :class:`SaveModelConfig`, :class:`ForwardMetrics`: trainer position, ``config.json`` in every
+  checkpoint, training scalars to the run's tracker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Dict, Mapping, Optional
+
+import numpy as np
+import torch
+from olmo_core.train.callbacks import Callback
+
+from frameworks.base import LogFn
+from frameworks.noise_feed import NoiseFeed
+from pretrain_exp.core.errors import TrainingError
+from pretrain_exp.data.schedule import rows_for
+
+#: OLMo-core metric -> the run's metric name
+METRICS = {
+    "train/CE loss": "train/loss",
+    "optim/total grad norm": "train/grad_norm",
+    "optim/LR (group 0)": "train/learning_rate",
+    "throughput/device/TPS": "train/tokens_per_s",
+    "throughput/device/MFU": "train/mfu",
+}
+
+
+def apply_insertions(batch: Dict[str, torch.Tensor], qs: np.ndarray, order, plan, check_tokens: bool = False,
+                     where: str = "") -> int:
+    """Check that OLMo-core batch ``batch`` holds training-order rows ``qs`` and write the plan's spans into it.
+
+    :param batch: OLMo-core's batch: ``input_ids`` (LongTensor ``(n, L)``, overwritten in place) and ``index``
+        (instance ids ``(n,)``, checked when present).
+    :param qs: ``int64`` ``(n,)``: the training-order row of each batch row.
+    :param order: the run's :class:`~pretrain_exp.data.order.DataOrder`.
+    :param plan: the run's :class:`~pretrain_exp.insertion.plan.Plan` or ``None``.
+    :param check_tokens: also compare every row's tokens with the files (catches another dtype or other files).
+    :param where: context for the error message (``"step 3, rank 1"``).
+    :returns: rows written (rows holding planned spans; only those are copied).
+    :raises TrainingError: naming the first row whose instance id (or tokens) is not the run's.
+    """
+    ids = batch["input_ids"]
+    index = batch["index"].tolist() if "index" in batch else None
+    if ids.shape[0] != len(qs):
+        raise TrainingError(f"{where}: OLMo-core's batch has {ids.shape[0]} rows, the schedule {len(qs)}")
+    written = 0
+    for i, q in enumerate(np.asarray(qs, dtype=np.int64).tolist()):
+        instance = order.instance(q)[1]
+        if (index is not None and index[i] != instance) or (
+                check_tokens and not np.array_equal(ids[i].cpu().numpy(), order.row_tokens(q))):
+            raise TrainingError(
+                f"{where}: OLMo-core's batch row {i} is not training-order row {q} (instance {instance}, got "
+                f"{index[i] if index else '?'}); data.seed / data.paths / sequence length differ from the "
+                "checkpoint's data loader")
+        first, end = plan.spans_in_row(q) if plan is not None else (0, 0)
+        if end > first:
+            row = ids[i].cpu().numpy().astype(np.int64)
+            plan.apply(q, row)
+            ids[i] = torch.from_numpy(row).to(ids.dtype)
+            written += 1
+    return written
+
+
+class Insertions(Callback):
+    """``pre_step``: the rank batch of global step ``k`` must hold rows ``rows_for(k, r, W, B)``; write the plan
+    into it (:func:`apply_insertions`) and start ``noise_feed`` with those rows; ``post_train_batch`` stops it.
+
+    The instance id of every row is checked at every step; the tokens at the first step of each fit (the object
+    lives for one fit). With ``rows_log``, ``{"step", "rank", "rows": [q, ...], "sha256": [...]}`` (the tokens each
+    row is trained on) is appended to that jsonl file at every step.
+
+    :param rows: the run's :class:`~pretrain_exp.data.rows.TrainingRows` (its ``order`` and ``plan``).
+    :param dp_rank: this process's DP rank ``r``.
+    :param dp_world: DP world size ``W``.
+    """
+
+    def __init__(self, rows, dp_rank: int, dp_world: int, rows_log: Optional[Path] = None,
+                 noise_feed: Optional[NoiseFeed] = None):
+        self.rows, self.dp_rank, self.dp_world = rows, int(dp_rank), int(dp_world)
+        self.rows_log, self.noise_feed = rows_log, noise_feed
+        self.checked = False
+
+    def pre_step(self, batch: Dict[str, torch.Tensor]) -> None:
+        k = self.trainer.global_step
+        order = self.rows.order
+        qs = rows_for(k, self.dp_rank, self.dp_world, order.global_batch_size)
+        apply_insertions(batch, qs, order, self.rows.plan, check_tokens=not self.checked,
+                         where=f"step {k}, rank {self.dp_rank}")
+        self.checked = True
+        if self.rows_log is not None:
+            digests = [hashlib.sha256(r.cpu().numpy().astype(np.int64).tobytes()).hexdigest()
+                       for r in batch["input_ids"]]
+            with open(self.rows_log, "a") as f:
+                f.write(json.dumps({"step": k, "rank": self.dp_rank, "rows": qs.tolist(), "sha256": digests}) + "\n")
+        if self.noise_feed is not None:
+            self.noise_feed.start(qs)
+
+    def post_train_batch(self) -> None:
+        if self.noise_feed is not None:
+            self.noise_feed.stop()
+
+
+class SaveModelConfig(Callback):
+    """``post_checkpoint_saved``: put the model's ``config.json`` into every local checkpoint (rank 0 only), so
+    each one is self-describing like the published ones."""
+
+    def __init__(self, config_json: Path, is_main: bool):
+        self.config_json, self.is_main = Path(config_json), is_main
+
+    def post_checkpoint_saved(self, path) -> None:
+        if self.is_main and not str(path).startswith(("s3://", "gs://", "http")):
+            tmp = Path(path) / ".config.json.tmp"
+            shutil.copyfile(self.config_json, tmp)
+            os.replace(tmp, Path(path) / "config.json")
+
+
+class StartAt(Callback):
+    """``post_checkpoint_loaded``: a checkpoint without trainer state (model-only, or converted from OLMo-2)
+    leaves the trainer at step 0; put the trainer and its data loader at the run's first step ``step``
+    (``tokens_per_step`` = ``B * L``)."""
+
+    def __init__(self, step: int, tokens_per_step: int):
+        self.start_step, self.tokens_per_step = int(step), int(tokens_per_step)
+
+    def post_checkpoint_loaded(self, path) -> None:
+        trainer = self.trainer
+        if trainer.global_step == 0 and self.start_step > 0:
+            state = trainer.data_loader.state_dict()
+            state.update(batches_processed=self.start_step, tokens_processed=self.start_step * self.tokens_per_step)
+            trainer.data_loader.load_state_dict(state)
+            trainer.global_step = self.start_step
+            trainer.global_train_tokens_seen = self.start_step * self.tokens_per_step
+
+
+class ForwardMetrics(Callback):
+    """Forward OLMo-core's training scalars (loss, grad norm, LR, tokens/s, MFU; :data:`METRICS`) to ``log_fn``."""
+
+    def __init__(self, log_fn: LogFn, names: Mapping[str, str] = METRICS):
+        self.log_fn, self.names = log_fn, dict(names)
+
+    def log_metrics(self, step: int, metrics) -> None:
+        out = {ours: float(metrics[theirs]) for theirs, ours in self.names.items() if theirs in metrics}
+        if out:
+            self.log_fn(out, step)
