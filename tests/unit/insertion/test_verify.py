@@ -8,7 +8,7 @@ import pytest
 from pretrain_exp.core.errors import InsertionError
 from pretrain_exp.data.schedule import rows_for
 from pretrain_exp.insertion.verify import verify_batches, verify_plan
-from tests.test_plan import verify_setup  # noqa: F401  (fixture: plan over rows [8, 48), L=16, B=2)
+from tests.unit.insertion.test_plan import verify_setup  # noqa: F401  (fixture: plan over rows [8, 48), L=16, B=2)
 
 
 def peek_from(rows, permute=False):

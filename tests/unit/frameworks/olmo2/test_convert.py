@@ -1,8 +1,8 @@
 """OLMo-2 (old trainer) checkpoints -> OLMo-core: model, AdamW moments, trainer position and data order.
 
-A tiny checkpoint is written in OLMo-2's exact layout (:mod:`tests.olmo2_checkpoint`). The expectations come
-from elsewhere: transformers' ``Olmo2ForCausalLM`` loaded with the fused weights split the way transformers'
-``convert_olmo2_weights_to_hf.py`` splits them (done here, independently of the code under test), a direct
+A tiny checkpoint is written in OLMo-2's exact layout (:mod:`tests.unit.frameworks.olmo2.olmo2_checkpoint`). The
+expectations come from elsewhere: transformers' ``Olmo2ForCausalLM`` loaded with the fused weights split the way
+transformers' ``convert_olmo2_weights_to_hf.py`` splits them (done here, independently of the code under test), a direct
 forward of the fused weights written from allenai/OLMo ``olmo/model.py``, torch's AdamW on the HF model, and
 OLMo-2's data-order rule (``olmo/data/iterable_dataset.py``).
 """
@@ -34,7 +34,7 @@ from frameworks.olmo2.checkpoint import read_train_state
 from pretrain_exp.core.errors import CheckpointError, ConfigError
 from pretrain_exp.data.order import DataOrder
 from pretrain_exp.data.token_files import TokenFiles, write_token_file
-from tests import olmo2_checkpoint as fx
+from tests.unit.frameworks.olmo2 import olmo2_checkpoint as fx
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")

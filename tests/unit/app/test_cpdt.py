@@ -21,7 +21,7 @@ from pretrain_exp.insertion.items import ItemSet
 from pretrain_exp.insertion.plan import Plan, build_plan
 from pretrain_exp.insertion.types.tokens import TokensConf
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 # --- statistics ------------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from pretrain_exp.insertion.types.knowledge import (
     probes,
 )
 from tests.conftest import CACHE_DIR, tiny_model
-from tests.test_experiment import cli
+from tests.integration.test_cli import cli
 
 L, B, STEPS = 128, 8, 12
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

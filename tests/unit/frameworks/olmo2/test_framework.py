@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from pretrain_exp.core.errors import ConfigError
-from tests import olmo2_checkpoint as fx
 from tests.conftest import make_config
+from tests.unit.frameworks.olmo2 import olmo2_checkpoint as fx
 
 pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
 
 from frameworks.olmo2.framework import Olmo2Framework  # noqa: E402
-from tests.test_olmo_core_framework import (  # noqa: E402
+from tests.unit.frameworks.olmo_core.test_framework import (  # noqa: E402
     assert_two_ranks_train_what_one_trains,
     cli,
     kill_after_first_checkpoint_and_rerun,
@@ -31,8 +31,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def olmo2_ckpt(tmp_path_factory):
-    """The test checkpoint of :mod:`tests.olmo2_checkpoint` (step 37, L=16, B=4, OLMo-2 seed 6198) and its two
-    token files (ids below the 300-token vocabulary)."""
+    """The test checkpoint of :mod:`tests.unit.frameworks.olmo2.olmo2_checkpoint` (step 37, L=16, B=4, OLMo-2 seed
+    6198) and its two token files (ids below the 300-token vocabulary)."""
     root = tmp_path_factory.mktemp("olmo2")
     paths = []
     for f, n in enumerate((1700, 1100)):

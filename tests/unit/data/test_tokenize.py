@@ -30,7 +30,7 @@ from pretrain_exp.data.token_files import TokenFiles, dtype_for_vocab
 from pretrain_exp.data.tokenize import load_tokenizer, tokenize_source
 from pretrain_exp.insertion.types.texts import GENERATORS, fictional_bios
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 CACHE = Path(os.environ.get("PRETRAIN_EXP_CACHE") or Path.home() / ".cache" / "pretrain_exp")
 SMOLLM2_VOCAB = 49152
 

@@ -1,0 +1,60 @@
+"""The entry point in process: a failed fresh run leaves no run dir; a failed re-run keeps the existing one."""
+
+from __future__ import annotations
+
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+from hydra.core.global_hydra import GlobalHydra
+
+from pretrain_exp.core.errors import ConfigError, InsertionError
+
+
+def _main_in_process(monkeypatch, tmp_path, argv, fake_run):
+    """Run the entry point in process with ``argv``; ``experiment.run`` replaced by ``fake_run``."""
+    import pretrain_exp.app.experiment as experiment
+
+    monkeypatch.setattr(experiment, "run", fake_run)
+    monkeypatch.setenv("PRETRAIN_EXP_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setattr(sys, "argv", ["pretrain_exp", *argv])
+    try:
+        with pytest.raises(SystemExit) as ei:  # as ``python -m pretrain_exp`` (Hydra finds conf/ from it)
+            runpy.run_module("pretrain_exp", run_name="__main__")
+    finally:
+        GlobalHydra.instance().clear()
+    return ei.value.code
+
+
+def test_fresh_run_failing_after_planning_is_removed(monkeypatch, tmp_path, capsys):
+    """A failure after ``plan.npz`` was written leaves no run dir behind, so a corrected re-run in the same
+    dir does not meet a stale plan; the message is one line even if the error's text is not."""
+    def fake_run(cfg):
+        run_dir = Path(cfg.run_dir)
+        (run_dir / "config.resolved.yaml").write_text("x: 1\n")
+        for name in ("plan.npz", "manifest.jsonl", "items.jsonl"):
+            (run_dir / name).write_bytes(b"")
+        raise InsertionError("first line\n  second line\n")
+
+    argv = ["experiment=tiny", f"hydra.run.dir={tmp_path / 'runs' / 'r'}"]
+    code = _main_in_process(monkeypatch, tmp_path, argv, fake_run)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2, err
+    assert err[-1] == "error: first line | second line"
+    assert not (tmp_path / "runs" / "r").exists()
+
+
+def test_failed_rerun_keeps_existing_run_dir(monkeypatch, tmp_path, capsys):
+    run_dir = tmp_path / "runs" / "r"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.resolved.yaml").write_text("x: 1\n")  # a run that started before
+    (run_dir / "plan.npz").write_bytes(b"")
+
+    def fake_run(cfg):
+        raise ConfigError("insertion", "holds the plan of a different config")
+
+    code = _main_in_process(monkeypatch, tmp_path, ["experiment=tiny", f"hydra.run.dir={run_dir}"], fake_run)
+    assert code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: insertion: holds the plan")
+    assert (run_dir / "plan.npz").is_file() and (run_dir / "config.resolved.yaml").is_file()
