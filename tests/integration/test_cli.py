@@ -25,6 +25,7 @@ def cli(*args: str, runs: Path, check: bool = True) -> subprocess.CompletedProce
     return proc
 
 
+@pytest.mark.slow
 def test_hydra_help_cfg_and_defaults_tree(tmp_path):
     out = cli("--help", runs=tmp_path).stdout
     groups = dict(line.strip().split(": ", 1) for line in out.splitlines() if line.startswith(
