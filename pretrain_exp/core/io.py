@@ -24,27 +24,6 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write(path: str | Path, write: Callable[[IO], None], binary: bool = False) -> Path:
-    """Write ``path`` atomically: ``write(f)`` fills a temp file in the same folder, which is then renamed.
-
-    :param write: called with the open temp file (text mode, or binary with ``binary=True``).
-    :returns: ``path``. On any error the temp file is removed and the target is left as it was.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    try:
-        with os.fdopen(fd, "wb" if binary else "w") as f:
-            write(f)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return path
-
-
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temp path next to ``path`` for a writer that wants a file name (``savefig``, ``np.save``); renamed to
@@ -61,6 +40,17 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def atomic_write(path: str | Path, write: Callable[[IO], None], binary: bool = False) -> Path:
+    """Write ``path`` atomically: ``write(f)`` fills a temp file in the same folder, which is then renamed.
+
+    :param write: called with the open temp file (text mode, or binary with ``binary=True``).
+    :returns: ``path``. On any error the temp file is removed and the target is left as it was.
+    """
+    with atomic_path(path) as tmp, open(tmp, "wb" if binary else "w") as f:
+        write(f)
+    return Path(path)
 
 
 def write_text(path: str | Path, text: str) -> Path:
