@@ -21,7 +21,6 @@ import yaml
 
 from frameworks.olmo2 import (
     convert_model_state,
-    data_order,
     export_hf,
     load_converted,
     optimizer_state_for,
@@ -31,6 +30,7 @@ from frameworks.olmo2 import (
     transformer_config,
 )
 from frameworks.olmo2.checkpoint import read_train_state
+from frameworks.olmo2.data_order import data_order
 from pretrain_exp.core.errors import CheckpointError, ConfigError
 from pretrain_exp.data.order import DataOrder
 from pretrain_exp.data.token_files import TokenFiles, write_token_file
