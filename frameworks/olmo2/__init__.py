@@ -9,26 +9,5 @@ AdamW state, trainer position and data order. No dependency on the ``ai2-olmo`` 
 - :mod:`frameworks.olmo2.framework`: the ``olmo2`` framework (conversion once, then OLMo-core training);
 - :mod:`frameworks.olmo2.config`: its schema (light: registering it imports no torch).
 
-The names below are imported on first access, so importing the package (or its schema) stays cheap.
+The package imports nothing itself, so importing its schema stays cheap; import from the modules.
 """
-
-from __future__ import annotations
-
-import importlib
-from typing import Any
-
-_EXPORTS = {
-    "frameworks.olmo2.checkpoint": ("OLMo2Checkpoint", "read_checkpoint"),
-    "frameworks.olmo2.convert": ("ConvertedCheckpoint", "adamw_config", "convert_model_state", "convert_optim_state",
-                                 "export_hf", "load_converted", "optimizer_state_for", "training_overrides",
-                                 "transformer_config"),
-    "frameworks.olmo2.data_order": ("DataOrderParams", "TrainPosition", "train_position"),  # data_order: the module
-}
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = sorted(_MODULE_OF)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _MODULE_OF:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_MODULE_OF[name]), name)
