@@ -25,7 +25,7 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     """
     from evals.registry import parse_task_configs
     from frameworks.registry import get_framework_class
-    from pretrain_exp.insertion.types import parse_experiments
+    from pretrain_exp.insertion.types import get_type, parse_experiments
 
     framework = get_framework_class(cfg.framework.name)  # ConfigError listing the frameworks, or the install hint
     if sum(x is not None for x in (cfg.model.asset, cfg.model.path, cfg.model.url)) != 1:
@@ -68,6 +68,10 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         if name not in cfg.insertion.experiments:
             raise ConfigError(f"insertion.withheld[{i}]", f"{name!r} is not an insertion experiment; "
                               f"allowed: {sorted(cfg.insertion.experiments)}")
+    noised = sorted(n for n, e in cfg.insertion.experiments.items()
+                    if get_type(e.type).embedding_noise and n not in cfg.insertion.withheld)
+    if noised and not framework.applies_embedding_noise:
+        raise ConfigError("framework.name", f"{cfg.framework.name!r} does not apply the gaussian noise of {noised}")
     cfg.eval.tasks = parse_task_configs(cfg.eval.tasks)
     from evals.knowledge import check_experiments
 
