@@ -1,4 +1,11 @@
-"""Framework registry: ``framework.name`` -> implementation class (imported only when that name is used).
+"""Framework registry: ``framework.name`` -> implementation class and config schema, as ``"module:attr"`` strings
+(imported only when that name is used).
+
+Each framework owns its schema (``frameworks/<name>/config.py``, extending
+:class:`~pretrain_exp.core.config.FrameworkConf`, with a ``validate(key)`` of its one-schema checks); its
+``conf/framework/<name>.yaml`` extends ``schema/framework/<name>`` (:func:`register_framework_schemas`), so a field
+of another framework is refused while composing. Schema modules are dataclasses only: registering them imports
+neither torch nor transformers nor OLMo-core.
 
 ``olmo_core`` and ``olmo2`` need the ``olmo`` extra: :func:`importlib.util.find_spec` looks for ``olmo_core``
 before the import, so a missing install is one :class:`~pretrain_exp.core.errors.ConfigError` with the install
@@ -7,12 +14,25 @@ hint rather than an ``ImportError`` from deep inside the framework.
 
 from __future__ import annotations
 
-from pretrain_exp.core.registry import lookup
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.core.registry import load, lookup
 
 FRAMEWORKS = {
     "hf": "frameworks.hf.framework:HFFramework",
     "olmo_core": "frameworks.olmo_core.framework:OlmoCoreFramework",
     "olmo2": "frameworks.olmo2.framework:Olmo2Framework",
+}
+
+#: framework -> its schema (a :class:`~pretrain_exp.core.config.FrameworkConf` subclass)
+SCHEMAS = {
+    "hf": "frameworks.hf.config:HFConf",
+    "olmo_core": "frameworks.olmo_core.config:OlmoCoreConf",
+    "olmo2": "frameworks.olmo2.config:Olmo2Conf",
 }
 
 OLMO_HINT = "pip install -e '.[olmo]' (ai2-olmo-core==3.0.0)"
@@ -28,3 +48,42 @@ def get_framework_class(name: str) -> type:
         install -e '.[olmo]' ..."``).
     """
     return lookup(FRAMEWORKS, name, "framework.name", "framework", REQUIRES)
+
+
+def schema(name: str, key: str = "framework.name") -> type:
+    """The schema dataclass of framework ``name`` (no optional dependency needed).
+
+    :raises ConfigError: (key ``key``) for an unknown name, listing the registered ones.
+    """
+    return lookup(SCHEMAS, name, key, "framework")
+
+
+def register_framework_schemas(cs) -> None:
+    """Store each framework's schema in Hydra's ConfigStore as ``schema/framework/<name>``."""
+    for name, target in SCHEMAS.items():
+        cs.store(group="schema/framework", name=name, node=load(target))
+
+
+def typed_node(node: Any, key: str = "framework") -> DictConfig:
+    """A composed or loaded ``framework`` node as a node of its framework's schema (a ``DictConfig`` of that
+    dataclass, chosen by ``name``), so that converting the whole config checks its fields; interpolations and
+    missing values stay for later.
+
+    :raises ConfigError: for an unknown framework name (listing the registered ones), or a field the framework's
+        schema lacks or a wrong type, naming the key.
+    """
+    name = node.get("name") if isinstance(node, (dict, DictConfig)) else None
+    if not isinstance(name, str):
+        raise ConfigError(f"{key}.name", f"unknown framework {name!r}; allowed: {sorted(SCHEMAS)}")
+    cls = schema(name, f"{key}.name")
+    src = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+    if src is cls:
+        return node
+    if isinstance(src, type) and src is not dict and not issubclass(cls, src):  # framework=hf framework.name=olmo2
+        raise ConfigError(f"{key}.name", f"{name!r} was composed with the fields of another framework "
+                          f"({src.__name__}); choose it with framework={name}")
+    try:
+        return OmegaConf.merge(OmegaConf.structured(cls), node)
+    except OmegaConfBaseException as e:
+        sub = getattr(e, "key", "") or ""
+        raise ConfigError(f"{key}.{sub}".rstrip("."), str(e).splitlines()[0]) from None

@@ -6,19 +6,8 @@ AdamW state, trainer position and data order. No dependency on the ``ai2-olmo`` 
   HF export, and :func:`~frameworks.olmo2.convert.load_converted` doing all of it;
 - :mod:`frameworks.olmo2.data_order`: train position and the project config that continues OLMo-2's data order;
 - :mod:`frameworks.olmo2.presets`: writes checkpoints in the OLMo-2 layout (the tiny ``olmo2_tiny`` preset);
-- :mod:`frameworks.olmo2.framework`: the ``olmo2`` framework (conversion once, then OLMo-core training).
-"""
+- :mod:`frameworks.olmo2.framework`: the ``olmo2`` framework (conversion once, then OLMo-core training);
+- :mod:`frameworks.olmo2.config`: its schema (light: registering it imports no torch).
 
-from frameworks.olmo2.checkpoint import OLMo2Checkpoint, read_checkpoint
-from frameworks.olmo2.convert import (
-    ConvertedCheckpoint,
-    adamw_config,
-    convert_model_state,
-    convert_optim_state,
-    export_hf,
-    load_converted,
-    optimizer_state_for,
-    training_overrides,
-    transformer_config,
-)
-from frameworks.olmo2.data_order import DataOrderParams, TrainPosition, data_order, train_position
+The package imports nothing itself, so importing its schema stays cheap; import from the modules.
+"""

@@ -1,10 +1,10 @@
 """The root config of a run (:class:`ExperimentConfig`), its registration in Hydra's ConfigStore, and loading.
 
 The YAML options in ``conf/<group>/`` extend the group schemas (:mod:`pretrain_exp.core.config`,
-:mod:`pretrain_exp.insertion.types`, each eval's schema), so Hydra rejects a typo'd key or a wrong type while
-composing. :func:`pretrain_exp.app.validate.to_config` converts the composed ``DictConfig`` once into an
-:class:`ExperimentConfig` and checks the rules that span groups and plugins. Every error names the dotted key,
-the bad value and what is allowed (:class:`~pretrain_exp.core.errors.ConfigError`).
+:mod:`pretrain_exp.insertion.types`, each framework's and each eval's schema), so Hydra rejects a typo'd key or
+a wrong type while composing. :func:`pretrain_exp.app.validate.to_config` converts the composed ``DictConfig``
+once into an :class:`ExperimentConfig` and checks the rules that span groups and plugins. Every error names the
+dotted key, the bad value and what is allowed (:class:`~pretrain_exp.core.errors.ConfigError`).
 
 Importing this module loads neither a framework nor transformers (a guard test holds it): plugins are looked up
 by name when the config is validated.
@@ -34,7 +34,7 @@ class CpdtConf:
 class ExperimentConfig:
     """The whole run (root of the composed config)."""
 
-    framework: FrameworkConf = field(default_factory=FrameworkConf)
+    framework: FrameworkConf = field(default_factory=FrameworkConf)  #: the framework's own schema when composed
     model: ModelConf = field(default_factory=ModelConf)
     data: DataConf = field(default_factory=DataConf)
     insertion: InsertionConf = field(default_factory=InsertionConf)
@@ -50,14 +50,15 @@ class ExperimentConfig:
 
 
 def register_configs() -> None:
-    """Store the schemas in Hydra's ConfigStore: ``base_config``, ``schema/<group>/base``, ``schema/insertion/<type>``
-    and ``schema/eval/<type>``.
+    """Store the schemas in Hydra's ConfigStore: ``base_config``, ``schema/<group>/base``, ``schema/framework/<name>``,
+    ``schema/insertion/<type>`` and ``schema/eval/<type>``.
 
     Idempotent; called by the entry point and by tests before composing.
     """
     from hydra.core.config_store import ConfigStore
 
     from evals.registry import register_eval_schemas
+    from frameworks.registry import register_framework_schemas
     from pretrain_exp.insertion.types import register_insertion_schemas
 
     cs = ConfigStore.instance()
@@ -70,5 +71,6 @@ def register_configs() -> None:
         ("wandb", WandbConf),
     ):
         cs.store(group=f"schema/{group}", name="base", node=node)
+    register_framework_schemas(cs)
     register_insertion_schemas(cs)
     register_eval_schemas(cs)

@@ -113,9 +113,6 @@ class Experiment:
         if self.main and cfg.insertion.verify and self.plan.num_insertions:
             verify_batches(self.plan, functools.partial(self.framework.peek_rows, self.rows), self.order.row_tokens,
                            (self.rows.first_row, self.rows.first_row + len(self.rows)), world_size(), seed=cfg.seed)
-        if self.plan.noise_rows.size and not self.framework.applies_embedding_noise:
-            raise ConfigError("framework.name", f"{cfg.framework.name!r} does not apply the gaussian noise of "
-                              f"{sorted(self.plan.noise_sigma)}")
 
     def _check_held_out(self) -> None:
         n = self.cfg.data.held_out_rows + reserved_rows(self.cfg.insertion.experiments)

@@ -14,7 +14,6 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from pretrain_exp.app.config import ExperimentConfig
-from pretrain_exp.core.config import ATTN_IMPLEMENTATIONS
 from pretrain_exp.core.errors import ConfigError
 
 
@@ -26,20 +25,14 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     """
     from evals.registry import parse_task_configs
     from frameworks.registry import get_framework_class
-    from pretrain_exp.insertion.types import parse_experiments
+    from pretrain_exp.insertion.types import get_type, parse_experiments
 
     framework = get_framework_class(cfg.framework.name)  # ConfigError listing the frameworks, or the install hint
     if sum(x is not None for x in (cfg.model.asset, cfg.model.path, cfg.model.url)) != 1:
         raise ConfigError("model", "set exactly one of model.asset, model.path and model.url")
     if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError("model.dtype", f"unknown dtype {cfg.model.dtype!r}; allowed: float32, bfloat16, float16")
-    if cfg.framework.lr_schedule not in ("run", "checkpoint") or (
-            cfg.framework.lr_schedule == "checkpoint" and cfg.framework.name != "olmo2"):
-        raise ConfigError("framework.lr_schedule", f"{cfg.framework.lr_schedule!r} with framework "
-                          f"{cfg.framework.name!r}; allowed: 'run', and 'checkpoint' with framework=olmo2")
-    if cfg.framework.attn_implementation not in ATTN_IMPLEMENTATIONS:
-        raise ConfigError("framework.attn_implementation", f"unknown {cfg.framework.attn_implementation!r}; "
-                          f"allowed: {list(ATTN_IMPLEMENTATIONS)}")
+    cfg.framework.validate("framework")  # the framework's own checks
     if cfg.model.checkpoint_step < 0:
         raise ConfigError("model.checkpoint_step", f"must be >= 0, got {cfg.model.checkpoint_step}")
     if not cfg.data.paths and not cfg.data.text:
@@ -65,7 +58,7 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError("training.max_retries", f"must be >= 0, got {t.max_retries}")
     if not (t.learning_rate >= 0 and math.isfinite(t.learning_rate)):
         raise ConfigError("training.learning_rate", f"must be a finite number >= 0, got {t.learning_rate}")
-    if cfg.framework.lr_schedule == "run" and t.lr_scheduler not in framework.lr_schedulers:
+    if cfg.framework.uses_run_lr_schedule() and t.lr_scheduler not in framework.lr_schedulers:
         raise ConfigError("training.lr_scheduler", f"unknown scheduler {t.lr_scheduler!r} for framework "
                           f"{cfg.framework.name!r}; allowed: {sorted(framework.lr_schedulers)}")
     cfg.insertion.experiments = parse_experiments(cfg.insertion.experiments)
@@ -75,6 +68,10 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         if name not in cfg.insertion.experiments:
             raise ConfigError(f"insertion.withheld[{i}]", f"{name!r} is not an insertion experiment; "
                               f"allowed: {sorted(cfg.insertion.experiments)}")
+    noised = sorted(n for n, e in cfg.insertion.experiments.items()
+                    if get_type(e.type).embedding_noise and n not in cfg.insertion.withheld)
+    if noised and not framework.applies_embedding_noise:
+        raise ConfigError("framework.name", f"{cfg.framework.name!r} does not apply the gaussian noise of {noised}")
     cfg.eval.tasks = parse_task_configs(cfg.eval.tasks)
     from evals.knowledge import check_experiments
 
@@ -133,11 +130,20 @@ def to_config(cfg: DictConfig) -> ExperimentConfig:
 
     :raises ConfigError: for a missing mandatory value, a wrong type or a violated cross-field rule.
     """
+    from frameworks.registry import typed_node as typed_framework
+    from pretrain_exp.insertion.types import typed_node
+
     try:
         if not OmegaConf.is_config(cfg) or OmegaConf.get_type(cfg) is not ExperimentConfig:
-            cfg = OmegaConf.merge(OmegaConf.structured(ExperimentConfig), cfg)
-        from pretrain_exp.insertion.types import typed_node
-
+            raw = cfg if OmegaConf.is_config(cfg) else OmegaConf.create(cfg)
+            base = OmegaConf.structured(ExperimentConfig)
+            if isinstance(raw, DictConfig) and "framework" in raw and _has_name(raw.framework):
+                base.framework = typed_framework(raw.framework)  # its fields are the named framework's schema's
+            cfg = OmegaConf.merge(base, raw)
+        if _has_name(cfg.framework):  # the framework's own schema, chosen by framework.name (unset: reported below)
+            framework = typed_framework(cfg.framework)
+            if framework is not cfg.framework:
+                cfg.framework = framework
         for name, node in cfg.insertion.experiments.items():  # each experiment in its type's schema
             typed = typed_node(f"insertion.experiments.{name}", node)
             if typed is not node:
@@ -151,6 +157,10 @@ def to_config(cfg: DictConfig) -> ExperimentConfig:
         raise ConfigError(key, msg) from None
     assert isinstance(exp, ExperimentConfig)
     return validate(exp)
+
+
+def _has_name(node) -> bool:
+    return isinstance(node, DictConfig) and "name" in node and not OmegaConf.is_missing(node, "name")
 
 
 def load_resolved(path: str) -> ExperimentConfig:

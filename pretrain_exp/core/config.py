@@ -18,8 +18,6 @@ from typing import Any, Dict, List, Optional, Protocol
 
 from omegaconf import II, MISSING
 
-ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
-
 
 class Precision(str, Enum):
     """Training precision: ``bf16`` autocast, ``fp32``, or ``auto`` (bf16 where the device supports it)."""
@@ -47,12 +45,22 @@ class Cleanup(str, Enum):
 
 @dataclass
 class FrameworkConf:
-    """Training framework (``framework=`` option); see :mod:`frameworks`."""
+    """Training framework (``framework=`` option): the fields every framework reads. Each framework extends it with
+    its own schema (``frameworks/<name>/config.py``, registered in :data:`frameworks.registry.SCHEMAS`), which
+    ``conf/framework/<name>.yaml`` extends, so a field of another framework is refused while composing."""
 
     name: str = MISSING  #: registry name: ``hf``, ``olmo_core`` or ``olmo2`` (the last two need the ``olmo`` extra)
-    attn_implementation: str = "sdpa"  #: HF attention kernel (``sdpa``, ``eager``, ``flash_attention_2``)
-    lr_schedule: str = "run"  #: ``run``: ``training.*`` from the run's first step; ``checkpoint`` (olmo2): the
-    #: checkpoint's own peak LR and schedule, at its position (``config.yaml`` ``optimizer``/``scheduler``)
+
+    def validate(self, key: str = "framework") -> None:
+        """The framework's one-schema checks (none here).
+
+        :raises ConfigError: naming the dotted key under ``key``.
+        """
+
+    def uses_run_lr_schedule(self) -> bool:
+        """Whether ``training.*`` sets the LR schedule (``training.lr_scheduler`` must be one the framework
+        supports); False where the framework continues the checkpoint's own schedule."""
+        return True
 
 
 @dataclass

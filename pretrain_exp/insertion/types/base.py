@@ -32,10 +32,12 @@ class TypeSpec:
     holds the type's one-schema checks); ``load_items(name, exp, ctx)`` returns the experiment's
     :class:`~pretrain_exp.insertion.items.ItemSet`; ``effect`` is its CPDT effect (None: not defined);
     ``reserved_rows(experiments)`` (optional) is the number of first-epoch rows the type's experiments (name ->
-    config, all of this type) take before the held-out rows.
+    config, all of this type) take before the held-out rows; ``embedding_noise``: its copies add noise to the input
+    embeddings, which only a framework with ``applies_embedding_noise`` can train.
     """
 
     schema: type
     load_items: Callable[[str, InsertionExperimentConf, LoadContext], ItemSet]
     effect: Optional[EffectSpec] = None
     reserved_rows: Optional[Callable[[Dict[str, InsertionExperimentConf]], int]] = None
+    embedding_noise: bool = False

@@ -75,4 +75,4 @@ def load_items(name: str, exp: GaussianConf, ctx: LoadContext) -> ItemSet:
                                     sources=[f"gaussian:{ctx.seed}:{i}" for i in range(n)], noise_sigma=sigma)
 
 
-TYPE = TypeSpec(GaussianConf, load_items)
+TYPE = TypeSpec(GaussianConf, load_items, embedding_noise=True)

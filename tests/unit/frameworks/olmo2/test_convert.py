@@ -19,18 +19,16 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from frameworks.olmo2 import (
+from frameworks.olmo2.checkpoint import read_checkpoint, read_train_state
+from frameworks.olmo2.convert import (
     convert_model_state,
-    data_order,
     export_hf,
     load_converted,
     optimizer_state_for,
-    read_checkpoint,
-    train_position,
     training_overrides,
     transformer_config,
 )
-from frameworks.olmo2.checkpoint import read_train_state
+from frameworks.olmo2.data_order import data_order, train_position
 from pretrain_exp.core.errors import CheckpointError, ConfigError
 from pretrain_exp.data.order import DataOrder
 from pretrain_exp.data.token_files import TokenFiles, write_token_file

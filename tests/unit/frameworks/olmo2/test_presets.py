@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from frameworks.olmo2 import load_converted
+from frameworks.olmo2.convert import load_converted
 from frameworks.olmo2.presets import TINY_CHECKPOINTS, tiny_checkpoint
 from pretrain_exp.core.errors import DataError
 from tests.conftest import CACHE_DIR

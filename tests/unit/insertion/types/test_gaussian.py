@@ -274,9 +274,8 @@ def test_permutation_p_value():
 
 
 def test_a_framework_without_the_hook_refuses_gaussian_rows(tmp_path, monkeypatch, tiny_model_dir):
-    """A framework that does not apply the noise fails before training instead of silently training without it."""
+    """A framework that does not apply the noise is refused when the config is validated, instead of silently
+    training without it."""
     monkeypatch.setattr(hf.HFFramework, "applies_embedding_noise", False)
-    cfg = make_config("experiment=tiny", "wandb=disabled", "eval=[gaussian]", "insertion=gaussian",
-                      run_dir=tmp_path)
-    with pytest.raises(ConfigError, match="framework.name: 'hf' does not apply the gaussian noise"):
-        Experiment(cfg)
+    with pytest.raises(ConfigError, match=r"framework.name: 'hf' does not apply the gaussian noise of \['gaussian'\]"):
+        make_config("experiment=tiny", "wandb=disabled", "eval=[gaussian]", "insertion=gaussian", run_dir=tmp_path)
