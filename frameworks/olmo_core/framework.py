@@ -6,9 +6,9 @@ fingerprint is OLMo-core's and an official checkpoint's trainer state (data-load
 loads unchanged. Insertions are spliced in by the ``pre_step`` callback
 :class:`~frameworks.olmo_core.callbacks.Insertions`: at global step ``k`` DP rank ``r`` of ``W`` holds
 :func:`~pretrain_exp.data.schedule.rows_for` ``(k, r, W, B)`` (OLMo-core's layout, tested against
-``NumpyFSLDataLoader`` in ``tests/unit/frameworks/olmo_core/test_order.py``); the callback checks that the batch holds exactly
-those rows (instance ids at every step, tokens at the first step of a fit) and overwrites the planned spans with
-:meth:`Plan.apply <pretrain_exp.insertion.plan.Plan.apply>`; Gaussian-poisoning rows get their noise through
+``NumpyFSLDataLoader`` in ``tests/unit/frameworks/olmo_core/test_order.py``); the callback checks that the batch
+holds exactly those rows (instance ids at every step, tokens at the first step of a fit) and overwrites the planned
+spans with :meth:`Plan.apply <pretrain_exp.insertion.plan.Plan.apply>`; Gaussian-poisoning rows get their noise through
 :class:`~frameworks.noise_feed.NoiseFeed` on the embedding module. :meth:`OlmoCoreFramework.peek_rows` reads the
 rows of any step and rank through OLMo-core's own dataset and rank slicing with the same function the callback
 applies, for the verifier.
