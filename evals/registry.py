@@ -15,9 +15,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Dict
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import DictConfig
 
+from pretrain_exp.core.config import in_schema
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.core.registry import load
 
@@ -75,12 +75,7 @@ def parse_task_configs(tasks: Dict[str, Any]) -> Dict[str, Any]:
         kind = node.get("type") if isinstance(node, (dict, DictConfig)) else None
         if kind not in EVALS:
             raise ConfigError(f"{key}.type", f"unknown eval type {kind!r}; allowed: {sorted(EVALS)}")
-        try:
-            merged = OmegaConf.merge(OmegaConf.structured(EVALS[kind].config), node)
-            out[name] = OmegaConf.to_object(merged)
-        except OmegaConfBaseException as e:
-            sub = getattr(e, "key", "") or ""
-            raise ConfigError(f"{key}.{sub}".rstrip("."), str(e).splitlines()[0]) from None
+        out[name] = in_schema(EVALS[kind].config, node, key, to_object=True)
     return out
 
 

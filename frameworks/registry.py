@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
+from pretrain_exp.core.config import in_schema
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.core.registry import load, lookup
 
@@ -82,8 +82,4 @@ def typed_node(node: Any, key: str = "framework") -> DictConfig:
     if isinstance(src, type) and src is not dict and not issubclass(cls, src):  # framework=hf framework.name=olmo2
         raise ConfigError(f"{key}.name", f"{name!r} was composed with the fields of another framework "
                           f"({src.__name__}); choose it with framework={name}")
-    try:
-        return OmegaConf.merge(OmegaConf.structured(cls), node)
-    except OmegaConfBaseException as e:
-        sub = getattr(e, "key", "") or ""
-        raise ConfigError(f"{key}.{sub}".rstrip("."), str(e).splitlines()[0]) from None
+    return in_schema(cls, node, key)

@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Dict, List, Optional, Protocol
 
-from omegaconf import II, MISSING
+from omegaconf import II, MISSING, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from pretrain_exp.core.errors import ConfigError
 
 
 class Precision(str, Enum):
@@ -159,3 +162,18 @@ class RunConfig(Protocol):
     run_name: str
     run_dir: str
     cache_dir: str
+
+
+def in_schema(schema: type, node: Any, key: str, to_object: bool = False):
+    """``node`` (a dict or ``DictConfig``) merged into the structured config of ``schema``: a ``DictConfig`` of that
+    dataclass (interpolations and missing values kept), or the dataclass instance with ``to_object=True``.
+
+    :param key: dotted key of the node, for messages (``insertion.experiments.texts``).
+    :raises ConfigError: for a field the schema lacks or a wrong type, naming ``<key>.<field>``.
+    """
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), node)
+        return OmegaConf.to_object(merged) if to_object else merged
+    except OmegaConfBaseException as e:
+        sub = getattr(e, "full_key", "") or getattr(e, "key", "") or ""
+        raise ConfigError(f"{key}.{sub}".rstrip("."), str(e).splitlines()[0]) from None

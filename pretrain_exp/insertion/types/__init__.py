@@ -14,8 +14,8 @@ import dataclasses
 from typing import Any, Dict, Optional
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
+from pretrain_exp.core.config import in_schema
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.core.registry import lookup
 
@@ -84,11 +84,7 @@ def parse_experiment(key: str, node: Any):
     if not isinstance(kind, str) or kind not in TYPES:
         raise ConfigError(f"{key}.type", f"unknown insertion type {kind!r}; allowed: {sorted(TYPES)}")
     _foreign_field(key, kind, node)
-    try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema(kind)), node))
-    except OmegaConfBaseException as e:
-        sub = getattr(e, "full_key", "") or getattr(e, "key", "") or ""
-        raise ConfigError(f"{key}.{sub}".rstrip("."), str(e).splitlines()[0]) from None
+    return in_schema(schema(kind), node, key, to_object=True)
 
 
 def typed_node(key: str, node: DictConfig) -> DictConfig:
@@ -104,11 +100,7 @@ def typed_node(key: str, node: DictConfig) -> DictConfig:
     if OmegaConf.get_type(node) is schema(kind):
         return node
     _foreign_field(key, kind, list(node.keys()))
-    try:
-        return OmegaConf.merge(OmegaConf.structured(schema(kind)), node)
-    except OmegaConfBaseException as e:
-        sub = getattr(e, "full_key", "") or getattr(e, "key", "") or ""
-        raise ConfigError(f"{key}.{sub}".rstrip("."), str(e).splitlines()[0]) from None
+    return in_schema(schema(kind), node, key)
 
 
 def parse_experiments(experiments: Dict[str, Any], prefix: str = "insertion.experiments") -> Dict[str, Any]:
