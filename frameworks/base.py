@@ -17,11 +17,11 @@ import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, ClassVar, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, ClassVar, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
-from pretrain_exp.core.config import RunConfig
+from pretrain_exp.core.config import ModelConf, RunConfig
 from pretrain_exp.core.errors import CheckpointError
 
 _multiarray = (np._core if hasattr(np, "_core") else np.core).multiarray
@@ -87,6 +87,9 @@ class Framework(ABC):
     #: the ``training.lr_scheduler`` values :meth:`train` supports (checked when the config is validated)
     lr_schedulers: ClassVar[Tuple[str, ...]] = ()
 
+    #: dotted config keys :meth:`checkpoint_settings` may supply (``${checkpoint:<key>}`` in the framework's YAML)
+    SETTINGS: ClassVar[Tuple[str, ...]] = ()
+
     def __init__(self, cfg: RunConfig, model_dir: Path):
         self.cfg = cfg
         self.model_dir = Path(model_dir)  #: dir of the initial checkpoint (framework format)
@@ -110,6 +113,20 @@ class Framework(ABC):
         if not (path / "config.json").is_file():
             raise CheckpointError(f"model.path={path}: missing checkpoint (no config.json in that directory)")
         return path
+
+    @classmethod
+    def checkpoint_settings(cls, model: ModelConf, cache_dir: str) -> Dict[str, Any]:
+        """The run settings the initial checkpoint records, as dotted config key -> value (keys among
+        :data:`SETTINGS`: ``model.checkpoint_step``, ``model.tokenizer``, ``training.sequence_length``,
+        ``training.global_batch_size``, ``data.paths``, ``data.dtype``, ``data.seed``, ``data.first_epoch``).
+        Read from the checkpoint's own files only (config and trainer state, not its weights). A key the
+        checkpoint does not record is left out. The base (HF) records none.
+
+        :param model: the run's ``model`` node (``checkpoint_step`` is only read where it selects the checkpoint,
+            e.g. under ``model.url``).
+        :raises CheckpointError: if the checkpoint's config cannot be read.
+        """
+        return {}
 
     @property
     def tokenizer_path(self) -> str:

@@ -391,6 +391,21 @@ def download_olmo_core_checkpoint(base_url: str, step: int, dest_dir: str | os.P
                                 fetch_files, max_retries=max_retries, base_delay_s=base_delay_s, sleep=sleep,
                                 timeout_s=timeout_s)
 
+
+def download_checkpoint_files(checkpoint_url: str, ckpt_dir: str | os.PathLike, rels: Sequence[str],
+                              **kwargs) -> Path:
+    """Fetch only the files ``rels`` of the checkpoint at ``checkpoint_url`` (e.g. its config and trainer state, to
+    read the run's settings before the weights are needed) into ``ckpt_dir``; files already there are kept.
+    ``kwargs`` go to :func:`download_file`.
+
+    :raises CheckpointError: naming the URL of a file that answers 404 or cannot be fetched after retries.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    for rel in rels:
+        if not (ckpt_dir / rel).is_file():
+            download_file(f"{checkpoint_url}/{rel}", ckpt_dir / rel, **kwargs)
+    return ckpt_dir
+
 # ------------------------------------------------------------------------------------------------ CLI
 
 

@@ -20,8 +20,8 @@ Limits:
   trains on those instances;
 - token files must be local paths (or ``http(s)`` URLs for a reader that fetches them); object-store paths
   (``s3://``, ``gs://``, ``weka://``, ...) must be mapped to a local mirror with ``path_prefixes``;
-- token files are read as ``data.memmap_dtype``, which must be the dtype the project infers from the vocabulary
-  size (:func:`~pretrain_exp.data.token_files.dtype_for_vocab`).
+- token files are read as ``data.memmap_dtype`` (authoritative: OLMo writes ``uint32`` files even for a small
+  vocabulary); without it, as the vocabulary's dtype (:func:`~pretrain_exp.data.token_files.dtype_for_vocab`).
 """
 
 from __future__ import annotations
@@ -154,10 +154,11 @@ def data_order(config: Dict[str, Any], position: TrainPosition, *,
         if not isinstance(value, int) or value <= 0:
             raise ConfigError(key, f"config.yaml: must be a positive integer, got {value!r}")
     vocab = model.get("embedding_size") or model.get("vocab_size", 50257)
-    memmap_dtype = str(data.get("memmap_dtype", "uint16"))
-    if np.dtype(memmap_dtype) != dtype_for_vocab(vocab):
-        raise ConfigError("data.memmap_dtype", f"config.yaml: {memmap_dtype} but the project reads token files of a "
-                                               f"{vocab}-token vocabulary as {dtype_for_vocab(vocab)}")
+    memmap_dtype = str(data.get("memmap_dtype") or dtype_for_vocab(vocab).name)
+    if np.dtype(memmap_dtype) not in (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.uint32),
+                                      np.dtype(np.uint64)) or np.iinfo(memmap_dtype).max < vocab - 1:
+        raise ConfigError("data.memmap_dtype", f"config.yaml: {memmap_dtype} cannot hold the ids of a {vocab}-token "
+                                               "vocabulary")
     seed = data.get("seed")
     seed = config.get("seed", 6198) if seed is None else seed
     if position.epoch != 0:

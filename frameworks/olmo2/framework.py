@@ -25,28 +25,36 @@ import hashlib
 import json
 import logging
 from pathlib import Path
+from typing import Any, Dict
 
 from frameworks.olmo_core.framework import OlmoCoreFramework
-from pretrain_exp.core.config import RunConfig
+from pretrain_exp.core.config import ModelConf, RunConfig
 from pretrain_exp.core.errors import CheckpointError, ConfigError
 from pretrain_exp.data.assets import build_once
 
 log = logging.getLogger(__name__)
 
 
-def olmo2_checkpoint_dir(cfg: RunConfig) -> Path:
-    """The OLMo-2 ``step<N>-unsharded/`` dir of the run (preset built, or URL downloaded, into the cache).
+def olmo2_checkpoint_dir(model: ModelConf, cache_dir: str, settings_only: bool = False) -> Path:
+    """The OLMo-2 ``step<N>-unsharded/`` dir of ``model`` (preset built, or URL downloaded, into the cache).
 
+    :param settings_only: for a URL checkpoint, fetch only ``config.yaml`` and ``train.pt`` (what
+        :meth:`Olmo2Framework.checkpoint_settings` reads), not the weights.
     :raises CheckpointError: if ``model.path`` has no ``config.yaml``.
     """
-    from frameworks.download import download_olmo2_checkpoint
+    from frameworks.download import download_checkpoint_files, download_olmo2_checkpoint, olmo2_checkpoint_url
     from frameworks.olmo2.presets import tiny_checkpoint
 
-    m = cfg.model
+    m = model
     if m.asset is not None:
-        return tiny_checkpoint(m.asset, cfg.cache_dir)
+        return tiny_checkpoint(m.asset, cache_dir)
     if m.url is not None:
-        return download_olmo2_checkpoint(m.url, m.checkpoint_step, Path(cfg.cache_dir) / "models" / m.name)
+        dest = Path(cache_dir) / "models" / m.name
+        if settings_only:
+            return download_checkpoint_files(olmo2_checkpoint_url(m.url, m.checkpoint_step),
+                                             dest / f"step{int(m.checkpoint_step)}-unsharded",
+                                             ["config.yaml", "train.pt"])
+        return download_olmo2_checkpoint(m.url, m.checkpoint_step, dest)
     path = Path(m.path)
     if not (path / "config.yaml").is_file():
         raise CheckpointError(f"model.path={path}: not an OLMo-2 checkpoint (no config.yaml; expected a "
@@ -181,8 +189,29 @@ class Olmo2Framework(OlmoCoreFramework):
         return super().scheduler()
 
     @classmethod
+    def checkpoint_settings(cls, model: ModelConf, cache_dir: str) -> Dict[str, Any]:
+        """The run settings of an OLMo-2 checkpoint: :meth:`DataOrderParams.overrides
+        <frameworks.olmo2.data_order.DataOrderParams.overrides>` of its ``config.yaml`` and ``train.pt`` (token
+        files, seed with ``first_epoch`` 1, sequence length, global batch size, step), ``data.dtype`` =
+        ``data.memmap_dtype`` and ``model.tokenizer`` from ``tokenizer.identifier``
+        (:func:`~pretrain_exp.data.assets.tokenizer_for_identifier`). See :meth:`Framework.checkpoint_settings
+        <frameworks.base.Framework.checkpoint_settings>`."""
+        from frameworks.olmo2.checkpoint import read_config, read_train_state
+        from frameworks.olmo2.data_order import data_order, train_position
+        from pretrain_exp.data.assets import tokenizer_for_identifier
+
+        source = olmo2_checkpoint_dir(model, cache_dir, settings_only=True)
+        config = read_config(source)
+        order = data_order(config, train_position(read_train_state(source)), remote_ok=True)
+        out = dict(order.overrides(), **{"data.dtype": order.memmap_dtype})
+        identifier = (config.get("tokenizer") or {}).get("identifier")
+        if identifier:
+            out["model.tokenizer"] = tokenizer_for_identifier(str(identifier))
+        return out
+
+    @classmethod
     def resolve_model(cls, cfg: RunConfig) -> Path:
         """Check the continuation, then return the converted OLMo-core checkpoint dir (converted once)."""
-        source = olmo2_checkpoint_dir(cfg)
+        source = olmo2_checkpoint_dir(cfg.model, cfg.cache_dir)
         check_continuation(cfg, source)
         return convert_to_olmo_core(cfg, source)

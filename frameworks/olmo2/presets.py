@@ -15,11 +15,13 @@ EOS 100257 and pad 100277).
 ``olmo2_tiny`` is OLMo-2 1B/7B/13B's architecture at toy size (multi-head attention, ``mlp_ratio`` 8, RoPE
 θ = 500,000, RMSNorm ε = 1e-6, untied embeddings over the dolma2 vocabulary padded to 100,352) as a fresh run's
 step-0 checkpoint: OLMo-2 seed 1 (the project's ``data.seed`` 0 with ``first_epoch`` 1), sequence length 128,
-global batch size 8, no instance filter, one placeholder token file (a run supplies its own ``data.paths``).
+global batch size 8, no instance filter; its ``data.paths`` are the dolma2 token files of the Shakespeare corpus in
+the cache (tokenized once when the preset is built), so ``data=checkpoint`` trains on them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import random
 from dataclasses import dataclass, field
@@ -61,6 +63,7 @@ class CheckpointSpec:
     init_std: float = 0.02
     data_paths: Tuple[str, ...] = ()  #: ``data.paths``, token files in instance-id order
     memmap_dtype: str = "uint32"  #: ``data.memmap_dtype`` (uint32 for the dolma2 vocabulary)
+    tokenizer: str = "tokenizers/allenai_dolma2.json"  #: ``tokenizer.identifier``
     instance_filter: Optional[Mapping[str, int]] = field(default=None)  #: ``data.instance_filter`` or None
     world_size: int = 1  #: data-parallel processes of the run
     run_name: str = "olmo2-run"
@@ -98,6 +101,7 @@ def olmo2_config(spec: CheckpointSpec) -> Dict[str, Any]:
             "decay_norm_and_bias": True, "decay_embeddings": False, "metrics_log_interval": 1,
             "record_update_metrics": False,
         },
+        "tokenizer": {"identifier": spec.tokenizer, "truncate_direction": "right"},
         "scheduler": {"name": "cosine_with_warmup", "units": "tokens", "t_warmup": 1000, "t_max": 100000,
                       "alpha_f": 0.1, "warmup_min_lr": 0.0},
         "data": {
@@ -239,9 +243,10 @@ TINY_CHECKPOINTS = {
     "olmo2_tiny": CheckpointSpec(
         d_model=32, n_heads=4, n_layers=2, mlp_hidden=8 * 32, vocab_size=100_278, embedding_size=100_352,
         max_sequence_length=128, global_train_batch_size=8, seed=1, step=0, eos_token_id=100_257,
-        pad_token_id=100_277, memmap_dtype="uint32", data_paths=("/data/olmo2_tiny/part-00000.npy",),
-        run_name="olmo2_tiny", save_folder="checkpoints/olmo2_tiny"),
+        pad_token_id=100_277, memmap_dtype="uint32", run_name="olmo2_tiny", save_folder="checkpoints/olmo2_tiny"),
 }
+#: preset -> the text asset its run trains on: ``data.paths`` are its dolma2 token files in the cache
+TINY_CORPUS = {"olmo2_tiny": "shakespeare"}
 
 
 def tiny_checkpoint(name: str, cache_dir: str | Path) -> Path:
@@ -252,10 +257,14 @@ def tiny_checkpoint(name: str, cache_dir: str | Path) -> Path:
     """
     if name not in TINY_CHECKPOINTS:
         raise DataError(f"model asset {name!r} is not an OLMo-2 preset; presets: {sorted(TINY_CHECKPOINTS)}")
+    from pretrain_exp.data.tokenize import load_tokenizer, tokenize_source
+
     spec = TINY_CHECKPOINTS[name]
 
     def build(tmp: Path) -> dict:
-        write_checkpoint(tmp, spec)
-        return {"preset": name}
+        paths = tokenize_source(TINY_CORPUS[name], load_tokenizer("dolma2", cache_dir), Path(cache_dir) / "tokens",
+                                cache_dir, progress=False)
+        write_checkpoint(tmp, dataclasses.replace(spec, data_paths=tuple(str(p) for p in paths)))
+        return {"preset": name, "corpus": TINY_CORPUS[name]}
 
-    return build_once(Path(cache_dir) / "models" / name, build) / f"step{spec.step}-unsharded"
+    return build_once(Path(cache_dir) / "models" / f"{name}-v2", build) / f"step{spec.step}-unsharded"

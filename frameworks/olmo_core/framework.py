@@ -30,7 +30,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
 import torch
@@ -39,7 +39,7 @@ from frameworks.base import Checkpoint, Framework, LogFn, latest_step_dir
 from frameworks.noise_feed import NoiseFeed
 from frameworks.olmo_core.callbacks import ForwardMetrics, Insertions, SaveModelConfig, StartAt, apply_insertions
 from frameworks.olmo_core.checkpoint import OlmoCoreCheckpoint, check_train_state, model_config
-from pretrain_exp.core.config import Precision, RunConfig
+from pretrain_exp.core.config import ModelConf, Precision, RunConfig
 from pretrain_exp.core.distributed import is_main_process, rank, world_size
 from pretrain_exp.core.errors import CheckpointError, ConfigError, TrainingError
 from pretrain_exp.data.schedule import rows_for
@@ -93,20 +93,78 @@ class OlmoCoreFramework(Framework):
 
         :raises CheckpointError: if the dir holds no OLMo-core checkpoint.
         """
-        from frameworks.download import download_olmo_core_checkpoint
-        from frameworks.olmo_core.presets import tiny_checkpoint
-
-        m = cfg.model
-        if m.asset is not None:
-            return tiny_checkpoint(m.asset, cfg.cache_dir)
-        if m.url is not None:
-            path = download_olmo_core_checkpoint(m.url, m.checkpoint_step, Path(cfg.cache_dir) / "models" / m.name)
-        else:
-            path = Path(m.path)
+        path = cls.resolve_model_dir(cfg.model, cfg.cache_dir)
         if not (path / "config.json").is_file() or not ((path / ".metadata").is_file()
                                                         or (path / "model_and_optim" / ".metadata").is_file()):
             raise CheckpointError(f"model.path={path}: not an OLMo-core checkpoint (needs config.json and "
                                   "model_and_optim/.metadata, or .metadata for a model-only checkpoint)")
+        return path
+
+    @classmethod
+    def checkpoint_settings(cls, model: ModelConf, cache_dir: str) -> Dict[str, Any]:
+        """The run settings an OLMo-core checkpoint records (see :meth:`Framework.checkpoint_settings
+        <frameworks.base.Framework.checkpoint_settings>`): from ``config.json`` (OLMo-core's experiment config)
+        ``dataset.paths``, ``dataset.sequence_length``, ``dataset.dtype``, ``dataset.tokenizer.identifier`` and
+        ``data_loader.global_batch_size`` (tokens) / ``seed``; from ``train/rank0.pt`` (which wins) the step and
+        the data loader's sequence length, seed and tokens per step. OLMo-core's loader seed ``s`` is
+        ``data.seed=s`` with ``data.first_epoch=1``."""
+        from pretrain_exp.data.assets import tokenizer_for_identifier
+
+        path = cls.resolve_model_dir(model, cache_dir, settings_only=True)
+        raw = json.loads((path / "config.json").read_text())
+        dataset, loader = raw.get("dataset") or {}, raw.get("data_loader") or {}
+        out: Dict[str, Any] = {}
+        if dataset.get("paths"):
+            out["data.paths"] = [str(p) for p in dataset["paths"]]
+        if dataset.get("dtype"):
+            out["data.dtype"] = str(dataset["dtype"])
+        identifier = (dataset.get("tokenizer") or {}).get("identifier")
+        if identifier:
+            out["model.tokenizer"] = tokenizer_for_identifier(str(identifier))
+        L = dataset.get("sequence_length")
+        seed = loader.get("seed")
+        tokens_per_step = loader.get("global_batch_size")
+        state = check_train_state(path)
+        if state is not None:
+            out["model.checkpoint_step"] = int(state["global_step"])
+            dl = state.get("data_loader") or {}
+            L = dl.get("sequence_length", L)
+            seed = dl.get("seed", seed)
+            if dl.get("batches_processed"):
+                tokens_per_step = int(dl["tokens_processed"]) // int(dl["batches_processed"])
+        if L:
+            out["training.sequence_length"] = int(L)
+            if tokens_per_step:
+                out["training.global_batch_size"] = int(tokens_per_step) // int(L)
+        if seed is not None:
+            out.update({"data.seed": int(seed), "data.first_epoch": 1})
+        return out
+
+    @classmethod
+    def resolve_model_dir(cls, model: ModelConf, cache_dir: str, settings_only: bool = False) -> Path:
+        """The OLMo-core checkpoint dir of ``model``: a tiny preset (``model.asset``), ``model.path``, or
+        ``<model.url>/step<model.checkpoint_step>/`` downloaded into ``<cache_dir>/models/<model.name>/`` (with
+        ``settings_only``, only its ``config.json`` and ``train/rank0.pt``)."""
+        from frameworks.download import (
+            download_checkpoint_files,
+            download_olmo_core_checkpoint,
+            olmo_core_checkpoint_url,
+        )
+        from frameworks.olmo_core.presets import tiny_checkpoint
+
+        m = model
+        if m.asset is not None:
+            return tiny_checkpoint(m.asset, cache_dir)
+        if m.url is not None:
+            dest = Path(cache_dir) / "models" / m.name
+            if settings_only:
+                return download_checkpoint_files(olmo_core_checkpoint_url(m.url, m.checkpoint_step),
+                                                 dest / f"step{int(m.checkpoint_step)}",
+                                                 ["config.json", "train/rank0.pt"])
+            return download_olmo_core_checkpoint(m.url, m.checkpoint_step, dest)
+        path = Path(m.path)
+        if not (path / "config.json").is_file():
+            raise CheckpointError(f"model.path={path}: not an OLMo-core checkpoint (no config.json)")
         return path
 
     @property
@@ -207,10 +265,11 @@ class OlmoCoreFramework(Framework):
 
     def dataset(self, order):
         """OLMo-core's ``NumpyFSLDataset`` over the run's token files (``order.files``), as training builds it."""
-        from olmo_core.data import NumpyFSLDatasetConfig, TokenizerConfig
+        from olmo_core.data import NumpyDatasetDType, NumpyFSLDatasetConfig, TokenizerConfig
 
         tok = self._tokenizer
         return NumpyFSLDatasetConfig(
+            dtype=NumpyDatasetDType(order.files.dtype.name),
             tokenizer=TokenizerConfig(vocab_size=self.vocab_size, eos_token_id=tok.eos_token_id,
                                       pad_token_id=tok.pad_token_id if tok.pad_token_id is not None
                                       else tok.eos_token_id),

@@ -46,22 +46,40 @@ def tiny_model_config(name: str):
         **spec)
 
 
+#: preset -> (text asset its run trains on, sequence length, global batch size in rows, data-loader seed)
+TINY_DATA = {"olmo3_tiny": ("shakespeare", 128, 8, 0)}
+
+
 def tiny_checkpoint(name: str, cache_dir: str | Path) -> Path:
-    """The model-only OLMo-core checkpoint dir of tiny preset ``name`` (built once, cached).
+    """The model-only OLMo-core checkpoint dir of tiny preset ``name`` (built once, cached). Its ``config.json``
+    records, as an OLMo-core experiment config does, the run's dataset (the dolma2 token files of
+    :data:`TINY_DATA`'s corpus in the cache, tokenized once, ``uint32``; sequence length; tokenizer) and data
+    loader (global batch size in tokens, seed), so ``data=checkpoint`` trains on them.
 
     :raises DataError: for an unknown name.
     """
     import torch
     from olmo_core.distributed.checkpoint import save_model_and_optim_state
 
+    from pretrain_exp.data.tokenize import load_tokenizer, tokenize_source
+
     config = tiny_model_config(name)
+    corpus, L, B, seed = TINY_DATA[name]
 
     def build(tmp: Path) -> dict:
+        tok = load_tokenizer("dolma2", cache_dir)
+        paths = tokenize_source(corpus, tok, Path(cache_dir) / "tokens", cache_dir, progress=False)
         torch.manual_seed(0)
         model = config.build(init_device="cpu")
         model.init_weights(device=torch.device("cpu"))
         save_model_and_optim_state(str(tmp), model)
-        (tmp / "config.json").write_text(json.dumps({"model": config.as_config_dict()}, indent=2))
-        return {"preset": name}
+        (tmp / "config.json").write_text(json.dumps({
+            "model": config.as_config_dict(),
+            "dataset": {"paths": [str(p) for p in paths], "sequence_length": L, "dtype": "uint32",
+                        "tokenizer": {"identifier": "allenai/dolma2-tokenizer", "vocab_size": DOLMA2_PADDED_VOCAB,
+                                      "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}},
+            "data_loader": {"global_batch_size": B * L, "seed": seed},
+        }, indent=2))
+        return {"preset": name, "corpus": corpus}
 
-    return build_once(Path(cache_dir) / "models" / name, build)
+    return build_once(Path(cache_dir) / "models" / f"{name}-v2", build)

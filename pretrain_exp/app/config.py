@@ -13,7 +13,7 @@ by name when the config is validated.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional
 
 from omegaconf import MISSING
 
@@ -44,7 +44,7 @@ class ExperimentConfig:
     name: str = "default"  #: experiment name (presets set their own); part of ``run_name``
     seed: int = 0
     run_name: str = MISSING
-    run_dir: str = MISSING  #: the experiment directory (Hydra's output dir)
+    run_dir: Optional[str] = MISSING  #: the experiment directory (Hydra's output dir; None only in --cfg)
     cache_dir: str = MISSING  #: asset and token-file cache
     cpdt: CpdtConf = field(default_factory=CpdtConf)
 
@@ -59,8 +59,10 @@ def register_configs() -> None:
 
     from evals.registry import register_eval_schemas
     from frameworks.registry import register_framework_schemas
+    from pretrain_exp.app.settings import register_resolver
     from pretrain_exp.insertion.types import register_insertion_schemas
 
+    register_resolver()
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=ExperimentConfig)
     for group, node in (

@@ -104,7 +104,9 @@ class Experiment:
         self.vocab_size = self.framework.vocab_size or len(self.tokenizer)
         paths = cfg.data.paths or tokenize_source(cfg.data.text, self.tokenizer, cfg.data.token_dir,
                                                   cfg.cache_dir, cfg.data.text_key)
-        files = TokenFiles(paths, dtype_for_vocab(max(self.vocab_size, len(self.tokenizer))))
+        # one token-file dtype for the order, the plan and the framework's reader: the data config's (an OLMo
+        # checkpoint's data.memmap_dtype / dataset.dtype), else the vocabulary's
+        files = TokenFiles(paths, cfg.data.dtype or dtype_for_vocab(max(self.vocab_size, len(self.tokenizer))))
         self.order = DataOrder(files, self.L, self.B, cfg.data.seed, cfg.data.first_epoch)
         self.window = step_window(self.start_step, self.num_steps, self.L, self.B)
         self._check_held_out()

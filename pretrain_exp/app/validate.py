@@ -14,7 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from pretrain_exp.app.config import ExperimentConfig
-from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.app.settings import log_overrides
+from pretrain_exp.core.errors import ConfigError, PretrainExpError
 
 
 def validate(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -33,6 +34,8 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError("model.dtype", f"unknown dtype {cfg.model.dtype!r}; allowed: float32, bfloat16, float16")
     cfg.framework.validate("framework")  # the framework's own checks
+    if cfg.run_dir is None:
+        raise ConfigError("run_dir", "not set (Hydra sets it to the run's output dir)")
     if cfg.model.checkpoint_step < 0:
         raise ConfigError("model.checkpoint_step", f"must be >= 0, got {cfg.model.checkpoint_step}")
     if not cfg.data.paths and not cfg.data.text:
@@ -150,13 +153,20 @@ def to_config(cfg: DictConfig) -> ExperimentConfig:
                 cfg.insertion.experiments[name] = typed
         exp = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
+        cause = e
+        while cause is not None and not isinstance(cause, PretrainExpError):  # raised by a ${checkpoint:...}
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:
+            raise cause from None
         key = getattr(e, "full_key", None) or "config"
         msg = str(e).splitlines()[0]
         if "Missing mandatory value" in msg:
             msg = f"missing mandatory value (set {key}=...)"
         raise ConfigError(key, msg) from None
     assert isinstance(exp, ExperimentConfig)
-    return validate(exp)
+    exp = validate(exp)
+    log_overrides(exp)
+    return exp
 
 
 def _has_name(node) -> bool:

@@ -60,6 +60,11 @@ class FrameworkConf:
         :raises ConfigError: naming the dotted key under ``key``.
         """
 
+    def checkpoint_keys(self) -> tuple:
+        """Dotted config keys this framework takes from the checkpoint by default (``${checkpoint:<key>}`` in its
+        YAML); a run value that differs is an override, logged by the app. None here."""
+        return ()
+
     def uses_run_lr_schedule(self) -> bool:
         """Whether ``training.*`` sets the LR schedule (``training.lr_scheduler`` must be one the framework
         supports); False where the framework continues the checkpoint's own schedule."""
@@ -96,6 +101,10 @@ class DataConf:
     seed: int = II("seed")  # type: ignore[assignment]  #: data-order seed (PCG64(seed + epoch))
     first_epoch: int = 1  #: 1 = OLMo-core's count (OLMo-2 counts from 0: OLMo-2 seed S = OLMo-core seed S-1)
     held_out_rows: int = 16  #: rows at the end of the first epoch's order, never trained, for perplexity
+    dtype: Optional[str] = None  #: token-file dtype (``uint16``/``uint32``); None = from the vocabulary size
+    path_prefixes: Dict[str, str] = field(default_factory=dict)  #: ``{old prefix: new prefix}`` applied to
+    #: ``paths`` before reading (first match wins), e.g. ``{"http://olmo-data.org/": "/data/mirror/"}``
+    prefetch: str = "auto"  #: remote paths: ``window`` (fetch the run's rows before training), ``none``, ``auto``
 
 
 @dataclass

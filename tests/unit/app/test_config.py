@@ -15,6 +15,7 @@ REQUIRED = {
     ("model", "local"): ["model.path=/models/x"],
     ("data", "text"): ["data.text=/data/docs"],
     ("data", "token_files"): ["data.paths=[/data/part-0.npy]"],
+    ("data", "checkpoint"): ["framework=olmo_core"],  # the checkpoint records its token files
     ("insertion", "texts"): ["insertion.experiments.texts.file=/data/items.jsonl"],
     ("insertion", "tokens"): ["insertion.experiments.tokens.file=/data/items.jsonl"],
     ("eval", "knowledge"): ["insertion=knowledge"],  # scores type=knowledge experiments; checked at validation

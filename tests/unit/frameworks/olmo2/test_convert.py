@@ -488,7 +488,7 @@ BAD_CONFIGS = {
     "lion": ({"optimizer.name": "lionw"}, ConfigError, ["optimizer.name", "'lionw'"]),
     "custom dataset": ({"data.custom_dataset": {"name": "x"}}, ConfigError, ["data.custom_dataset"]),
     "label masks": ({"data.label_mask_paths": ["m.npy"]}, ConfigError, ["data.label_mask_paths"]),
-    "memmap dtype": ({"data.memmap_dtype": "uint32"}, ConfigError, ["data.memmap_dtype", "uint16"]),
+    "memmap dtype": ({"data.memmap_dtype": "uint8"}, ConfigError, ["data.memmap_dtype", "uint8", "vocabulary"]),
     "odd mlp": ({"model.mlp_hidden_size": 191}, ConfigError, ["model.mlp_hidden_size", "191"]),
     "batch size change": ({"global_train_batch_size": 8}, CheckpointError, ["train.pt", "148", "296"]),
 }

@@ -46,9 +46,10 @@ def dolma2():
 
 def test_built_once_into_the_cache(cache, tiny):
     models = cache / "models"
-    assert tiny == models / "olmo2_tiny" / "step0-unsharded"
+    assert tiny == models / "olmo2_tiny-v2" / "step0-unsharded"
     assert sorted(p.name for p in tiny.iterdir()) == ["config.yaml", "model.pt", "optim.pt", "train.pt"]
-    assert json.loads((models / "olmo2_tiny" / ".complete.json").read_text()) == {"preset": "olmo2_tiny"}
+    assert json.loads((models / "olmo2_tiny-v2" / ".complete.json").read_text()) == {"preset": "olmo2_tiny",
+                                                                                     "corpus": "shakespeare"}
     before = {p.name: p.stat().st_mtime_ns for p in tiny.iterdir()}
     assert tiny_checkpoint("olmo2_tiny", cache) == tiny
     assert {p.name: p.stat().st_mtime_ns for p in tiny.iterdir()} == before

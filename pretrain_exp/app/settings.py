@@ -1,0 +1,93 @@
+"""Run settings taken from the checkpoint: the ``${checkpoint:<key>}`` resolver and the override log.
+
+An OLMo checkpoint records how its run was trained: sequence length, global batch size, data-order seed and
+epoch count, token files and their dtype, tokenizer (and, read by the framework itself, optimizer and LR
+schedule). ``conf/framework/olmo2.yaml`` and ``olmo_core.yaml`` set those keys to ``${checkpoint:<key>}``, so a
+run takes them from the checkpoint unless the command line (or an ``experiment=`` preset) sets them: such a value
+is an override, named in the log by :func:`log_overrides` and checked against the checkpoint by the framework
+(a continuation that would not be the original run's is an error naming the value to set).
+``python -m pretrain_exp ... --cfg job --resolve`` prints the derived values.
+
+The resolver reads only the checkpoint's config and trainer state (a URL checkpoint fetches just those files),
+once per process and checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, Tuple
+
+from omegaconf import OmegaConf
+
+from pretrain_exp.core.config import ModelConf
+from pretrain_exp.core.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+RESOLVER = "checkpoint"  #: ``${checkpoint:<dotted key>}``
+_CACHE: Dict[Tuple, Dict[str, Any]] = {}
+
+
+def _model(root) -> Tuple[ModelConf, str]:
+    m = root.model
+    # checkpoint_step selects the checkpoint only under model.url; elsewhere it may itself be ${checkpoint:...}
+    step = m.checkpoint_step if m.get("url") is not None else 0
+    model = ModelConf(name=m.name, asset=m.get("asset"), path=m.get("path"), url=m.get("url"),
+                      checkpoint_step=int(step))
+    return model, str(root.cache_dir)
+
+
+def settings_of(framework: str, model: ModelConf, cache_dir: str) -> Dict[str, Any]:
+    """What the framework's checkpoint records (:meth:`Framework.checkpoint_settings
+    <frameworks.base.Framework.checkpoint_settings>`), read once per process and checkpoint."""
+    from frameworks.registry import get_framework_class
+
+    key = (framework, model.asset, model.path, model.url, model.checkpoint_step if model.url else None, cache_dir)
+    if key not in _CACHE:
+        _CACHE[key] = dict(get_framework_class(framework).checkpoint_settings(model, cache_dir))
+    return _CACHE[key]
+
+
+def resolve(key: str, *, _root_) -> Any:
+    """The value of ``${checkpoint:<key>}``: the run's checkpoint's setting ``key``.
+
+    :raises ConfigError: (naming ``key``) if the checkpoint does not record it.
+    """
+    model, cache_dir = _model(_root_)
+    found = settings_of(str(_root_.framework.name), model, cache_dir)
+    if key not in found:
+        where = model.path or model.url or model.asset
+        raise ConfigError(key, f"the checkpoint ({where}) does not record it; set {key}=...")
+    return found[key]
+
+
+def register_resolver() -> None:
+    """Register ``${checkpoint:...}`` with OmegaConf (idempotent)."""
+    if not OmegaConf.has_resolver(RESOLVER):
+        OmegaConf.register_new_resolver(RESOLVER, resolve)
+
+
+def log_overrides(cfg) -> Dict[str, Tuple[Any, Any]]:
+    """Log every setting the run gives differently from its checkpoint (``key: ours vs checkpoint's``).
+
+    :param cfg: the converted run config (:class:`~pretrain_exp.app.config.ExperimentConfig`).
+    :returns: ``{key: (run value, checkpoint value)}`` of the overrides.
+    """
+    keys = cfg.framework.checkpoint_keys()
+    if not keys:
+        return {}
+    found = settings_of(cfg.framework.name, cfg.model, cfg.cache_dir)
+    out = {}
+    for key in keys:
+        if key not in found:
+            continue
+        node = cfg
+        for part in key.split("."):
+            node = getattr(node, part)
+        ours = list(node) if isinstance(node, (list, tuple)) else node
+        if ours != found[key]:
+            out[key] = (ours, found[key])
+            shown = found[key] if not isinstance(found[key], list) else f"{len(found[key])} files"
+            log.warning("override: %s=%s (the checkpoint records %s)", key,
+                        ours if not isinstance(ours, list) else f"{len(ours)} files", shown)
+    return out
