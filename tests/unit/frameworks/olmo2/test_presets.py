@@ -53,7 +53,7 @@ def test_built_once_into_the_cache(cache, tiny):
     before = {p.name: p.stat().st_mtime_ns for p in tiny.iterdir()}
     assert tiny_checkpoint("olmo2_tiny", cache) == tiny
     assert {p.name: p.stat().st_mtime_ns for p in tiny.iterdir()} == before
-    assert [p.name for p in models.iterdir() if p.name.startswith(".olmo2_tiny-")] == []  # no temp dir left
+    assert [p.name for p in models.iterdir() if p.name.startswith(".olmo2_tiny-v2-")] == []  # no temp dir left
 
 
 def test_unknown_preset_names_the_presets(tmp_path):
