@@ -19,3 +19,7 @@ class Olmo2Conf(OlmoCoreConf):
     checkpoint's peak LR and schedule come from its ``config.yaml`` ``optimizer``/``scheduler``)."""
 
     name: str = "olmo2"
+
+    def may_use_run_lr_schedule(self) -> bool:
+        """Only with ``lr_schedule=run``: an OLMo-2 checkpoint always records its schedule."""
+        return self.uses_run_lr_schedule()

@@ -39,6 +39,10 @@ class OlmoCoreConf(FrameworkConf):
     def uses_run_lr_schedule(self) -> bool:
         return self.lr_schedule == "run"
 
+    def may_use_run_lr_schedule(self) -> bool:
+        """True: a checkpoint without ``train_module`` (a model-only one) trains with ``training.lr_scheduler``."""
+        return True
+
     def checkpoint_keys(self) -> tuple:
         """The run settings an OLMo checkpoint records (:meth:`OlmoCoreFramework.checkpoint_settings
         <frameworks.olmo_core.framework.OlmoCoreFramework.checkpoint_settings>`)."""
