@@ -128,6 +128,11 @@ class Framework(ABC):
         """
         return {}
 
+    @classmethod
+    def missing_setting_hint(cls, key: str) -> str:
+        """Why a checkpoint may lack setting ``key`` (for the error of ``${checkpoint:<key>}``); ``""`` if unknown."""
+        return ""
+
     @property
     def tokenizer_path(self) -> str:
         """HF tokenizer dir or asset name of the run (``model.tokenizer``, else the model dir)."""

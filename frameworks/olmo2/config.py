@@ -1,32 +1,25 @@
 """The ``olmo2`` framework's schema (``conf/framework/olmo2.yaml`` extends ``schema/framework/olmo2``).
 
-Light on purpose (dataclasses only): registering the schemas must not import torch or OLMo-core.
+Light on purpose (dataclasses only): registering the schemas must not import torch or OLMo-core. ``lr_schedule``
+(``run`` / ``checkpoint``, :data:`LR_SCHEDULES`) and its check are :class:`OlmoCoreConf`'s.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from frameworks.olmo_core.config import OlmoCoreConf
-from pretrain_exp.core.errors import ConfigError
+from frameworks.olmo_core.config import LR_SCHEDULES, OlmoCoreConf
 
-#: ``run``: ``training.*`` from the run's first step; ``checkpoint``: the checkpoint's own peak LR and schedule
-LR_SCHEDULES = ("run", "checkpoint")
+__all__ = ["LR_SCHEDULES", "Olmo2Conf"]
 
 
 @dataclass
 class Olmo2Conf(OlmoCoreConf):
-    """``framework=olmo2``: OLMo-2 (old trainer) checkpoints, converted once and trained with OLMo-core."""
+    """``framework=olmo2``: OLMo-2 (old trainer) checkpoints, converted once and trained with OLMo-core (the
+    checkpoint's peak LR and schedule come from its ``config.yaml`` ``optimizer``/``scheduler``)."""
 
     name: str = "olmo2"
-    lr_schedule: str = "checkpoint"  #: ``run``: ``training.*`` from the run's first step; ``checkpoint``: the
-    #: checkpoint's own peak LR and schedule, at its position (``config.yaml`` ``optimizer``/``scheduler``)
 
-    def validate(self, key: str = "framework") -> None:
-        """:raises ConfigError: (``<key>.lr_schedule``) for a value not in :data:`LR_SCHEDULES`."""
-        if self.lr_schedule not in LR_SCHEDULES:
-            raise ConfigError(f"{key}.lr_schedule", f"unknown {self.lr_schedule!r} with framework {self.name!r}; "
-                              f"allowed: {list(LR_SCHEDULES)}")
-
-    def uses_run_lr_schedule(self) -> bool:
-        return self.lr_schedule == "run"
+    def may_use_run_lr_schedule(self) -> bool:
+        """Only with ``lr_schedule=run``: an OLMo-2 checkpoint always records its schedule."""
+        return self.uses_run_lr_schedule()

@@ -80,7 +80,7 @@ class Insertions(Callback):
 
     The instance id of every row is checked at every step; the tokens at the first step of each fit (the object
     lives for one fit). With ``rows_log``, ``{"step", "rank", "rows": [q, ...], "sha256": [...]}`` (the tokens each
-    row is trained on) is appended to that jsonl file at every step.
+    row is trained on; ``index``: OLMo-core's instance ids) is appended to that jsonl file at every step.
 
     :param rows: the run's :class:`~pretrain_exp.data.rows.TrainingRows` (its ``order`` and ``plan``).
     :param dp_rank: this process's DP rank ``r``.
@@ -103,8 +103,10 @@ class Insertions(Callback):
         if self.rows_log is not None:
             digests = [hashlib.sha256(r.cpu().numpy().astype(np.int64).tobytes()).hexdigest()
                        for r in batch["input_ids"]]
+            index = batch["index"].tolist() if "index" in batch else None
             with open(self.rows_log, "a") as f:
-                f.write(json.dumps({"step": k, "rank": self.dp_rank, "rows": qs.tolist(), "sha256": digests}) + "\n")
+                f.write(json.dumps({"step": k, "rank": self.dp_rank, "rows": qs.tolist(), "index": index,
+                                    "sha256": digests}) + "\n")
         if self.noise_feed is not None:
             self.noise_feed.start(qs)
 

@@ -14,8 +14,13 @@ rows of any step and rank through OLMo-core's own dataset and rank slicing with 
 applies, for the verifier.
 
 Training: the trainer's ``max_duration`` is the run's last step ``S + n`` and ``hard_stop`` the segment's last
-step, so the LR schedule spans the whole run whatever the segments; the schedule (``training.lr_scheduler``) is
-OLMo-core's, counted from the run's first step ``S``. Checkpoints are OLMo-core's ``<run_dir>/checkpoints/step<N>/``
+step. With ``framework.lr_schedule=checkpoint`` (the default) the optimizer (class, hyper-parameters, parameter
+groups), clipping, z-loss and LR schedule are the checkpoint's own (``config.json`` ``train_module``, built with
+OLMo-core's config classes), the schedule evaluated at the absolute step against the original run's
+``trainer.max_duration``, so step ``k`` trains at the LR the original run used at step ``k``; with ``run`` (or a
+checkpoint without ``train_module``) AdamW and ``training.lr_scheduler`` apply, counted from the run's first step
+``S``. The dataset takes the checkpoint's tokenizer ids and ``max_target_sequence_length``, so OLMo-core's dataset
+fingerprint matches. Checkpoints are OLMo-core's ``<run_dir>/checkpoints/step<N>/``
 (its ``CheckpointerCallback``; a re-run continues from the newest one, bit-identical on CPU), and the speed monitor's
 tokens/s (and MFU on GPUs) are forwarded to the run's tracker. Evals read an HF export
 (:class:`~frameworks.olmo_core.checkpoint.OlmoCoreCheckpoint`).
@@ -75,6 +80,102 @@ def run_scheduler(name: str, warmup_steps: int, start_step: int):
     return _FromRunStart()
 
 
+def _class_names(node) -> list:
+    if isinstance(node, dict):
+        own = [str(node["_CLASS_"])] if "_CLASS_" in node else []
+        return own + [c for v in node.values() for c in _class_names(v)]
+    if isinstance(node, list):
+        return [c for v in node for c in _class_names(v)]
+    return []
+
+
+def olmo_core_config(raw: Dict[str, Any], base: type, where: Path, key: str):
+    """Deserialize ``raw`` (an entry of an OLMo-core ``config.json``) with OLMo-core's ``Config.from_dict`` as
+    an instance of ``base`` (e.g. ``OptimConfig``, ``Scheduler``).
+
+    Only classes of the ``olmo_core`` package are accepted: ``from_dict`` imports the module a ``_CLASS_`` names.
+
+    :raises CheckpointError: naming ``where`` and ``key`` if a class is foreign, or the entry does not build.
+    """
+    foreign = [c for c in _class_names(raw) if not c.startswith("olmo_core.")]
+    if foreign:
+        raise CheckpointError(f"{where}: {key} names {foreign[0]!r}; only OLMo-core's own classes are read")
+    try:
+        out = base.from_dict(raw)
+    except Exception as e:  # noqa: BLE001  (TypeError, OLMoConfigurationError, ...)
+        raise CheckpointError(f"{where}: {key} does not build with OLMo-core "
+                              f"({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+    if not isinstance(out, base):
+        raise CheckpointError(f"{where}: {key} is a {type(out).__name__}, not a {base.__name__}")
+    return out
+
+
+def dataset_paths(dataset: Dict[str, Any], where: Path) -> list:
+    """The token files of an OLMo-core ``config.json`` ``dataset`` entry in OLMo-core's order: ``paths`` (globs
+    expanded with ``expand_glob``) or ``mix`` under ``mix_base_dir``, permuted by ``source_permutation_seed``
+    (OLMo-core's own ``NumpyDatasetConfig._resolve_paths_metadata``, ``olmo_core/data/numpy_dataset.py``).
+    ``[]`` if it names none.
+
+    :raises CheckpointError: naming ``where`` if they cannot be resolved.
+    """
+    if not dataset.get("paths") and not dataset.get("mix"):
+        return []
+    if (dataset.get("paths") and not dataset.get("expand_glob") and dataset.get("source_permutation_seed") is None):
+        return [str(p) for p in dataset["paths"]]
+    from olmo_core.data import NumpyFSLDatasetConfig
+
+    raw = dict(dataset, _CLASS_=dataset.get("_CLASS_", "olmo_core.data.numpy_dataset.NumpyFSLDatasetConfig"))
+    raw.setdefault("tokenizer", {"vocab_size": 1})
+    config = olmo_core_config(raw, NumpyFSLDatasetConfig, where, "dataset")
+    try:
+        paths, _, _ = config._resolve_paths_metadata(allow_mix=True)
+    except Exception as e:  # noqa: BLE001  (OLMoConfigurationError, FileNotFoundError, ...)
+        raise CheckpointError(f"{where}: dataset paths/mix do not resolve ({' '.join(str(e).split())[:200]})") from None
+    return [str(p) for p in paths]
+
+
+def at_horizon(inner, max_duration: Optional[Dict[str, Any]], tokens_per_step: int, where: Path):
+    """``inner`` (an OLMo-core ``Scheduler``) with the original run's horizon: evaluated at the trainer's step
+    (or tokens seen, by ``inner.units``) against the ``t_max`` of ``max_duration`` (``config.json``
+    ``trainer.max_duration``, ``{"value", "unit"}``) instead of the continuation's own end.
+
+    :param tokens_per_step: ``B * L`` (converts a duration between steps and tokens).
+    :raises CheckpointError: if the duration is missing or in epochs.
+    """
+    from olmo_core.optim import Scheduler
+    from olmo_core.optim.scheduler import SchedulerUnits
+
+    value, unit = (max_duration or {}).get("value"), (max_duration or {}).get("unit")
+    if value is None or unit not in ("steps", "tokens"):
+        raise CheckpointError(f"{where}: trainer.max_duration={max_duration!r}; the checkpoint's LR schedule needs "
+                              "its length in steps or tokens (framework.lr_schedule=run uses training.* instead)")
+    value = int(value)
+    if inner.units == SchedulerUnits.tokens:
+        t_max = value if unit == "tokens" else value * tokens_per_step
+    else:
+        t_max = value if unit == "steps" else -(-value // tokens_per_step)
+
+    @dataclass
+    class _AtHorizon(Scheduler):
+        """``inner`` evaluated against the original run's ``t_max``."""
+
+        def get_lr(self, initial_lr, current: int, t_max_now: int):
+            return inner.get_lr(initial_lr, current, t_max)
+
+    return _AtHorizon(lr_field=inner.lr_field, initial_lr_field=inner.initial_lr_field, units=inner.units)
+
+
+def holds_optim_state(ckpt_dir: Path) -> bool:
+    """Whether an OLMo-core checkpoint's DCP state (``model_and_optim/``, or the folder itself for a model-only
+    one) holds optimizer state (``optim.*`` keys in its ``.metadata``)."""
+    from olmo_core.distributed.checkpoint import get_checkpoint_metadata
+
+    state_dir = ckpt_dir / "model_and_optim" if (ckpt_dir / "model_and_optim").is_dir() else ckpt_dir
+    if not (state_dir / ".metadata").is_file():
+        return False
+    return any(k.startswith("optim.") for k in get_checkpoint_metadata(str(state_dir)).state_dict_metadata)
+
+
 class OlmoCoreFramework(Framework):
     """Continue an OLMo-core checkpoint with OLMo-core's ``Trainer`` (module docstring)."""
 
@@ -103,19 +204,25 @@ class OlmoCoreFramework(Framework):
     @classmethod
     def checkpoint_settings(cls, model: ModelConf, cache_dir: str) -> Dict[str, Any]:
         """The run settings an OLMo-core checkpoint records (see :meth:`Framework.checkpoint_settings
-        <frameworks.base.Framework.checkpoint_settings>`): from ``config.json`` (OLMo-core's experiment config)
-        ``dataset.paths``, ``dataset.sequence_length``, ``dataset.dtype``, ``dataset.tokenizer.identifier`` and
-        ``data_loader.global_batch_size`` (tokens) / ``seed``; from ``train/rank0.pt`` (which wins) the step and
-        the data loader's sequence length, seed and tokens per step. OLMo-core's loader seed ``s`` is
-        ``data.seed=s`` with ``data.first_epoch=1``."""
+        <frameworks.base.Framework.checkpoint_settings>`): from ``config.json`` (OLMo-core's ``ExperimentConfig``
+        as its ``ConfigSaverCallback`` writes it, ``olmo_core/script_utils.py``) the token files as OLMo-core
+        resolves ``dataset.paths`` / ``mix`` + ``mix_base_dir`` / ``expand_glob`` / ``source_permutation_seed``
+        (``olmo_core/data/numpy_dataset.py``), ``dataset.sequence_length``, ``dataset.dtype``,
+        ``dataset.tokenizer.identifier`` and ``data_loader.global_batch_size`` (tokens) / ``seed``; from
+        ``train/rank0.pt`` (which wins) the step and the data loader's sequence length, seed and tokens per step.
+        OLMo-core's loader seed ``s`` is ``data.seed=s`` with ``data.first_epoch=1``.
+
+        :raises CheckpointError: if ``config.json``'s dataset cannot be read or its files resolved.
+        """
         from pretrain_exp.data.assets import tokenizer_for_identifier
 
         path = cls.resolve_model_dir(model, cache_dir, settings_only=True)
         raw = json.loads((path / "config.json").read_text())
         dataset, loader = raw.get("dataset") or {}, raw.get("data_loader") or {}
         out: Dict[str, Any] = {}
-        if dataset.get("paths"):
-            out["data.paths"] = [str(p) for p in dataset["paths"]]
+        paths = dataset_paths(dataset, path / "config.json")
+        if paths:
+            out["data.paths"] = paths
         if dataset.get("dtype"):
             out["data.dtype"] = str(dataset["dtype"])
         identifier = (dataset.get("tokenizer") or {}).get("identifier")
@@ -139,6 +246,15 @@ class OlmoCoreFramework(Framework):
         if seed is not None:
             out.update({"data.seed": int(seed), "data.first_epoch": 1})
         return out
+
+    @classmethod
+    def missing_setting_hint(cls, key: str) -> str:
+        """``model.checkpoint_step``: the checkpoint has no trainer state (``train/rank0.pt``), so its step and
+        data-loader position are unknown."""
+        if key == "model.checkpoint_step":
+            return ("it has no trainer state (train/rank0.pt: step and data-loader position); a model-only "
+                    "checkpoint starts at the step you give")
+        return ""
 
     @classmethod
     def resolve_model_dir(cls, model: ModelConf, cache_dir: str, settings_only: bool = False) -> Path:
@@ -227,15 +343,117 @@ class OlmoCoreFramework(Framework):
         found = latest_step_dir(self.checkpoint_dir, r"step(\d+)", ".metadata.json")
         return None if found is None else OlmoCoreCheckpoint(found[1], found[0], self._tokenizer)
 
+    @functools.cached_property
+    def experiment_config(self) -> Dict[str, Any]:
+        """The initial checkpoint's ``config.json`` (OLMo-core's serialized ``ExperimentConfig``; ``{}`` if absent)."""
+        path = self.model_dir / "config.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    def _train_module_entry(self, key: str) -> Optional[Any]:
+        """``config.json`` ``train_module.<key>`` if ``framework.lr_schedule=checkpoint`` (else ``None``)."""
+        if self.cfg.framework.uses_run_lr_schedule():
+            return None
+        return (self.experiment_config.get("train_module") or {}).get(key)
+
     @property
     def peak_lr(self) -> float:
-        """The learning rate the schedule scales (``training.learning_rate``)."""
+        """The learning rate the run's schedule scales (``training.learning_rate``); with the checkpoint's optimizer
+        (:meth:`optim_config`) its own ``lr`` is the peak instead."""
         return self.cfg.training.learning_rate
 
-    def scheduler(self):
-        """The OLMo-core LR scheduler of the run (:func:`run_scheduler` of ``training.lr_scheduler``)."""
+    def optim_config(self):
+        """The OLMo-core optimizer config: with ``framework.lr_schedule=checkpoint`` the checkpoint's own
+        ``train_module.optim`` (class, hyper-parameters and ``group_overrides``, e.g. no weight decay on
+        ``embeddings.weight``; deserialized with OLMo-core's ``Config.from_dict``), else (or if the checkpoint has
+        none) ``AdamWConfig`` of :attr:`peak_lr` and ``training.adam_beta1/2`` / ``weight_decay``.
+
+        :raises CheckpointError: if ``train_module.optim`` names a class outside OLMo-core or is not an optimizer.
+        """
+        from olmo_core.optim import AdamWConfig, OptimConfig
+
+        raw = self._train_module_entry("optim")
+        if raw is not None:
+            return olmo_core_config(raw, OptimConfig, self.model_dir / "config.json", "train_module.optim")
         t = self.cfg.training
+        return AdamWConfig(lr=self.peak_lr, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay)
+
+    @property
+    def max_grad_norm(self) -> Optional[float]:
+        """Gradient clipping: the checkpoint's ``train_module.max_grad_norm`` (``framework.lr_schedule=checkpoint``
+        and a checkpoint that records a train module), else ``training.max_grad_norm``."""
+        if self._train_module_entry("optim") is not None:
+            value = self._train_module_entry("max_grad_norm")
+            return None if value is None else float(value)
+        return self.cfg.training.max_grad_norm
+
+    @property
+    def z_loss_multiplier(self) -> Optional[float]:
+        """The checkpoint's ``train_module.z_loss_multiplier`` (as :attr:`max_grad_norm`), else none."""
+        value = self._train_module_entry("z_loss_multiplier")
+        return None if value is None else float(value)
+
+    def scheduler(self):
+        """The OLMo-core LR scheduler: with ``framework.lr_schedule=checkpoint`` the checkpoint's own
+        ``train_module.scheduler`` over the original run's ``trainer.max_duration``, at the trainer's absolute step
+        (or tokens seen), so step ``k`` of the continuation trains at the LR the original run used at step ``k``
+        (:func:`at_horizon`); else (or, logged, for a checkpoint without one, e.g. a model-only preset)
+        :func:`run_scheduler` of ``training.lr_scheduler`` from the run's first step.
+
+        :raises CheckpointError: if the scheduler or the original duration cannot be read.
+        """
+        from olmo_core.optim import Scheduler
+
+        t = self.cfg.training
+        raw = self._train_module_entry("scheduler")
+        if raw is not None:
+            where = self.model_dir / "config.json"
+            inner = olmo_core_config(raw, Scheduler, where, "train_module.scheduler")
+            duration = (self.experiment_config.get("trainer") or {}).get("max_duration")
+            return at_horizon(inner, duration, t.global_batch_size * t.sequence_length, where)
+        if not self.cfg.framework.uses_run_lr_schedule():
+            log.info("the checkpoint records no train_module.scheduler (%s/config.json): LR schedule from "
+                     "training.* (%s, peak %g) from step %d", self.model_dir, t.lr_scheduler, self.peak_lr,
+                     self.cfg.model.checkpoint_step)
         return run_scheduler(t.lr_scheduler, t.warmup_steps, self.cfg.model.checkpoint_step)
+
+    def dataset_config_kwargs(self) -> Dict[str, Any]:
+        """Extra ``NumpyFSLDatasetConfig`` arguments from the checkpoint's ``config.json`` ``dataset``: its
+        ``tokenizer`` (vocab size and EOS/pad/BOS ids: part of OLMo-core's dataset fingerprint),
+        ``max_target_sequence_length`` (fingerprinted too), ``instance_filter_config`` and
+        ``generate_doc_lengths``. Token files, dtype, sequence length and work dir are the run's.
+
+        :raises CheckpointError: for a dataset class other than OLMo-core's ``NumpyFSLDatasetConfig``.
+        :raises ConfigError: (``training.sequence_length``) for a ``max_target_sequence_length`` above ``L``: OLMo-core
+            then shuffles chunks of ``max_target_sequence_length / L`` instances, which the run's data order
+            (:mod:`pretrain_exp.data.order`) does not reproduce.
+        """
+        from olmo_core.data import NumpyFSLDatasetConfig
+
+        raw = self.experiment_config.get("dataset")
+        if not raw:
+            return {}
+        where = self.model_dir / "config.json"
+        raw = dict(raw)
+        raw.setdefault("tokenizer", {"vocab_size": self.vocab_size})
+        if "_CLASS_" not in raw:
+            raw["_CLASS_"] = "olmo_core.data.numpy_dataset.NumpyFSLDatasetConfig"
+        ds = olmo_core_config(raw, NumpyFSLDatasetConfig, where, "dataset")
+        if type(ds) is not NumpyFSLDatasetConfig:
+            raise CheckpointError(f"{where}: dataset is {raw['_CLASS_']}; only NumpyFSLDatasetConfig is reproduced")
+        out: Dict[str, Any] = {"generate_doc_lengths": bool(ds.generate_doc_lengths)}
+        if "tokenizer" in self.experiment_config.get("dataset", {}):
+            out["tokenizer"] = ds.tokenizer
+        L = self.cfg.training.sequence_length
+        if ds.max_target_sequence_length is not None:
+            if ds.max_target_sequence_length != L:
+                raise ConfigError("training.sequence_length", f"{L}, but the checkpoint's dataset has "
+                                  f"max_target_sequence_length={ds.max_target_sequence_length}: OLMo-core then "
+                                  "shuffles chunks of several instances, which the run's data order does not "
+                                  "reproduce (only max_target_sequence_length = L is)")
+            out["max_target_sequence_length"] = ds.max_target_sequence_length
+        if ds.instance_filter_config is not None:
+            out["instance_filter_config"] = ds.instance_filter_config
+        return out
 
     @staticmethod
     def _dp_config(world: int, cuda: bool):
@@ -264,17 +482,20 @@ class OlmoCoreFramework(Framework):
         return self.run_dir / "olmo_core_work"
 
     def dataset(self, order):
-        """OLMo-core's ``NumpyFSLDataset`` over the run's token files (``order.files``), as training builds it."""
+        """OLMo-core's ``NumpyFSLDataset`` over the run's token files (``order.files``), as training builds it: the
+        run's files, dtype and ``L``, plus :meth:`dataset_config_kwargs` (the checkpoint's tokenizer ids,
+        ``max_target_sequence_length``, instance filter), so its fingerprint is the checkpoint's."""
         from olmo_core.data import NumpyDatasetDType, NumpyFSLDatasetConfig, TokenizerConfig
 
         tok = self._tokenizer
+        kwargs = dict(tokenizer=TokenizerConfig(vocab_size=self.vocab_size, eos_token_id=tok.eos_token_id,
+                                                pad_token_id=tok.pad_token_id if tok.pad_token_id is not None
+                                                else tok.eos_token_id))
+        kwargs.update(self.dataset_config_kwargs())
         return NumpyFSLDatasetConfig(
             dtype=NumpyDatasetDType(order.files.dtype.name),
-            tokenizer=TokenizerConfig(vocab_size=self.vocab_size, eos_token_id=tok.eos_token_id,
-                                      pad_token_id=tok.pad_token_id if tok.pad_token_id is not None
-                                      else tok.eos_token_id),
             paths=[str(p) for p in order.files.paths], sequence_length=self.cfg.training.sequence_length,
-            work_dir=str(self.work_dir),
+            work_dir=str(self.work_dir), **kwargs,
         ).build()
 
     @functools.lru_cache(maxsize=4)
@@ -322,7 +543,6 @@ class OlmoCoreFramework(Framework):
     def _build_trainer(self, start: Checkpoint, until_step: int, rows, log_fn: LogFn):
         from olmo_core.config import DType
         from olmo_core.data import NumpyDataLoaderConfig
-        from olmo_core.optim import AdamWConfig
         from olmo_core.train import Duration, LoadStrategy, TrainerConfig
         from olmo_core.train.callbacks import CheckpointerCallback
         from olmo_core.train.train_module import TransformerTrainModuleConfig
@@ -343,8 +563,9 @@ class OlmoCoreFramework(Framework):
         train_module = TransformerTrainModuleConfig(
             rank_microbatch_size=t.micro_batch_size * L,
             max_sequence_length=L,
-            optim=AdamWConfig(lr=self.peak_lr, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay),
-            max_grad_norm=t.max_grad_norm,
+            optim=self.optim_config(),
+            max_grad_norm=self.max_grad_norm,
+            z_loss_multiplier=self.z_loss_multiplier,
             scheduler=self.scheduler(),
             autocast_precision=DType.bfloat16 if bf16 else None,
             dp_config=self._dp_config(world, cuda),
@@ -356,8 +577,7 @@ class OlmoCoreFramework(Framework):
                                             work_dir=str(self.work_dir)).build(self.dataset(rows.order))
         initial = start.path == self.model_dir
         has_train_state = (Path(start.path) / "train" / "rank0.pt").is_file()
-        has_optim_state = (Path(start.path) / "model_and_optim").is_dir() or bool(
-            json.loads((Path(start.path) / "config.json").read_text()).get("optimizer_state"))
+        has_optim_state = holds_optim_state(Path(start.path))
         callbacks = {
             "pretrain_exp_start": StartAt(cfg.model.checkpoint_step, t.global_batch_size * L),
             "pretrain_exp_insertions": Insertions(rows, dp_rank, world, self._rows_log(dp_rank), noise_feed),

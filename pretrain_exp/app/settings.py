@@ -48,16 +48,29 @@ def settings_of(framework: str, model: ModelConf, cache_dir: str) -> Dict[str, A
     return _CACHE[key]
 
 
-def resolve(key: str, *, _root_) -> Any:
-    """The value of ``${checkpoint:<key>}``: the run's checkpoint's setting ``key``.
+_NO_DEFAULT = object()
 
-    :raises ConfigError: (naming ``key``) if the checkpoint does not record it.
+
+def resolve(key: str, default: Any = _NO_DEFAULT, *, _root_) -> Any:
+    """The value of ``${checkpoint:<key>}`` (or ``${checkpoint:<key>,<default>}``): the run's checkpoint's setting
+    ``key``. ``default`` is used only under a framework whose checkpoints record no run settings at all (``hf``:
+    ``model=local`` serves every framework); a checkpoint that records settings but not ``key`` is an error.
+
+    :raises ConfigError: (naming ``key``, and what the checkpoint lacks where the framework says) if the
+        checkpoint does not record it.
     """
+    from frameworks.registry import get_framework_class
+
     model, cache_dir = _model(_root_)
-    found = settings_of(str(_root_.framework.name), model, cache_dir)
+    framework = str(_root_.framework.name)
+    found = settings_of(framework, model, cache_dir)
     if key not in found:
+        if default is not _NO_DEFAULT and not found:
+            return default
         where = model.path or model.url or model.asset
-        raise ConfigError(key, f"the checkpoint ({where}) does not record it; set {key}=...")
+        why = get_framework_class(framework).missing_setting_hint(key)
+        raise ConfigError(key, f"the checkpoint ({where}) does not record it{'; ' + why if why else ''}; "
+                          f"set {key}=...")
     return found[key]
 
 

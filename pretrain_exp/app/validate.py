@@ -61,7 +61,7 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError("training.max_retries", f"must be >= 0, got {t.max_retries}")
     if not (t.learning_rate >= 0 and math.isfinite(t.learning_rate)):
         raise ConfigError("training.learning_rate", f"must be a finite number >= 0, got {t.learning_rate}")
-    if cfg.framework.uses_run_lr_schedule() and t.lr_scheduler not in framework.lr_schedulers:
+    if cfg.framework.may_use_run_lr_schedule() and t.lr_scheduler not in framework.lr_schedulers:
         raise ConfigError("training.lr_scheduler", f"unknown scheduler {t.lr_scheduler!r} for framework "
                           f"{cfg.framework.name!r}; allowed: {sorted(framework.lr_schedulers)}")
     cfg.insertion.experiments = parse_experiments(cfg.insertion.experiments)

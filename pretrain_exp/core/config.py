@@ -70,6 +70,11 @@ class FrameworkConf:
         supports); False where the framework continues the checkpoint's own schedule."""
         return True
 
+    def may_use_run_lr_schedule(self) -> bool:
+        """Whether ``training.lr_scheduler`` may set the schedule (checked when the config is validated): where
+        :meth:`uses_run_lr_schedule`, or where the framework falls back to it for a checkpoint without one."""
+        return self.uses_run_lr_schedule()
+
 
 @dataclass
 class ModelConf:

@@ -80,7 +80,6 @@ def test_bad_framework_value(overrides, needles, tmp_path):
 
 @pytest.mark.parametrize("overrides, key", [
     (["framework.lr_schedule=run"], "framework.lr_schedule"),  # olmo2's field, not hf's
-    (["framework=olmo_core", "framework.lr_schedule=run"], "framework.lr_schedule"),
     (["framework=olmo_core", "framework.attn_implementation=eager"], "framework.attn_implementation"),
     (["framework=olmo2", "framework.attn_implementation=eager"], "framework.attn_implementation"),
     (["framework.attn_implementaton=eager"], "framework.attn_implementaton"),  # typo
