@@ -26,6 +26,7 @@ from pretrain_exp.data.token_files import write_token_file
 from tests.conftest import CACHE_DIR, ROOT, compose, make_config
 
 pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
+pytestmark = pytest.mark.slow  # the fixture is two OLMo-core runs (~1 min on 2 cores)
 
 from frameworks.olmo_core.checkpoint import check_train_state, load_model  # noqa: E402
 from frameworks.olmo_core.framework import OlmoCoreFramework, holds_optim_state  # noqa: E402
@@ -109,7 +110,7 @@ def assert_continues_upstream(run_dir: Path, fx: dict, last: int, world: int) ->
     assert diff < 1e-4
 
 
-# --- fast: each of these failed on the previous main ----------------------------------------------------------
+# --- each of these failed on the previous main ----------------------------------------------------------
 
 
 def test_settings_come_from_the_checkpoint_without_hand_copied_values(fixture):
@@ -171,17 +172,15 @@ def test_layouts_with_and_without_trainer_or_optimizer_state(fixture, tmp_path):
                        run_dir=tmp_path).model.checkpoint_step == 3
 
 
-# --- slow: against OLMo-core's own continuation ---------------------------------------------------------------
+# --- against OLMo-core's own continuation ---------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_one_step_continuation_equals_olmo_cores(fixture, tmp_path):
     run = tmp_path / "one"
     project_cli(*MINIMAL, f"model.path={fixture['step3']}", "training.num_steps=1", run_dir=run)
     assert_continues_upstream(run, fixture, last=4, world=1)
 
 
-@pytest.mark.slow
 def test_three_step_continuation_on_two_processes_equals_olmo_cores(fixture, tmp_path):
     run = tmp_path / "two"
     project_cli(*MINIMAL, f"model.path={fixture['step3']}", "training.num_steps=3", "training.nproc_per_node=2",
@@ -189,7 +188,6 @@ def test_three_step_continuation_on_two_processes_equals_olmo_cores(fixture, tmp
     assert_continues_upstream(run, fixture, last=6, world=2)
 
 
-@pytest.mark.slow
 def test_an_insertion_plan_lands_on_olmo_cores_rows(fixture, tmp_path, monkeypatch):
     """With a plan, steps 4-6 train OLMo-core's instances with exactly the planned rows' tokens."""
     from frameworks.olmo_core import framework as olmo_core_framework
