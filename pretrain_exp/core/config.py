@@ -96,6 +96,9 @@ class DataConf:
     seed: int = II("seed")  # type: ignore[assignment]  #: data-order seed (PCG64(seed + epoch))
     first_epoch: int = 1  #: 1 = OLMo-core's count (OLMo-2 counts from 0: OLMo-2 seed S = OLMo-core seed S-1)
     held_out_rows: int = 16  #: rows at the end of the first epoch's order, never trained, for perplexity
+    path_prefixes: Dict[str, str] = field(default_factory=dict)  #: {old prefix: new prefix} of paths, first wins
+    prefetch: str = "auto"  #: auto (= window for remote paths) | window | none (remote rows read on demand)
+    dtype: Optional[str] = None  #: token-file dtype (uint16/uint32); None = from the vocabulary size
 
 
 @dataclass

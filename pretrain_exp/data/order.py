@@ -20,8 +20,6 @@ memory-mapped read-only afterwards. Building it takes ``4 N`` bytes of memory (`
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import logging
 import time
 from dataclasses import dataclass
@@ -34,6 +32,7 @@ import numpy as np
 from pretrain_exp.core.errors import DataError
 from pretrain_exp.core.io import atomic_path
 from pretrain_exp.data.token_files import TokenFiles
+from pretrain_exp.data.window import file_lock
 
 log = logging.getLogger(__name__)
 
@@ -51,17 +50,6 @@ def permutation_path(cache_dir: str | Path, num_instances: int, pcg_seed: int) -
     return Path(cache_dir) / "permutations" / f"{int(num_instances)}-{int(pcg_seed)}.npy"
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def cached_permutation(cache_dir: str | Path, num_instances: int, pcg_seed: int) -> np.ndarray:
     """The permutation of :func:`build_permutation`, built once into :func:`permutation_path` and memory-mapped.
 
@@ -71,7 +59,7 @@ def cached_permutation(cache_dir: str | Path, num_instances: int, pcg_seed: int)
     path = permutation_path(cache_dir, num_instances, pcg_seed)
     nbytes = 4 * int(num_instances)
     if not (path.is_file() and path.stat().st_size == nbytes):
-        with _file_lock(path.with_name(path.name + ".lock")):
+        with file_lock(path.with_name(path.name + ".lock")):
             if not (path.is_file() and path.stat().st_size == nbytes):
                 t0 = time.monotonic()
                 perm = build_permutation(num_instances, pcg_seed)

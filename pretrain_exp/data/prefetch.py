@@ -27,11 +27,11 @@ from typing import Callable, Dict, Mapping, Optional, Sequence
 
 import numpy as np
 
-from pretrain_exp.core.errors import DataError
+from pretrain_exp.core.errors import ConfigError, DataError
 from pretrain_exp.data.order import DataOrder
 from pretrain_exp.data.remote import DEFAULT_THREADS, _progress, redact
 from pretrain_exp.data.token_files import TokenFiles
-from pretrain_exp.data.window import merge_ranges, subtract_ranges, total_bytes
+from pretrain_exp.data.window import file_lock, merge_ranges, subtract_ranges, total_bytes
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,18 @@ def prefetch_ranges(files: TokenFiles, ranges: Ranges, *, threads: int = DEFAULT
     :returns: :class:`PrefetchStats`.
     :raises DataError: if the disk free at the window cache is smaller than the bytes to fetch, a URL answers
         404, a file changed size, or a request fails after its retries; what was fetched is kept and recorded.
+
+    Processes sharing the cache (the ranks of a job) take turns through a file lock: the first fetches, the
+    others find the window cached.
     """
+    if not any(files.remote[fi] for fi in ranges):
+        return PrefetchStats()
+    with file_lock(files.window.root / ".prefetch.lock"):
+        return _prefetch_ranges(files, ranges, threads, chunk_bytes, progress, on_chunk)
+
+
+def _prefetch_ranges(files: TokenFiles, ranges: Ranges, threads: int, chunk_bytes: int, progress: bool,
+                     on_chunk: Optional[Callable[[int, int, int], None]]) -> PrefetchStats:
     t0 = time.monotonic()
     stats = PrefetchStats()
     remote = {fi: merge_ranges(r) for fi, r in ranges.items() if files.remote[fi]}
@@ -147,6 +158,7 @@ def prefetch_ranges(files: TokenFiles, ranges: Ranges, *, threads: int = DEFAULT
     present = {fi: files.present(fi) for fi in miss}
     fds: Dict[int, int] = {}
     dirty: Dict[int, float] = {}  # file index -> time of its last manifest write
+
     def fetch(fi: int, a: int, b: int) -> int:
         data = files.reader.read(files.paths[fi], a, b - a, int(files.num_bytes[fi]))
         files.window.write(files.window.path_for(files.paths[fi]), fds[fi], a, data)
@@ -209,6 +221,35 @@ def prefetch_ranges(files: TokenFiles, ranges: Ranges, *, threads: int = DEFAULT
     return stats
 
 
+PREFETCH_MODES = ("auto", "window", "none")
+
+
+def resolve_prefetch(mode: str, files: TokenFiles) -> str:
+    """``data.prefetch`` for these files: ``"window"`` or ``"none"`` (``auto`` = window iff a path is remote).
+
+    :raises ConfigError: (``data.prefetch``) for an unknown mode.
+    """
+    if mode not in PREFETCH_MODES:
+        raise ConfigError("data.prefetch", f"unknown mode {mode!r}; allowed: {', '.join(PREFETCH_MODES)}")
+    if mode == "auto":
+        return "window" if any(files.remote) else "none"
+    return mode
+
+
+def prefetch_window(order: DataOrder, first_row: int, num_rows: int, *, threads: int = DEFAULT_THREADS,
+                    chunk_bytes: int = CHUNK_BYTES, progress: bool = True) -> PrefetchStats:
+    """Fetch the instances of rows ``[first_row, first_row + num_rows)`` of ``order`` into the window cache and
+    check that all are present (:func:`window_ranges`, :func:`prefetch_ranges`, :func:`check_window`).
+
+    :returns: :class:`PrefetchStats` (all zero when every file is local).
+    :raises DataError: see :func:`prefetch_ranges` and :func:`check_window`.
+    """
+    ranges = window_ranges(order, first_row, num_rows)
+    stats = prefetch_ranges(order.files, ranges, threads=threads, chunk_bytes=chunk_bytes, progress=progress)
+    check_window(order.files, ranges)
+    return stats
+
+
 def prefetch(paths: Sequence[str | Path], dtype, sequence_length: int, global_batch_size: int, seed: int,
              first_epoch: int, first_row: int, num_rows: int, cache_dir: str | Path,
              prefixes: Optional[Mapping[str, str]] = None, *, threads: int = DEFAULT_THREADS,
@@ -235,7 +276,5 @@ def prefetch(paths: Sequence[str | Path], dtype, sequence_length: int, global_ba
     if files is None:
         files = TokenFiles(paths, dtype, cache_dir=cache_dir, prefixes=prefixes, threads=threads, progress=progress)
     order = DataOrder(files, sequence_length, global_batch_size, seed, first_epoch, cache_dir=cache_dir)
-    ranges = window_ranges(order, first_row, num_rows)
-    stats = prefetch_ranges(files, ranges, threads=threads, chunk_bytes=chunk_bytes, progress=progress)
-    check_window(files, ranges)
+    stats = prefetch_window(order, first_row, num_rows, threads=threads, chunk_bytes=chunk_bytes, progress=progress)
     return files, order, stats

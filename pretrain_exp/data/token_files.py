@@ -103,8 +103,8 @@ class TokenFiles:
         self.dtype = np.dtype(dtype).newbyteorder("<")
         if not paths:
             raise DataError("no token files given")
-                #: per file: ``Path`` for a local file, ``str`` URL (after the prefix map) for a remote one
-        self.paths: List[Union[Path, str]] = [p if is_remote(str(p)) else Path(p) for p in map_prefixes(paths, prefixes)]
+        #: per file: ``Path`` for a local file, ``str`` URL (after the prefix map) for a remote one
+        self.paths: List[Union[Path, str]] = [p if is_remote(p) else Path(p) for p in map_prefixes(paths, prefixes)]
         self.remote = [isinstance(p, str) for p in self.paths]  #: per file: read over the network
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.reader = reader or (RemoteReader() if any(self.remote) else None)

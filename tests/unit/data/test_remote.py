@@ -16,12 +16,19 @@ import pickle
 import numpy as np
 import pytest
 
-from pretrain_exp.core.errors import DataError
+from pretrain_exp.core.errors import ConfigError, DataError
 from pretrain_exp.core.retry import RetryPolicy
 from pretrain_exp.data import order as order_mod
 from pretrain_exp.data import prefetch as prefetch_mod
 from pretrain_exp.data.order import DataOrder, build_permutation, permutation_path
-from pretrain_exp.data.prefetch import check_window, prefetch, prefetch_ranges, window_ranges
+from pretrain_exp.data.prefetch import (
+    PREFETCH_MODES,
+    check_window,
+    prefetch,
+    prefetch_ranges,
+    resolve_prefetch,
+    window_ranges,
+)
 from pretrain_exp.data.remote import RemoteReader, map_prefixes, redact, size_index_path
 from pretrain_exp.data.token_files import TokenFiles
 from pretrain_exp.data.window import merge_ranges, subtract_ranges, total_bytes
@@ -275,3 +282,15 @@ def test_permutation_cache_equals_in_memory_and_is_reused(tmp_path, monkeypatch)
     monkeypatch.setattr(order_mod, "build_permutation", lambda *a: calls.append(a) or real(*a))
     again = DataOrder(files, 4, 16, seed, cache_dir=tmp_path / "c")  # another process, same cache
     assert again.instance(5) == in_memory.instance(5) and calls == []
+
+
+def test_resolve_prefetch(mix, server, tmp_path, reader):
+    remote = remote_files(mix, server, tmp_path, reader, urls=mix[1][:2])
+    local_only = TokenFiles([local(mix, u) for u in mix[1][:2]], U32)
+    assert [resolve_prefetch(m, remote) for m in PREFETCH_MODES] == ["window", "window", "none"]
+    assert [resolve_prefetch(m, local_only) for m in PREFETCH_MODES] == ["none", "window", "none"]
+    assert local_only.local_paths() == [str(local(mix, u)) for u in mix[1][:2]]
+    with pytest.raises(ConfigError, match=r"^data\.prefetch: unknown mode 'always'; allowed: auto, window, none$"):
+        resolve_prefetch("always", remote)
+    with pytest.raises(ConfigError, match=r"^cache_dir: remote token files \(http://olmo-data\.org/"):
+        TokenFiles(mix[1][:2], U32)
