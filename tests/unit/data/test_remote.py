@@ -294,3 +294,41 @@ def test_resolve_prefetch(mix, server, tmp_path, reader):
         resolve_prefetch("always", remote)
     with pytest.raises(ConfigError, match=r"^cache_dir: remote token files \(http://olmo-data\.org/"):
         TokenFiles(mix[1][:2], U32)
+
+
+CHILD = """
+import sys
+import numpy as np
+from pretrain_exp.data.prefetch import prefetch
+urls, base, cache = sys.argv[1].split(","), sys.argv[2], sys.argv[3]
+prefetch(urls, np.uint32, 64, 8, 3, 1, 0, 40 * 8, cache, {"http://olmo-data.org/": base + "/"}, threads=2,
+         chunk_bytes=64 * 4, progress=False)
+"""
+
+
+@pytest.mark.slow
+def test_prefetch_killed_by_sigkill_resumes(mix, tmp_path, reader):
+    import subprocess
+    import sys
+    import time
+
+    with RangeServer(mix[0], latency_s=0.01) as srv:
+        env = dict(os.environ, PYTHONPATH=os.getcwd(), no_proxy="127.0.0.1")
+        child = subprocess.Popen([sys.executable, "-c", CHILD, ",".join(mix[1]), srv.base, str(tmp_path)], env=env)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and srv.bytes_served < 20_000:  # some manifests written, far from done
+            time.sleep(0.05)
+        time.sleep(1.2)  # past one manifest interval
+        child.kill()
+        child.wait()
+        first = srv.bytes_served
+        files = TokenFiles(mix[1], U32, cache_dir=tmp_path, prefixes={OLMO_DATA: srv.base + "/"}, reader=reader,
+                           progress=False)
+        ranges = window_ranges(DataOrder(files, L, B, SEED, cache_dir=tmp_path), 0, 40 * B)
+        needed = sum(total_bytes(r) for r in ranges.values())
+        assert 0 < first < needed
+        srv.reset_counts()
+        stats = prefetch_ranges(files, ranges, threads=4, progress=False)
+        assert stats.cached_bytes > 0 and srv.bytes_served == needed - stats.cached_bytes  # only what is missing
+        assert stats.cached_bytes <= first  # the manifests never claim bytes that were not received
+        check_window(files, ranges)
