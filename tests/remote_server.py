@@ -212,3 +212,23 @@ def build_mix(root: str | Path, tokens_per_file: Sequence[int] | int = 3000, cac
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         toks.astype("<u4").tofile(root / rel)
     return [OLMO_DATA + rel for rel in rels]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """``python -m tests.remote_server ROOT [--latency-ms MS]``: serve ``ROOT`` in this process (its own GIL, for
+    benchmarks); prints ``<base url>`` on the first line, then, when stdin closes, ``<requests> <bytes served>``."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("root")
+    ap.add_argument("--latency-ms", type=float, default=0.0)
+    args = ap.parse_args(argv)
+    with RangeServer(args.root, latency_s=args.latency_ms / 1e3) as srv:
+        print(srv.base, flush=True)
+        sys.stdin.read()
+        print(srv.count(), srv.bytes_served, flush=True)
+
+
+if __name__ == "__main__":
+    main()

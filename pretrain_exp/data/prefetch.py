@@ -164,8 +164,12 @@ def _prefetch_ranges(files: TokenFiles, ranges: Ranges, threads: int, chunk_byte
         files.window.write(files.window.path_for(files.paths[fi]), fds[fi], a, data)
         return len(data)
 
+    finished: Dict[int, list] = {fi: [] for fi in miss}  # chunks on disk, not yet merged into present[fi]
+
     def record(fi: int, force: bool) -> None:
-        if force or time.monotonic() - dirty.get(fi, 0.0) >= MANIFEST_EVERY_S:
+        if finished[fi] and (force or time.monotonic() - dirty.get(fi, 0.0) >= MANIFEST_EVERY_S):
+            present[fi] = merge_ranges(np.vstack([present[fi], np.asarray(finished[fi], np.int64)]))
+            finished[fi].clear()
             files.window.record(files.paths[fi], int(files.num_bytes[fi]), present[fi])
             dirty[fi] = time.monotonic()
 
@@ -196,7 +200,7 @@ def _prefetch_ranges(files: TokenFiles, ranges: Ranges, threads: int, chunk_byte
                     except BaseException as e:  # noqa: B036 - kept to re-raise after the in-flight chunks land
                         error = error or e
                         continue
-                    present[fi] = merge_ranges(np.vstack([present[fi], [[a, b]]]))
+                    finished[fi].append((a, b))
                     stats.fetched_bytes += n
                     stats.chunks += 1
                     bar.advance(task, n)
@@ -209,9 +213,10 @@ def _prefetch_ranges(files: TokenFiles, ranges: Ranges, threads: int, chunk_byte
             if error is not None:
                 raise error
     finally:
-        for fi in fds:
+        for fi in list(fds):
+            os.close(fds.pop(fi))
+        for fi in finished:
             record(fi, force=True)
-            os.close(fds[fi])
         for fi in present:
             files._present[fi] = present[fi]
         stats.requests = files.reader.requests - requests_before

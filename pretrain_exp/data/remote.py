@@ -222,6 +222,7 @@ class RemoteReader:
 
     def _http_read(self, url: str, start: int, num_bytes: int, total: int) -> bytes:
         import requests
+        import urllib3
 
         self._count()
         end = start + num_bytes
@@ -238,7 +239,7 @@ class RemoteReader:
                         raise changed_size_error(url, total, now)
                     if first != start:
                         raise TransientError(f"server answered from byte {first}, not {start}")
-                    data = r.content
+                    data = r.raw.read(num_bytes + 1)  # one read (``content`` goes in 10 KiB pieces)
                 elif r.status_code == 200:  # a server that ignores Range: the whole file
                     length = r.headers.get("Content-Length")
                     if length is not None and length.isdigit() and int(length) != total:
@@ -249,7 +250,8 @@ class RemoteReader:
                     data = data[start:end]
                 else:
                     raise DataError(f"{redact(url)}: unexpected HTTP {r.status_code}")
-        except requests.RequestException as e:  # refused, reset, timeout, dropped mid-body (IncompleteRead)
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as e:  # refused, reset, timeout
+            # or a connection dropped mid-body (urllib3 IncompleteRead from ``raw.read``)
             raise TransientError(f"{type(e).__name__}: {redact(str(e))}") from None
         if len(data) != num_bytes:
             raise TransientError(f"short read: {len(data)} of {num_bytes} bytes")

@@ -163,21 +163,19 @@ class TokenFiles:
             raise DataError(f"{self._name(file_index)}: read past the end ({start}+{length} > "
                             f"{self.num_tokens[file_index]})")
         p = self.paths[file_index]
-        isz = self.dtype.itemsize
         if isinstance(p, str):
+            isz = self.dtype.itemsize
             a, b = start * isz, (start + length) * isz
             if not (covers(self.present(file_index), a, b) or covers(self.present(file_index, refresh=True), a, b)):
                 data = self.reader.read(p, a, b - a, int(self.num_bytes[file_index]))
                 return np.frombuffer(data, dtype=self.dtype).astype(np.int64)
-            path = self.window.path_for(p)
-        else:
-            path = p
         mm = self._maps.get(file_index)
         if mm is None:
+            path = self.window.path_for(p) if isinstance(p, str) else p
             mm = self._maps[file_index] = np.memmap(path, dtype=self.dtype, mode="r")
         out = np.asarray(mm[start:start + length], dtype=np.int64)
         if out.size != length:
-            raise DataError(f"{path}: read past the end ({start}+{length} > {mm.size})")
+            raise DataError(f"{self._name(file_index)}: read past the end ({start}+{length} > {mm.size})")
         return out
 
     def _name(self, file_index: int) -> str:
