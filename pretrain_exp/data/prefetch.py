@@ -29,7 +29,7 @@ import numpy as np
 
 from pretrain_exp.core.errors import ConfigError, DataError
 from pretrain_exp.data.order import DataOrder
-from pretrain_exp.data.remote import DEFAULT_THREADS, _progress, redact
+from pretrain_exp.data.remote import DEFAULT_THREADS, _progress, changed_size_error, redact
 from pretrain_exp.data.token_files import TokenFiles
 from pretrain_exp.data.window import file_lock, merge_ranges, subtract_ranges, total_bytes
 
@@ -155,6 +155,12 @@ def _prefetch_ranges(files: TokenFiles, ranges: Ranges, threads: int, chunk_byte
         stats.seconds = time.monotonic() - t0
         return stats
 
+    for fi in miss:  # http(s) answers carry the size (Content-Range); other schemes are asked once here
+        url = files.paths[fi]
+        if not url.lower().startswith(("http://", "https://")):
+            now = files.reader.size(url)
+            if now != int(files.num_bytes[fi]):
+                raise changed_size_error(url, int(files.num_bytes[fi]), now)
     present = {fi: files.present(fi) for fi in miss}
     fds: Dict[int, int] = {}
     dirty: Dict[int, float] = {}  # file index -> time of its last manifest write

@@ -332,3 +332,49 @@ def test_prefetch_killed_by_sigkill_resumes(mix, tmp_path, reader):
         assert stats.cached_bytes > 0 and srv.bytes_served == needed - stats.cached_bytes  # only what is missing
         assert stats.cached_bytes <= first  # the manifests never claim bytes that were not received
         check_window(files, ranges)
+
+
+def test_object_store_urls_go_through_olmo_core_io(mix, tmp_path, monkeypatch, sleeps):
+    """``s3://`` (likewise ``gs://``, ``r2://``) is read by ``olmo_core.io.get_file_size``/``get_bytes_range``;
+    here those two read the local copies (no S3 endpoint offline), so the plumbing around them is what is tested:
+    sizes, rows, retries of a flaky client, a missing object, a changed size seen by the prefetch."""
+    from olmo_core import io as olmo_io
+
+    def path_of(url):
+        assert url.startswith("s3://ai2-llm/")
+        return local(mix, OLMO_DATA + url[len("s3://ai2-llm/"):])
+
+    flaky = {"n": 1}
+
+    def get_bytes_range(url, start, n):
+        if flaky["n"]:
+            flaky["n"] -= 1
+            raise ConnectionError("endpoint reset the connection")
+        with open(path_of(url), "rb") as f:
+            f.seek(start)
+            return f.read(n)
+
+    def get_file_size(url):
+        if not path_of(url).is_file():
+            raise FileNotFoundError(url)
+        return path_of(url).stat().st_size
+
+    monkeypatch.setattr(olmo_io, "get_file_size", get_file_size)
+    monkeypatch.setattr(olmo_io, "get_bytes_range", get_bytes_range)
+    reader = RemoteReader(RetryPolicy(max_retries=2, base_delay_s=0.001, sleep=sleeps.append))
+    urls = mix[1][:6]
+    files = TokenFiles(urls, U32, cache_dir=tmp_path, prefixes={OLMO_DATA: "s3://ai2-llm/"}, reader=reader,
+                       progress=False)
+    order = DataOrder(files, L, B, SEED)
+    local_order = DataOrder(TokenFiles([local(mix, u) for u in urls], U32), L, B, SEED)
+    assert np.array_equal(order.row_tokens(5), expected_row(mix, local_order, 5)) and len(sleeps) == 1
+    with pytest.raises(DataError, match=r"^s3://ai2-llm/preprocessed/nope/part-0-00000\.npy: token file not found$"):
+        TokenFiles(["s3://ai2-llm/preprocessed/nope/part-0-00000.npy"], U32, cache_dir=tmp_path, reader=reader)
+    victim = local(mix, urls[2])
+    original = victim.read_bytes()
+    try:
+        victim.write_bytes(original[:-4 * L])
+        with pytest.raises(DataError, match=r"part-2-00000\.npy: remote file changed since its size was indexed"):
+            prefetch_ranges(files, window_ranges(order, 0, order.rows_per_epoch), progress=False)
+    finally:
+        victim.write_bytes(original)
