@@ -16,7 +16,8 @@ server (``tests/remote_server.py``) on 127.0.0.1 with a fixed latency added to e
    loader thread reads one batch ahead while a simulated GPU step runs.
 
 3. **permutation build** (:func:`pretrain_exp.data.order.cached_permutation`): time to shuffle, write and
-   memory-map, and the peak resident memory of a fresh process doing it, at N = 1e7, 1e8 and 1e9 (1e9 only if the
+   memory-map, and the peak resident memory (``VmHWM``; ``ru_maxrss`` would include the parent's, kept across
+   exec) of a fresh process doing it, at N = 1e7, 1e8 and 1e9 (1e9 only if the
    machine has the memory, else extrapolated linearly from 1e8, and printed as extrapolated).
 
 Usage: ``python benchmarks/prefetch.py [--latency-ms 20] [--threads 64] [--skip-1e9]``. Numbers are printed, not
@@ -48,7 +49,7 @@ from tests.remote_server import OLMO_DATA, build_mix  # noqa: E402
 L, B, GPU_STEP_S = 4096, 512, 0.3
 
 PERM_CHILD = """
-import resource, sys, time
+import sys, time
 import numpy as np
 from pretrain_exp.data.order import cached_permutation
 n, cache = int(sys.argv[1]), sys.argv[2]
@@ -60,7 +61,8 @@ t2 = time.perf_counter()
 again = cached_permutation(cache, n, 12345)
 y = int(again[n // 3])
 t3 = time.perf_counter()
-print(t1 - t0, t3 - t2, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+hwm = [line for line in open("/proc/self/status") if line.startswith("VmHWM:")][0].split()[1]
+print(t1 - t0, t3 - t2, int(hwm) * 1024)
 """
 
 
