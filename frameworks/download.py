@@ -1,4 +1,5 @@
-"""Download OLMo checkpoints over HTTP(S): resumable, size-checked, retried, cached. Standard library only.
+"""Download OLMo checkpoints over HTTP(S): resumable, size-checked, retried, cached. Standard library only
+(retries follow the project's one backoff policy, :mod:`pretrain_exp.core.retry`).
 
 Layouts (``<base>`` is the folder that holds the ``step<N>`` folders; directory listing is not allowed on
 olmo-checkpoints.org, so every file is fetched by name):
@@ -46,7 +47,6 @@ import http.client
 import json
 import logging
 import os
-import random
 import re
 import sys
 import time
@@ -56,12 +56,12 @@ from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
 from pretrain_exp.core.errors import CheckpointError
+from pretrain_exp.core.retry import MAX_DELAY_S, RetryPolicy, TransientError, backoff_delay  # noqa: F401
 
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1 << 20  #: read/write unit, bytes
 DEFAULT_TIMEOUT_S = 60.0  #: socket timeout per blocking operation, seconds
-MAX_DELAY_S = 60.0  #: cap of one backoff sleep before jitter, seconds
 PROGRESS_EVERY_S = 30.0  #: interval of progress log lines during one file, seconds
 MARKER = ".download-complete.json"  #: written into a checkpoint dir once every file is present
 USER_AGENT = "pretrain_exp-download/1"
@@ -78,18 +78,10 @@ class RemoteFileNotFound(CheckpointError):
         super().__init__(f"{url}: not found (HTTP {status})")
 
 
-class _Transient(Exception):
-    """A failure worth retrying: connection error, timeout, 5xx/408/429, short read."""
+_Transient = TransientError  #: a failure worth retrying (the shared policy of :mod:`pretrain_exp.core.retry`)
 
 
 # ------------------------------------------------------------------------------------------------ one file
-
-
-def backoff_delay(failures: int, base_delay_s: float) -> float:
-    """Sleep before retry number ``failures`` (1-based), seconds: ``min(60, base * 2**(failures-1))`` plus up to
-    half of that again as random jitter, so consecutive sleeps strictly grow until the cap."""
-    delay = min(MAX_DELAY_S, base_delay_s * 2 ** (failures - 1))
-    return delay + random.uniform(0.0, delay / 2)
 
 
 def _size(path: Path) -> int:
@@ -202,26 +194,15 @@ def download_file(url: str, dest: str | os.PathLike, *, max_retries: int = 5, ba
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
-    failures = 0
     t0 = time.monotonic()
     log.info("downloading %s", url)
-    while True:
-        before = _size(part)
-        try:
-            _attempt(url, part, timeout_s)
-            break
-        except _Transient as e:
-            if _size(part) > before:
-                failures = 0
-            failures += 1
-            if failures > max_retries:
-                raise CheckpointError(
-                    f"{url}: download failed after {failures} consecutive attempts without progress "
-                    f"({_size(part)} bytes kept in {part}): {e}"
-                ) from None
-            delay = backoff_delay(failures, base_delay_s)
-            log.warning("%s: %s; retry %d/%d in %.1f s", url, e, failures, max_retries, delay)
-            sleep(delay)
+
+    def give_up(failures: int, e: Exception) -> CheckpointError:
+        return CheckpointError(f"{url}: download failed after {failures} consecutive attempts without progress "
+                               f"({_size(part)} bytes kept in {part}): {e}")
+
+    RetryPolicy(max_retries, base_delay_s, sleep=sleep).call(lambda: _attempt(url, part, timeout_s), what=url,
+                                                             give_up=give_up, progress=lambda: _size(part))
     os.replace(part, dest)
     log.info("%s: %d bytes in %.1f s", dest, _size(dest), time.monotonic() - t0)
     return dest

@@ -44,6 +44,7 @@ from pretrain_exp.core.distributed import barrier, is_main_process, world_size
 from pretrain_exp.core.errors import ConfigError, PretrainExpError, TrainingError
 from pretrain_exp.core.io import write_json, write_text
 from pretrain_exp.data.order import DataOrder, step_window
+from pretrain_exp.data.prefetch import prefetch_window, resolve_prefetch
 from pretrain_exp.data.rows import TrainingRows
 from pretrain_exp.data.token_files import TokenFiles, dtype_for_vocab
 from pretrain_exp.data.tokenize import load_tokenizer, tokenize_source
@@ -106,9 +107,12 @@ class Experiment:
                                                   cfg.cache_dir, cfg.data.text_key)
         # one token-file dtype for the order, the plan and the framework's reader: the data config's (an OLMo
         # checkpoint's data.memmap_dtype / dataset.dtype), else the vocabulary's
-        files = TokenFiles(paths, cfg.data.dtype or dtype_for_vocab(max(self.vocab_size, len(self.tokenizer))))
-        self.order = DataOrder(files, self.L, self.B, cfg.data.seed, cfg.data.first_epoch)
+        files = TokenFiles(paths, cfg.data.dtype or dtype_for_vocab(max(self.vocab_size, len(self.tokenizer))),
+                           cache_dir=cfg.cache_dir, prefixes=cfg.data.path_prefixes, progress=self.main)
+        self.order = DataOrder(files, self.L, self.B, cfg.data.seed, cfg.data.first_epoch, cache_dir=cfg.cache_dir)
         self.window = step_window(self.start_step, self.num_steps, self.L, self.B)
+        if resolve_prefetch(cfg.data.prefetch, files) == "window":  # remote rows of the run, fetched once
+            prefetch_window(self.order, self.start_step * self.B, self.num_steps * self.B, progress=self.main)
         self._check_held_out()
         self.plan = self._plan()
         self.rows = TrainingRows(self.order, self.plan, self.start_step * self.B, self.num_steps * self.B)

@@ -11,17 +11,69 @@ This is OLMo's rule (OLMo ``olmo/data/iterable_dataset.py``, OLMo-core ``olmo_co
 - global token position ``p = q*L + o``; ``step = q // B + 1`` (1-based), ``row = q % B``.
 
 ``first_epoch`` is 1 for OLMo-core and 0 for OLMo-2, so OLMo-2 seed S gives OLMo-core seed S-1's order.
+
+With a ``cache_dir`` the permutation is computed once and kept, as OLMo-core keeps its global indices, as a raw
+little-endian ``uint32`` file without header, ``<cache_dir>/permutations/<N>-<seed + epoch>.npy`` (it depends
+only on N and the PCG64 seed), written atomically under a file lock (ranks on one node build it once) and
+memory-mapped read-only afterwards. Building it takes ``4 N`` bytes of memory (``arange`` shuffled in place).
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
 from pretrain_exp.core.errors import DataError
+from pretrain_exp.core.io import atomic_path
 from pretrain_exp.data.token_files import TokenFiles
+from pretrain_exp.data.window import file_lock
+
+log = logging.getLogger(__name__)
+
+
+def build_permutation(num_instances: int, pcg_seed: int) -> np.ndarray:
+    """OLMo's epoch permutation: ``arange(N, uint32)`` shuffled in place by ``Generator(PCG64(pcg_seed))``;
+    ``uint32`` array of shape ``(N,)`` (``4 N`` bytes)."""
+    perm = np.arange(num_instances, dtype=np.uint32)
+    np.random.Generator(np.random.PCG64(pcg_seed)).shuffle(perm)
+    return perm
+
+
+def permutation_path(cache_dir: str | Path, num_instances: int, pcg_seed: int) -> Path:
+    """``<cache_dir>/permutations/<N>-<pcg_seed>.npy`` (raw ``uint32``, no header)."""
+    return Path(cache_dir) / "permutations" / f"{int(num_instances)}-{int(pcg_seed)}.npy"
+
+
+def cached_permutation(cache_dir: str | Path, num_instances: int, pcg_seed: int) -> np.ndarray:
+    """The permutation of :func:`build_permutation`, built once into :func:`permutation_path` and memory-mapped.
+
+    :returns: a read-only ``uint32`` memmap of shape ``(N,)``, bit-identical to ``build_permutation``.
+    :raises DataError: naming the file if it cannot be written or has the wrong size.
+    """
+    path = permutation_path(cache_dir, num_instances, pcg_seed)
+    nbytes = 4 * int(num_instances)
+    if not (path.is_file() and path.stat().st_size == nbytes):
+        with file_lock(path.with_name(path.name + ".lock")):
+            if not (path.is_file() and path.stat().st_size == nbytes):
+                t0 = time.monotonic()
+                perm = build_permutation(num_instances, pcg_seed)
+                try:
+                    with atomic_path(path) as tmp:
+                        perm.astype("<u4", copy=False).tofile(tmp)
+                except OSError as e:
+                    raise DataError(f"{path}: cannot write the permutation cache ({e})") from None
+                del perm
+                log.info("permutation of %d instances (seed %d) built in %.1f s -> %s", num_instances, pcg_seed,
+                         time.monotonic() - t0, path)
+    if path.stat().st_size != nbytes:
+        raise DataError(f"{path}: {path.stat().st_size} B, expected {nbytes} B (4 x {num_instances}); delete it")
+    return np.memmap(path, dtype="<u4", mode="r", shape=(int(num_instances),))
 
 
 @dataclass(frozen=True)
@@ -62,12 +114,14 @@ class DataOrder:
     :param global_batch_size: B, rows per optimizer step.
     :param seed: data-order seed.
     :param first_epoch: epoch number of the first epoch (1 = OLMo-core, 0 = OLMo-2).
+    :param cache_dir: where to keep permutations on disk (module docstring); ``None`` builds them in memory.
     :raises DataError: if the files hold fewer than ``B`` instances.
     """
 
     def __init__(self, files: TokenFiles, sequence_length: int, global_batch_size: int, seed: int,
-                 first_epoch: int = 1):
+                 first_epoch: int = 1, cache_dir: Optional[str | Path] = None):
         self.files = files
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.sequence_length = int(sequence_length)
         self.global_batch_size = int(global_batch_size)
         self.seed = int(seed)
@@ -93,9 +147,9 @@ class DataOrder:
         self._perm = lru_cache(maxsize=2)(self._make_perm)
 
     def _make_perm(self, epoch: int) -> np.ndarray:
-        perm = np.arange(self.num_instances, dtype=np.uint32)
-        np.random.Generator(np.random.PCG64(self.seed + epoch)).shuffle(perm)
-        return perm
+        if self.cache_dir is not None:
+            return cached_permutation(self.cache_dir, self.num_instances, self.seed + epoch)
+        return build_permutation(self.num_instances, self.seed + epoch)
 
     def permutation(self, epoch: int) -> np.ndarray:
         """``perm_e``: instance ids in training order for epoch ``epoch``, ``uint32`` array of shape ``(N,)``."""
@@ -105,6 +159,23 @@ class DataOrder:
         """``(epoch, instance id)`` of training-order row ``q``."""
         epoch = self.first_epoch + q // self.rows_per_epoch
         return epoch, int(self.permutation(epoch)[q % self.rows_per_epoch])
+
+    def instances(self, first_row: int, num_rows: int) -> np.ndarray:
+        """Instance ids of training-order rows ``[first_row, first_row + num_rows)``: ``int64``, ``(num_rows,)``."""
+        q = np.arange(int(first_row), int(first_row) + int(num_rows), dtype=np.int64)
+        epochs = self.first_epoch + q // self.rows_per_epoch
+        out = np.empty(len(q), np.int64)
+        for e in np.unique(epochs):
+            sel = epochs == e
+            out[sel] = self.permutation(int(e))[q[sel] % self.rows_per_epoch]
+        return out
+
+    def instance_locations(self, instances: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Vectorized :meth:`instance_location`: ``(file index, token offset)`` ``int64`` arrays shaped like
+        ``instances``."""
+        inst = np.asarray(instances, dtype=np.int64)
+        f = np.searchsorted(self.file_starts, inst, side="right") - 1
+        return f, (inst - self.file_starts[f]) * self.sequence_length
 
     def instance_location(self, instance: int) -> tuple[int, int]:
         """``(file index, token offset in that file)`` of the first token of an instance."""

@@ -12,11 +12,13 @@ import gzip
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterable, List, Sequence
+from typing import Iterable, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from pretrain_exp.core.errors import DataError
+from pretrain_exp.core.errors import ConfigError, DataError
+from pretrain_exp.data.remote import DEFAULT_THREADS, RemoteReader, fetch_sizes, is_remote, map_prefixes, redact
+from pretrain_exp.data.window import WindowCache, covers
 
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
@@ -75,40 +77,107 @@ def write_token_file(path: Path, documents: Iterable[Sequence[int]], dtype: np.d
 
 
 class TokenFiles:
-    """Read-only view of a list of token files (memory-mapped on first use, safe to pickle to workers).
+    """Read-only view of a list of token files, local or remote (safe to pickle to workers).
 
-    :param paths: token files, in order (the order fixes global instance ids).
+    Local files are memory-mapped on first use. Remote files (``http(s)://``, ``s3://``, ``gs://``, ``r2://``,
+    see :mod:`pretrain_exp.data.remote`) get their sizes from the size index and are read from the window cache
+    (:mod:`pretrain_exp.data.window`) where the range was prefetched, else by one byte-range request, so code
+    that reads a few rows (plan building, the verifier) fetches only those rows.
+
+    :param paths: token files or URLs, in order (the order fixes global instance ids).
     :param dtype: ``uint16`` or ``uint32`` (see :func:`dtype_for_vocab`).
-    :raises DataError: if a file is missing or its size is not a multiple of the item size.
+    :param cache_dir: the project cache, required when a path is remote (size index, window cache).
+    :param prefixes: ``{old prefix: new prefix}`` applied to every path first (``data.path_prefixes``,
+        :func:`~pretrain_exp.data.remote.map_prefixes`).
+    :param reader: transport of remote reads (default :class:`~pretrain_exp.data.remote.RemoteReader`).
+    :param threads: parallel requests of the size index.
+    :param progress: show a progress bar while the size index is built.
+    :raises DataError: if a local file is missing, a remote one answers 404, or a size is not a multiple of
+        the item size (the message names the file or URL).
+    :raises ConfigError: (``data.paths``) if a path is remote and no ``cache_dir`` is given.
     """
 
-    def __init__(self, paths: Sequence[str | Path], dtype: np.dtype):
-        self.paths = [Path(p) for p in paths]
+    def __init__(self, paths: Sequence[str | Path], dtype: np.dtype, *, cache_dir: str | Path | None = None,
+                 prefixes: Optional[Mapping[str, str]] = None, reader: Optional[RemoteReader] = None,
+                 threads: int = DEFAULT_THREADS, progress: bool = True):
         self.dtype = np.dtype(dtype).newbyteorder("<")
-        if not self.paths:
+        if not paths:
             raise DataError("no token files given")
+        #: per file: ``Path`` for a local file, ``str`` URL (after the prefix map) for a remote one
+        self.paths: List[Union[Path, str]] = [p if is_remote(p) else Path(p) for p in map_prefixes(paths, prefixes)]
+        self.remote = [isinstance(p, str) for p in self.paths]  #: per file: read over the network
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self.reader = reader or (RemoteReader() if any(self.remote) else None)
+        self.window = WindowCache(self.cache_dir) if self.cache_dir is not None else None
+        if any(self.remote) and self.cache_dir is None:
+            first = next(p for p in self.paths if isinstance(p, str))
+            raise ConfigError("cache_dir", f"remote token files ({redact(first)}, ...) need a cache dir for the size "
+                                           "index and the window cache")
+        remote_sizes = (fetch_sizes([str(p) for p in self.paths], self.cache_dir, self.reader, threads=threads,
+                                    progress=progress) if any(self.remote) else {})
         sizes = []
         for p in self.paths:
-            if not p.is_file():
-                raise DataError(f"{p}: token file not found")
-            nbytes = p.stat().st_size
+            if isinstance(p, str):
+                nbytes, name = remote_sizes[p], redact(p)
+            else:
+                if not p.is_file():
+                    raise DataError(f"{p}: token file not found")
+                nbytes, name = p.stat().st_size, p
             if nbytes % self.dtype.itemsize:
-                raise DataError(f"{p}: size {nbytes} B is not a multiple of {self.dtype} ({self.dtype.itemsize} B)")
-            sizes.append(nbytes // self.dtype.itemsize)
-        self.num_tokens = np.asarray(sizes, dtype=np.int64)  #: tokens per file, shape ``(num_files,)``
+                raise DataError(f"{name}: size {nbytes} B is not a multiple of {self.dtype} ({self.dtype.itemsize} B)")
+            sizes.append(nbytes)
+        self.num_bytes = np.asarray(sizes, dtype=np.int64)  #: bytes per file, shape ``(num_files,)``
+        self.num_tokens = self.num_bytes // self.dtype.itemsize  #: tokens per file, shape ``(num_files,)``
         self._maps: dict[int, np.memmap] = {}
+        self._present: dict[int, np.ndarray] = {}
 
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_maps"] = {}
+        state["_present"] = {}
         return state
 
+    def local_paths(self) -> List[str]:
+        """The paths a training framework should read: the window-cache file of each remote file (same basename
+        and size as the URL; holes outside the prefetched window), the path itself for a local file."""
+        return [str(self.window.path_for(p)) if isinstance(p, str) else str(p) for p in self.paths]
+
+    def present(self, file_index: int, refresh: bool = False) -> np.ndarray:
+        """Merged byte ranges ``(k, 2)`` of remote file ``file_index`` in the window cache (read once, again
+        with ``refresh``); empty for a local file."""
+        p = self.paths[file_index]
+        if not isinstance(p, str):
+            return np.empty((0, 2), np.int64)
+        if refresh or file_index not in self._present:
+            self._present[file_index] = self.window.present(p, int(self.num_bytes[file_index]))
+        return self._present[file_index]
+
     def read(self, file_index: int, start: int, length: int) -> np.ndarray:
-        """Tokens ``[start, start+length)`` of file ``file_index`` as an ``int64`` array of shape ``(length,)``."""
+        """Tokens ``[start, start+length)`` of file ``file_index`` as an ``int64`` array of shape ``(length,)``.
+
+        A remote file is read from the window cache when the range is there, else by one byte-range request.
+
+        :raises DataError: naming the file or URL for a read past the end, a failed request or a changed file.
+        """
+        if start < 0 or start + length > self.num_tokens[file_index]:
+            raise DataError(f"{self._name(file_index)}: read past the end ({start}+{length} > "
+                            f"{self.num_tokens[file_index]})")
+        p = self.paths[file_index]
+        if isinstance(p, str):
+            isz = self.dtype.itemsize
+            a, b = start * isz, (start + length) * isz
+            if not (covers(self.present(file_index), a, b) or covers(self.present(file_index, refresh=True), a, b)):
+                data = self.reader.read(p, a, b - a, int(self.num_bytes[file_index]))
+                return np.frombuffer(data, dtype=self.dtype).astype(np.int64)
         mm = self._maps.get(file_index)
         if mm is None:
-            mm = self._maps[file_index] = np.memmap(self.paths[file_index], dtype=self.dtype, mode="r")
+            path = self.window.path_for(p) if isinstance(p, str) else p
+            mm = self._maps[file_index] = np.memmap(path, dtype=self.dtype, mode="r")
         out = np.asarray(mm[start:start + length], dtype=np.int64)
         if out.size != length:
-            raise DataError(f"{self.paths[file_index]}: read past the end ({start}+{length} > {mm.size})")
+            raise DataError(f"{self._name(file_index)}: read past the end ({start}+{length} > {mm.size})")
         return out
+
+    def _name(self, file_index: int) -> str:
+        p = self.paths[file_index]
+        return redact(p) if isinstance(p, str) else str(p)
