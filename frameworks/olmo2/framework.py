@@ -21,11 +21,12 @@ logged).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from frameworks.olmo_core.framework import OlmoCoreFramework
 from pretrain_exp.core.config import ModelConf, RunConfig
@@ -93,24 +94,47 @@ def check_continuation(cfg: RunConfig, source: Path) -> None:
                     order.instance_filter)
 
 
-def convert_to_olmo_core(cfg: RunConfig, source: Path) -> Path:
-    """The OLMo-core checkpoint (``config.json`` + DCP model and optimizer shards) converted from ``source``,
-    cached under ``<cache_dir>/models/olmo2-converted/``; the AdamW state is laid out for the optimizer the run
-    builds (its peak LR, betas and weight decay are part of the cache key)."""
-    import torch
-    from olmo_core.distributed.checkpoint import save_model_and_optim_state
+def run_optim_config(cfg: RunConfig, config: dict):
+    """The OLMo-core ``AdamWConfig`` the run trains with. ``framework.lr_schedule=checkpoint``: the checkpoint's
+    optimizer (:func:`~frameworks.olmo2.convert.adamw_config` of its ``config.yaml``: peak LR, betas, eps, weight
+    decay and OLMo-2's decay / no-decay parameter groups); ``run``: ``training.learning_rate``, ``adam_beta1``,
+    ``adam_beta2`` and ``weight_decay`` in one group (OLMo-core's default eps).
+
+    :raises ConfigError: naming the ``config.yaml`` key of an optimizer that is not reproduced.
+    """
     from olmo_core.optim import AdamWConfig
 
+    from frameworks.olmo2.convert import adamw_config
+
+    if cfg.framework.lr_schedule == "checkpoint":
+        return adamw_config(config)
+    t = cfg.training
+    return AdamWConfig(lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay)
+
+
+def run_max_grad_norm(cfg: RunConfig, config: dict) -> Optional[float]:
+    """Gradient clipping of the run: the checkpoint's ``max_grad_norm`` (:func:`~frameworks.olmo2.convert
+    .max_grad_norm`) with ``framework.lr_schedule=checkpoint``, else ``training.max_grad_norm``."""
+    from frameworks.olmo2.convert import max_grad_norm
+
+    if cfg.framework.lr_schedule == "checkpoint":
+        return max_grad_norm(config, cfg.model.checkpoint_step)
+    return cfg.training.max_grad_norm
+
+
+def convert_to_olmo_core(cfg: RunConfig, source: Path) -> Path:
+    """The OLMo-core checkpoint (``config.json`` + DCP model and optimizer shards) converted from ``source``,
+    cached under ``<cache_dir>/models/olmo2-converted/``; the AdamW state is laid out in the param groups of the
+    optimizer the run builds (:func:`run_optim_config`, part of the cache key), so OLMo-core's Trainer loads it."""
+    import torch
+    from olmo_core.distributed.checkpoint import save_model_and_optim_state
+
+    from frameworks.olmo2.checkpoint import read_config
     from frameworks.olmo2.convert import load_converted, optimizer_state_for
 
-    t = cfg.training
-    lr = t.learning_rate
-    if cfg.framework.lr_schedule == "checkpoint":
-        from frameworks.olmo2.checkpoint import read_config
-
-        lr = float(read_config(source)["optimizer"]["learning_rate"])
-    key = hashlib.sha256(json.dumps([str(Path(source).resolve()), lr, t.adam_beta1, t.adam_beta2,
-                                     t.weight_decay]).encode()).hexdigest()[:16]
+    optim_config = run_optim_config(cfg, read_config(source))
+    key = hashlib.sha256(json.dumps([str(Path(source).resolve()), optim_config.as_config_dict()],
+                                    sort_keys=True, default=str).encode()).hexdigest()[:16]
     name = f"{Path(source).parent.name}-{Path(source).name}-{key}"
     out = Path(cfg.cache_dir) / "models" / "olmo2-converted" / name
 
@@ -119,8 +143,7 @@ def convert_to_olmo_core(cfg: RunConfig, source: Path) -> Path:
         ck = load_converted(source, remote_ok=True)
         model = ck.model_config.build(init_device="cpu")
         model.load_state_dict(ck.model_state)
-        optim = AdamWConfig(lr=lr, betas=(t.adam_beta1, t.adam_beta2),
-                            weight_decay=t.weight_decay).build(model)
+        optim = optim_config.build(model, strict=True)
         if ck.optim_state is not None:
             optim.load_state_dict(optimizer_state_for(optim, model, ck.optim_state))
         with torch.no_grad():
@@ -173,6 +196,30 @@ class Olmo2Framework(OlmoCoreFramework):
         from frameworks.olmo2.checkpoint import read_config
 
         return read_config(json.loads((self.model_dir / "config.json").read_text())["olmo2"]["source"])
+
+    @functools.cached_property
+    def source_dir(self) -> Path:
+        """The OLMo-2 checkpoint this run continues (recorded in the converted checkpoint's ``config.json``)."""
+        return Path(json.loads((self.model_dir / "config.json").read_text())["olmo2"]["source"])
+
+    def optim_config(self):
+        """The run's OLMo-core ``AdamWConfig`` (:func:`run_optim_config`): the checkpoint's optimizer and param
+        groups with ``framework.lr_schedule=checkpoint``, else ``training.*``."""
+        return run_optim_config(self.cfg, self.source_config)
+
+    @property
+    def max_grad_norm(self) -> Optional[float]:
+        """The run's gradient clipping (:func:`run_max_grad_norm`)."""
+        return run_max_grad_norm(self.cfg, self.source_config)
+
+    def _build_trainer(self, start, until_step: int, rows, log_fn):
+        """The ``olmo_core`` trainer with the optimizer of :meth:`optim_config` and clipping of
+        :meth:`max_grad_norm` (the train module's optimizer is rebuilt before anything is loaded or trained)."""
+        trainer = super()._build_trainer(start, until_step, rows, log_fn)
+        module = trainer.train_module
+        module.optim = self.optim_config().build(module.model, strict=True)
+        module.max_grad_norm = self.max_grad_norm
+        return trainer
 
     @property
     def peak_lr(self) -> float:
