@@ -28,6 +28,8 @@ import logging
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+import numpy as np
+
 from frameworks.olmo_core.framework import OlmoCoreFramework
 from pretrain_exp.core.config import ModelConf, RunConfig
 from pretrain_exp.core.errors import CheckpointError, ConfigError
@@ -187,6 +189,21 @@ def checkpoint_scheduler(config: dict, path: Path):
                       "framework.lr_schedule=run")
 
 
+def masked_rows(order, qs, filt) -> np.ndarray:
+    """The training-order rows among ``qs`` whose instance ``filt`` (OLMo-core ``InstanceFilterConfig``) masks,
+    decided by OLMo-core's own rule (``NumpyDatasetBase._validate_instance`` on ``find_periodic_sequences``) on the
+    rows' original tokens: ``int64`` array."""
+    from olmo_core.data.utils import find_periodic_sequences
+
+    out = []
+    for q in np.asarray(qs, dtype=np.int64):
+        tokens = np.asarray(order.row_tokens(int(q)))
+        if any(m.times >= filt.repetition_max_count for m in find_periodic_sequences(
+                tokens, max_period=filt.repetition_max_period, min_period=filt.repetition_min_period)):
+            out.append(int(q))
+    return np.asarray(out, dtype=np.int64)
+
+
 class Olmo2Framework(OlmoCoreFramework):
     """Continue an OLMo-2 checkpoint on OLMo-core (module docstring)."""
 
@@ -202,6 +219,26 @@ class Olmo2Framework(OlmoCoreFramework):
         """The OLMo-2 checkpoint this run continues (recorded in the converted checkpoint's ``config.json``)."""
         return Path(json.loads((self.model_dir / "config.json").read_text())["olmo2"]["source"])
 
+    @property
+    def tokenizer_path(self) -> str:
+        """``model.tokenizer``; a bare ``tokenizer.json`` file (no ``tokenizer_config.json`` to name EOS and pad)
+        becomes an HF tokenizer dir in the cache, built once, whose EOS and pad are the checkpoint's
+        ``model.eos_token_id`` / ``model.pad_token_id``."""
+        path = super().tokenizer_path
+        if not (path.endswith(".json") and Path(path).is_file()):
+            return path
+        from pretrain_exp.data.tokenize import load_tokenizer
+
+        model = self.source_config.get("model") or {}
+        eos, pad = model.get("eos_token_id"), model.get("pad_token_id")
+        key = hashlib.sha256(Path(path).read_bytes() + json.dumps([eos, pad]).encode()).hexdigest()[:16]
+
+        def build(tmp: Path) -> dict:
+            load_tokenizer(path, self.cfg.cache_dir, eos_token_id=eos, pad_token_id=pad).save_pretrained(str(tmp))
+            return {"tokenizer_file": path, "eos_token_id": eos, "pad_token_id": pad}
+
+        return str(build_once(Path(self.cfg.cache_dir) / "tokenizers" / f"olmo2-{Path(path).stem}-{key}", build))
+
     def optim_config(self):
         """The run's OLMo-core ``AdamWConfig`` (:func:`run_optim_config`): the checkpoint's optimizer and param
         groups with ``framework.lr_schedule=checkpoint``, else ``training.*``."""
@@ -212,13 +249,54 @@ class Olmo2Framework(OlmoCoreFramework):
         """The run's gradient clipping (:func:`run_max_grad_norm`)."""
         return run_max_grad_norm(self.cfg, self.source_config)
 
+    def instance_filter_config(self):
+        """OLMo-core's ``InstanceFilterConfig`` of the checkpoint's ``data.instance_filter`` (OLMo-2's
+        ``MemMapDataset`` and OLMo-core's dataset mask the same instances: periods ``repetition_min_period`` ..
+        ``repetition_max_period`` repeated ``repetition_max_count`` times or more), or ``None``."""
+        from olmo_core.data import InstanceFilterConfig
+
+        filt = (self.source_config.get("data") or {}).get("instance_filter")
+        if not filt:
+            return None
+        return InstanceFilterConfig(**{k: int(v) for k, v in filt.items() if k in (
+            "repetition_max_period", "repetition_min_period", "repetition_max_count")})
+
+    def dataset(self, order):
+        """The ``olmo_core`` framework's ``NumpyFSLDataset`` plus the checkpoint's instance filter
+        (:meth:`instance_filter_config`): each item carries ``instance_mask``, and OLMo-core's train module
+        ignores every label of a masked instance (``olmo_core.data.utils.get_labels``), as OLMo-2 did."""
+        from olmo_core.data import NumpyDatasetDType, NumpyFSLDatasetConfig, TokenizerConfig
+
+        tok = self._tokenizer
+        return NumpyFSLDatasetConfig(
+            dtype=NumpyDatasetDType(order.files.dtype.name),
+            tokenizer=TokenizerConfig(vocab_size=self.vocab_size, eos_token_id=tok.eos_token_id,
+                                      pad_token_id=tok.pad_token_id if tok.pad_token_id is not None
+                                      else tok.eos_token_id),
+            paths=[str(p) for p in order.files.paths], sequence_length=self.cfg.training.sequence_length,
+            work_dir=str(self.work_dir), instance_filter_config=self.instance_filter_config(),
+        ).build()
+
     def _build_trainer(self, start, until_step: int, rows, log_fn):
         """The ``olmo_core`` trainer with the optimizer of :meth:`optim_config` and clipping of
-        :meth:`max_grad_norm` (the train module's optimizer is rebuilt before anything is loaded or trained)."""
+        :meth:`max_grad_norm` (the train module's optimizer is rebuilt before anything is loaded or trained);
+        with an instance filter, the share of masked instances is logged (``train/masked_instances``).
+
+        :raises ConfigError: if an insertion lands in an instance the filter masks (it would not be trained).
+        """
+        filt = self.instance_filter_config()
+        if filt is not None and rows.plan is not None and rows.plan.num_insertions:
+            masked = masked_rows(rows.order, rows.plan.affected_rows(), filt)
+            if masked.size:
+                raise ConfigError("data.instance_filter", f"the checkpoint's config.yaml filter masks the loss of "
+                                  f"training row {int(masked[0])} ({masked.size} rows in all), which holds an "
+                                  "insertion that would not be trained; choose another insertion.seed or placement")
         trainer = super()._build_trainer(start, until_step, rows, log_fn)
         module = trainer.train_module
         module.optim = self.optim_config().build(module.model, strict=True)
         module.max_grad_norm = self.max_grad_norm
+        if filt is not None:
+            trainer.callbacks["pretrain_exp_metrics"].names["train/masked instances (%)"] = "train/masked_instances"
         return trainer
 
     @property

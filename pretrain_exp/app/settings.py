@@ -48,13 +48,19 @@ def settings_of(framework: str, model: ModelConf, cache_dir: str) -> Dict[str, A
     return _CACHE[key]
 
 
-def resolve(key: str, *, _root_) -> Any:
-    """The value of ``${checkpoint:<key>}``: the run's checkpoint's setting ``key``.
+_NO_DEFAULT = object()
 
-    :raises ConfigError: (naming ``key``) if the checkpoint does not record it.
+
+def resolve(key: str, default: Any = _NO_DEFAULT, *, _root_) -> Any:
+    """The value of ``${checkpoint:<key>}``: the run's checkpoint's setting ``key``; ``${checkpoint:<key>,<default>}``
+    gives ``default`` where the checkpoint does not record it (e.g. an HF model dir).
+
+    :raises ConfigError: (naming ``key``) if the checkpoint does not record it and there is no default.
     """
     model, cache_dir = _model(_root_)
     found = settings_of(str(_root_.framework.name), model, cache_dir)
+    if key not in found and default is not _NO_DEFAULT:
+        return default
     if key not in found:
         where = model.path or model.url or model.asset
         raise ConfigError(key, f"the checkpoint ({where}) does not record it; set {key}=...")
