@@ -10,13 +10,15 @@ run's config must reproduce the checkpoint's position and data order (``train.pt
 sequence length, global batch size and seed with OLMo-2 seed ``S`` ≡ OLMo-core seed ``S−1``); a mismatch is one
 error naming the key to set.
 
-The learning rate continues the checkpoint's own schedule and peak LR (``config.yaml`` ``optimizer`` and
-``scheduler``, at the trainer's absolute step and tokens seen) with ``framework.lr_schedule=checkpoint``, the
-default of ``conf/framework/olmo2.yaml``; ``framework.lr_schedule=run`` applies ``training.*`` from step S.
+With ``framework.lr_schedule=checkpoint``, the default of ``conf/framework/olmo2.yaml``, the run continues the
+checkpoint's optimizer (AdamW betas, eps, weight decay and OLMo-2's decay / no-decay param groups,
+:func:`~frameworks.olmo2.convert.adamw_config`), its ``max_grad_norm`` and its own schedule and peak LR
+(``config.yaml`` ``optimizer`` and ``scheduler``, at the trainer's absolute step and tokens seen);
+``framework.lr_schedule=run`` applies ``training.*`` from step S. The checkpoint's ``data.instance_filter`` masks
+the loss of repetitive instances through OLMo-core's ``InstanceFilterConfig``.
 
-Not reproduced (documented in README.md): ``data.instance_filter`` (a loss mask on repetitive instances; logged),
-token files given by ``s3://`` paths (the run's ``data.paths`` are read; names are compared and a difference is
-logged).
+Not reproduced (documented in README.md): token files given by ``s3://`` paths (the run's ``data.paths`` are
+read; names are compared and a difference is logged).
 """
 
 from __future__ import annotations
@@ -91,9 +93,6 @@ def check_continuation(cfg: RunConfig, source: Path) -> None:
     if d.paths and ours != [Path(p).name for p in order.paths]:
         log.warning("data.paths names differ from the checkpoint's config.yaml data paths (%d vs %d files); the run "
                     "reads data.paths", len(ours), len(order.paths))
-    if order.instance_filter:
-        log.warning("the checkpoint's data.instance_filter %s is not applied (repetitive instances are trained on)",
-                    order.instance_filter)
 
 
 def run_optim_config(cfg: RunConfig, config: dict):
