@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from pretrain_exp.core.errors import ConfigError
@@ -220,3 +221,54 @@ def test_continued_end_to_end_with_nothing_hand_set(u32, tmp_path):
         repetitive = sum(len(set(exp.order.row_tokens(q).tolist())) == 1 for q in qs)
         assert masked[k] == pytest.approx(repetitive / fx.BATCH), (k, masked)
     assert any(masked.values())
+
+
+@pytest.mark.slow
+def test_one_trainer_step_is_olmo2s_adamw_step(u32, tmp_path):
+    """The train module the run builds (optimizer, groups, clipping), loaded from the converted checkpoint, takes
+    the step OLMo-2's trainer takes: torch AdamW over the fused OLMo-2 parameters in ``optim.pt``'s groups with
+    its moments, after OLMo's global-norm clipping (allenai/OLMo ``olmo/optim.py``
+    ``Optimizer._do_global_fixed_clipping``: ``g *= min(1, max_grad_norm / (norm + 1e-6))``)."""
+    from olmo_core.distributed.checkpoint import load_model_and_optim_state
+
+    from frameworks.olmo2.checkpoint import read_checkpoint
+    from pretrain_exp.app.experiment import Experiment
+
+    ckpt, _, _ = u32
+    exp = Experiment(derived_run(ckpt, tmp_path / "run", "insertion=none", "eval=[]", "training=tiny",
+                                 "training.micro_batch_size=2", "training.num_steps=1", "training.num_threads=1",
+                                 "data.held_out_rows=0", "wandb=disabled"))
+    module = exp.framework._build_trainer(exp.framework.initial_checkpoint(), fx.STEP + 1, exp.rows,
+                                          lambda *a: None).train_module
+    load_model_and_optim_state(str(exp.model_dir), module.model, module.optim)
+    lr = 3e-3
+    for g in module.optim.param_groups:
+        g["lr"] = lr  # the schedule's value at the step (tested on its own); the same on both sides
+    # OLMo-2: fused parameters, optim.pt groups and moments, global-norm clipping, torch AdamW
+    raw = read_checkpoint(ckpt)
+    fused = {n: torch.nn.Parameter(t.clone().float()) for n, t in raw.model_state.items()}
+    ref = torch.optim.AdamW([{"params": [fused[n] for n in g["params"]], "weight_decay": g["weight_decay"],
+                              "betas": tuple(g["betas"]), "eps": g["eps"], "lr": lr}
+                             for g in raw.optim_state["param_groups"]])
+    for n, st in raw.optim_state["state"].items():
+        ref.state[fused[n]] = {k: torch.as_tensor(v, dtype=torch.float32).clone() for k, v in st.items()}
+    gen = torch.Generator().manual_seed(0)
+    grads = {n: torch.randn(p.shape, generator=gen) for n, p in fused.items()}
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()]))
+    assert norm > raw.config["max_grad_norm"]  # clipping engages
+    for n, p in fused.items():
+        p.grad = grads[n] * torch.clamp(raw.config["max_grad_norm"] / (norm + 1e-6), max=1.0)
+    ref.step()
+    # the run's train module: the same gradients, split like the parameters
+    pmap = parameter_map(raw.config)
+    params = dict(module.model.named_parameters())
+    for old, parts in pmap.items():
+        for new, a, b in parts:
+            params[new].grad = grads[old][a:None if b == -1 else b].clone()
+    assert module.max_grad_norm == raw.config["max_grad_norm"]
+    module._clip_grad_norm(module.max_grad_norm)
+    module.optim.step()
+    for old, parts in pmap.items():
+        for new, a, b in parts:
+            want = fused[old].detach()[a:None if b == -1 else b]
+            torch.testing.assert_close(params[new].detach(), want, rtol=1e-6, atol=1e-7, msg=new)
