@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from frameworks.olmo_core.config import OlmoCoreConf
 from pretrain_exp.core.errors import ConfigError
 
-#: ``run``: ``training.*`` from the run's first step; ``checkpoint``: the checkpoint's own peak LR and schedule
+#: ``run``: ``training.*`` from the run's first step; ``checkpoint``: the checkpoint's own optimizer (param groups,
+#: clipping), peak LR and schedule
 LR_SCHEDULES = ("run", "checkpoint")
 
 
@@ -20,7 +21,8 @@ class Olmo2Conf(OlmoCoreConf):
 
     name: str = "olmo2"
     lr_schedule: str = "checkpoint"  #: ``run``: ``training.*`` from the run's first step; ``checkpoint``: the
-    #: checkpoint's own peak LR and schedule, at its position (``config.yaml`` ``optimizer``/``scheduler``)
+    #: checkpoint's own optimizer, clipping, peak LR and schedule, at its position (``config.yaml`` ``optimizer``,
+    #: ``max_grad_norm``, ``scheduler``)
 
     def validate(self, key: str = "framework") -> None:
         """:raises ConfigError: (``<key>.lr_schedule``) for a value not in :data:`LR_SCHEDULES`."""
