@@ -206,17 +206,17 @@ def masked_rows(order, qs, filt) -> np.ndarray:
 class Olmo2Framework(OlmoCoreFramework):
     """Continue an OLMo-2 checkpoint on OLMo-core (module docstring)."""
 
-    @property
-    def source_config(self) -> dict:
-        """The OLMo-2 ``config.yaml`` of the checkpoint this run continues."""
-        from frameworks.olmo2.checkpoint import read_config
-
-        return read_config(json.loads((self.model_dir / "config.json").read_text())["olmo2"]["source"])
-
     @functools.cached_property
     def source_dir(self) -> Path:
         """The OLMo-2 checkpoint this run continues (recorded in the converted checkpoint's ``config.json``)."""
         return Path(json.loads((self.model_dir / "config.json").read_text())["olmo2"]["source"])
+
+    @functools.cached_property
+    def source_config(self) -> dict:
+        """The OLMo-2 ``config.yaml`` of the checkpoint this run continues."""
+        from frameworks.olmo2.checkpoint import read_config
+
+        return read_config(self.source_dir)
 
     @property
     def tokenizer_path(self) -> str:
@@ -308,8 +308,7 @@ class Olmo2Framework(OlmoCoreFramework):
     def scheduler(self):
         """``framework.lr_schedule=checkpoint``: :func:`checkpoint_scheduler`; else the run's schedule."""
         if self.cfg.framework.lr_schedule == "checkpoint":
-            source = json.loads((self.model_dir / "config.json").read_text())["olmo2"]["source"]
-            return checkpoint_scheduler(self.source_config, Path(source))
+            return checkpoint_scheduler(self.source_config, self.source_dir)
         return super().scheduler()
 
     @classmethod

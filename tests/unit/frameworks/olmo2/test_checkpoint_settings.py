@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -192,6 +193,11 @@ def test_instance_filter_masks_what_olmo_core_masks(u32, tmp_path):
     batch = DataCollator(pad_token_id=fx.PAD)(items)
     labels = get_labels(batch, label_ignore_index=-100)
     assert [q for q, row in zip(qs, labels) if (row == -100).all()] == want
+    # an insertion in a masked instance would not be trained: refused before the trainer is built
+    plan = SimpleNamespace(num_insertions=1, affected_rows=lambda: np.asarray([qs[0], want[0]]))
+    with pytest.raises(ConfigError, match=f"training row {want[0]} ") as e:
+        fw._build_trainer(None, fx.STEP + 1, SimpleNamespace(order=order, plan=plan), None)
+    assert e.value.key == "data.instance_filter"
 
 
 @pytest.mark.slow
