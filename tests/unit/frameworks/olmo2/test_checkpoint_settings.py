@@ -215,6 +215,7 @@ def test_continued_end_to_end_with_nothing_hand_set(u32, tmp_path):
                       "training.log_rows=true", "data.held_out_rows=0", "wandb=disabled")
     exp = Experiment(cfg)
     assert exp.order.files.dtype == np.uint32 and exp.tokenizer.eos_token_id == fx.EOS
+    assert exp.framework.dataset(exp.order).dtype == np.uint32  # OLMo-core's loader reads what the plan read
     opt = exp.framework.optim_config()
     assert opt.weight_decay == fx.WD and opt.group_overrides[0].params == ["embeddings.weight"]
     exp.run()
