@@ -273,9 +273,11 @@ def convert_optim_state(optim_state: Dict[str, Any], config: Dict[str, Any]) -> 
 def adamw_config(config: Dict[str, Any]):
     """OLMo-core ``AdamWConfig`` reproducing an OLMo-2 ``optimizer:`` section, with its param groups.
 
-    OLMo-2 (``olmo/optim.py`` ``get_param_groups``) decays every ``nn.Linear`` weight, decays norm weights only
-    if ``optimizer.decay_norm_and_bias`` and the embedding only if ``optimizer.decay_embeddings``; the
-    non-decayed parameters become a ``group_overrides`` entry with ``weight_decay=0.0``.
+    OLMo-2 (allenai/OLMo ``olmo/optim.py`` ``get_param_groups``) decays every ``nn.Linear`` weight, decays norm
+    weights only if ``optimizer.decay_norm_and_bias`` and the embedding only if ``optimizer.decay_embeddings``
+    (the legacy ``optimizer.no_decay_norm_and_bias``, when set, decides both, as OLMo's ``scripts/train.py``
+    does); the non-decayed parameters become one ``group_overrides`` entry with ``weight_decay=0.0`` (OLMo-core
+    puts it first, the decayed group second). The converted models have no biases (``include_bias: false``).
 
     :raises ConfigError: for an optimizer other than AdamW (``optimizer.name``).
     """
@@ -287,11 +289,11 @@ def adamw_config(config: Dict[str, Any]):
     if opt.get("selective_updates", False):
         raise ConfigError("optimizer.selective_updates", "config.yaml: OLMo's selective AdamW updates are not "
                                                          "reproduced by torch's AdamW")
-    decay_norms = opt.get("decay_norm_and_bias", False)
-    if opt.get("no_decay_norm_and_bias") is not None:  # OLMo's legacy spelling (TrainConfig.update_legacy_settings)
-        decay_norms = not opt["no_decay_norm_and_bias"]
+    decay_norms, decay_embeddings = opt.get("decay_norm_and_bias", False), opt.get("decay_embeddings", False)
+    if opt.get("no_decay_norm_and_bias") is not None:  # legacy key; OLMo's scripts/train.py lets it set both
+        decay_norms = decay_embeddings = not opt["no_decay_norm_and_bias"]
     no_decay = []
-    if not opt.get("decay_embeddings", False):
+    if not decay_embeddings:
         no_decay.append("embeddings.weight")
     if not decay_norms:
         no_decay += ["blocks.*.attention.q_norm.weight", "blocks.*.attention.k_norm.weight",
@@ -306,6 +308,25 @@ def adamw_config(config: Dict[str, Any]):
     )
 
 
+def max_grad_norm(config: Dict[str, Any], step: int = 0) -> Optional[float]:
+    """The gradient-norm clipping threshold of an OLMo-2 run continued after step ``step`` (``config.yaml``
+    ``max_grad_norm``; ``None`` = no clipping). OLMo (allenai/OLMo ``olmo/optim.py``
+    ``Optimizer.clip_grads_and_collect_metrics``) clips the global norm over all parameters, as OLMo-core's
+    ``max_grad_norm`` does.
+
+    :raises ConfigError: for ``max_grad_norm_ratio`` (adaptive clipping), or a grad-clip warmup
+        (``scheduler.grad_clip_warmup_steps``) not over by ``step``: OLMo-core does not reproduce them.
+    """
+    if config.get("max_grad_norm_ratio") is not None:
+        raise ConfigError("max_grad_norm_ratio", "config.yaml: adaptive gradient clipping is not reproduced")
+    warmup = (config.get("scheduler") or {}).get("grad_clip_warmup_steps")
+    if warmup is not None and step < int(float(warmup)):
+        raise ConfigError("scheduler.grad_clip_warmup_steps", f"config.yaml: {warmup}; the grad-clip warmup is not "
+                          f"reproduced (the run continues at step {step})")
+    value = config.get("max_grad_norm")
+    return None if value is None else float(value)
+
+
 def training_overrides(config: Dict[str, Any]) -> Dict[str, Any]:
     """Project config values that continue with OLMo-2's optimizer settings: dotted key -> value
     (``training.learning_rate`` = OLMo-2's peak ``optimizer.learning_rate``, ``training.weight_decay``,
@@ -317,8 +338,8 @@ def training_overrides(config: Dict[str, Any]) -> Dict[str, Any]:
     opt = adamw_config(config)
     out = {"training.learning_rate": opt.lr, "training.weight_decay": opt.weight_decay,
            "training.adam_beta1": opt.betas[0], "training.adam_beta2": opt.betas[1]}
-    if config.get("max_grad_norm") is not None:
-        out["training.max_grad_norm"] = float(config["max_grad_norm"])
+    if max_grad_norm(config) is not None:
+        out["training.max_grad_norm"] = max_grad_norm(config)
     return out
 
 

@@ -175,8 +175,8 @@ def data_order(config: Dict[str, Any], position: TrainPosition, *,
     if filt is not None:
         filt = {k: int(filt[k]) for k in ("repetition_max_period", "repetition_min_period", "repetition_max_count")
                 if k in filt}
-        log.warning("config.yaml: data.instance_filter %s masks the loss of repetitive instances; the order is "
-                    "unchanged, the mask must be applied by the training framework", filt)
+        log.info("config.yaml: data.instance_filter %s masks the loss of repetitive instances (the order is "
+                 "unchanged)", filt)
     return DataOrderParams(paths=paths, seed=int(seed) - 1, first_epoch=1, sequence_length=L, global_batch_size=B,
                            checkpoint_step=position.global_step, memmap_dtype=memmap_dtype, olmo2_seed=int(seed),
                            instance_filter=filt)

@@ -10,22 +10,27 @@ run's config must reproduce the checkpoint's position and data order (``train.pt
 sequence length, global batch size and seed with OLMo-2 seed ``S`` ≡ OLMo-core seed ``S−1``); a mismatch is one
 error naming the key to set.
 
-The learning rate continues the checkpoint's own schedule and peak LR (``config.yaml`` ``optimizer`` and
-``scheduler``, at the trainer's absolute step and tokens seen) with ``framework.lr_schedule=checkpoint``, the
-default of ``conf/framework/olmo2.yaml``; ``framework.lr_schedule=run`` applies ``training.*`` from step S.
+With ``framework.lr_schedule=checkpoint``, the default of ``conf/framework/olmo2.yaml``, the run continues the
+checkpoint's optimizer (AdamW betas, eps, weight decay and OLMo-2's decay / no-decay param groups,
+:func:`~frameworks.olmo2.convert.adamw_config`), its ``max_grad_norm`` and its own schedule and peak LR
+(``config.yaml`` ``optimizer`` and ``scheduler``, at the trainer's absolute step and tokens seen);
+``framework.lr_schedule=run`` applies ``training.*`` from step S. The checkpoint's ``data.instance_filter`` masks
+the loss of repetitive instances through OLMo-core's ``InstanceFilterConfig``.
 
-Not reproduced (documented in README.md): ``data.instance_filter`` (a loss mask on repetitive instances; logged),
-token files given by ``s3://`` paths (the run's ``data.paths`` are read; names are compared and a difference is
-logged).
+Not reproduced (documented in README.md): token files given by ``s3://`` paths (the run's ``data.paths`` are
+read; names are compared and a difference is logged).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Optional
+
+import numpy as np
 
 from frameworks.olmo_core.framework import OlmoCoreFramework
 from pretrain_exp.core.config import ModelConf, RunConfig
@@ -88,29 +93,49 @@ def check_continuation(cfg: RunConfig, source: Path) -> None:
     if d.paths and ours != [Path(p).name for p in order.paths]:
         log.warning("data.paths names differ from the checkpoint's config.yaml data paths (%d vs %d files); the run "
                     "reads data.paths", len(ours), len(order.paths))
-    if order.instance_filter:
-        log.warning("the checkpoint's data.instance_filter %s is not applied (repetitive instances are trained on)",
-                    order.instance_filter)
+
+
+def run_optim_config(cfg: RunConfig, config: dict):
+    """The OLMo-core ``AdamWConfig`` the run trains with. ``framework.lr_schedule=checkpoint``: the checkpoint's
+    optimizer (:func:`~frameworks.olmo2.convert.adamw_config` of its ``config.yaml``: peak LR, betas, eps, weight
+    decay and OLMo-2's decay / no-decay parameter groups); ``run``: ``training.learning_rate``, ``adam_beta1``,
+    ``adam_beta2`` and ``weight_decay`` in one group (OLMo-core's default eps).
+
+    :raises ConfigError: naming the ``config.yaml`` key of an optimizer that is not reproduced.
+    """
+    from olmo_core.optim import AdamWConfig
+
+    from frameworks.olmo2.convert import adamw_config
+
+    if cfg.framework.lr_schedule == "checkpoint":
+        return adamw_config(config)
+    t = cfg.training
+    return AdamWConfig(lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay)
+
+
+def run_max_grad_norm(cfg: RunConfig, config: dict) -> Optional[float]:
+    """Gradient clipping of the run: the checkpoint's ``max_grad_norm`` (:func:`~frameworks.olmo2.convert
+    .max_grad_norm`) with ``framework.lr_schedule=checkpoint``, else ``training.max_grad_norm``."""
+    from frameworks.olmo2.convert import max_grad_norm
+
+    if cfg.framework.lr_schedule == "checkpoint":
+        return max_grad_norm(config, cfg.model.checkpoint_step)
+    return cfg.training.max_grad_norm
 
 
 def convert_to_olmo_core(cfg: RunConfig, source: Path) -> Path:
     """The OLMo-core checkpoint (``config.json`` + DCP model and optimizer shards) converted from ``source``,
-    cached under ``<cache_dir>/models/olmo2-converted/``; the AdamW state is laid out for the optimizer the run
-    builds (its peak LR, betas and weight decay are part of the cache key)."""
+    cached under ``<cache_dir>/models/olmo2-converted/``; the AdamW state is laid out in the param groups of the
+    optimizer the run builds (:func:`run_optim_config`, part of the cache key), so OLMo-core's Trainer loads it."""
     import torch
     from olmo_core.distributed.checkpoint import save_model_and_optim_state
-    from olmo_core.optim import AdamWConfig
 
+    from frameworks.olmo2.checkpoint import read_config
     from frameworks.olmo2.convert import load_converted, optimizer_state_for
 
-    t = cfg.training
-    lr = t.learning_rate
-    if cfg.framework.lr_schedule == "checkpoint":
-        from frameworks.olmo2.checkpoint import read_config
-
-        lr = float(read_config(source)["optimizer"]["learning_rate"])
-    key = hashlib.sha256(json.dumps([str(Path(source).resolve()), lr, t.adam_beta1, t.adam_beta2,
-                                     t.weight_decay]).encode()).hexdigest()[:16]
+    optim_config = run_optim_config(cfg, read_config(source))
+    key = hashlib.sha256(json.dumps([str(Path(source).resolve()), optim_config.as_config_dict()],
+                                    sort_keys=True, default=str).encode()).hexdigest()[:16]
     name = f"{Path(source).parent.name}-{Path(source).name}-{key}"
     out = Path(cfg.cache_dir) / "models" / "olmo2-converted" / name
 
@@ -119,8 +144,7 @@ def convert_to_olmo_core(cfg: RunConfig, source: Path) -> Path:
         ck = load_converted(source, remote_ok=True)
         model = ck.model_config.build(init_device="cpu")
         model.load_state_dict(ck.model_state)
-        optim = AdamWConfig(lr=lr, betas=(t.adam_beta1, t.adam_beta2),
-                            weight_decay=t.weight_decay).build(model)
+        optim = optim_config.build(model, strict=True)
         if ck.optim_state is not None:
             optim.load_state_dict(optimizer_state_for(optim, model, ck.optim_state))
         with torch.no_grad():
@@ -164,15 +188,115 @@ def checkpoint_scheduler(config: dict, path: Path):
                       "framework.lr_schedule=run")
 
 
+def masked_rows(order, qs, filt) -> np.ndarray:
+    """The training-order rows among ``qs`` whose instance ``filt`` (OLMo-core ``InstanceFilterConfig``) masks,
+    decided by OLMo-core's own rule (``NumpyDatasetBase._validate_instance`` on ``find_periodic_sequences``) on the
+    rows' original tokens: ``int64`` array."""
+    from olmo_core.data.utils import find_periodic_sequences
+
+    out = []
+    for q in np.asarray(qs, dtype=np.int64):
+        tokens = np.asarray(order.row_tokens(int(q)))
+        if any(m.times >= filt.repetition_max_count for m in find_periodic_sequences(
+                tokens, max_period=filt.repetition_max_period, min_period=filt.repetition_min_period)):
+            out.append(int(q))
+    return np.asarray(out, dtype=np.int64)
+
+
 class Olmo2Framework(OlmoCoreFramework):
     """Continue an OLMo-2 checkpoint on OLMo-core (module docstring)."""
 
-    @property
+    @functools.cached_property
+    def source_dir(self) -> Path:
+        """The OLMo-2 checkpoint this run continues (recorded in the converted checkpoint's ``config.json``)."""
+        return Path(json.loads((self.model_dir / "config.json").read_text())["olmo2"]["source"])
+
+    @functools.cached_property
     def source_config(self) -> dict:
         """The OLMo-2 ``config.yaml`` of the checkpoint this run continues."""
         from frameworks.olmo2.checkpoint import read_config
 
-        return read_config(json.loads((self.model_dir / "config.json").read_text())["olmo2"]["source"])
+        return read_config(self.source_dir)
+
+    @property
+    def tokenizer_path(self) -> str:
+        """``model.tokenizer``; a bare ``tokenizer.json`` file (no ``tokenizer_config.json`` to name EOS and pad)
+        becomes an HF tokenizer dir in the cache, built once, whose EOS and pad are the checkpoint's
+        ``model.eos_token_id`` / ``model.pad_token_id``."""
+        path = super().tokenizer_path
+        if not (path.endswith(".json") and Path(path).is_file()):
+            return path
+        from pretrain_exp.data.tokenize import load_tokenizer
+
+        model = self.source_config.get("model") or {}
+        eos, pad = model.get("eos_token_id"), model.get("pad_token_id")
+        key = hashlib.sha256(Path(path).read_bytes() + json.dumps([eos, pad]).encode()).hexdigest()[:16]
+
+        def build(tmp: Path) -> dict:
+            load_tokenizer(path, self.cfg.cache_dir, eos_token_id=eos, pad_token_id=pad).save_pretrained(str(tmp))
+            return {"tokenizer_file": path, "eos_token_id": eos, "pad_token_id": pad}
+
+        return str(build_once(Path(self.cfg.cache_dir) / "tokenizers" / f"olmo2-{Path(path).stem}-{key}", build))
+
+    def optim_config(self):
+        """The run's OLMo-core ``AdamWConfig`` (:func:`run_optim_config`): the checkpoint's optimizer and param
+        groups with ``framework.lr_schedule=checkpoint``, else ``training.*``."""
+        return run_optim_config(self.cfg, self.source_config)
+
+    @property
+    def max_grad_norm(self) -> Optional[float]:
+        """The run's gradient clipping (:func:`run_max_grad_norm`)."""
+        return run_max_grad_norm(self.cfg, self.source_config)
+
+    def instance_filter_config(self):
+        """OLMo-core's ``InstanceFilterConfig`` of the checkpoint's ``data.instance_filter`` (OLMo-2's
+        ``MemMapDataset`` and OLMo-core's dataset mask the same instances: periods ``repetition_min_period`` ..
+        ``repetition_max_period`` repeated ``repetition_max_count`` times or more), or ``None``."""
+        from olmo_core.data import InstanceFilterConfig
+
+        filt = (self.source_config.get("data") or {}).get("instance_filter")
+        if not filt:
+            return None
+        return InstanceFilterConfig(**{k: int(v) for k, v in filt.items() if k in (
+            "repetition_max_period", "repetition_min_period", "repetition_max_count")})
+
+    def dataset_config_kwargs(self) -> Dict[str, Any]:
+        """The ``olmo_core`` framework's dataset arguments plus the checkpoint's instance filter
+        (:meth:`instance_filter_config`): each item carries ``instance_mask``, and OLMo-core's train module
+        ignores every label of a masked instance (``olmo_core.data.utils.get_labels``), as OLMo-2 did."""
+        out = super().dataset_config_kwargs()
+        filt = self.instance_filter_config()
+        if filt is not None:
+            out["instance_filter_config"] = filt
+        return out
+
+    @property
+    def z_loss_multiplier(self) -> Optional[float]:
+        """``framework.lr_schedule=checkpoint``: OLMo-2's z-loss (``softmax_auxiliary_loss`` with
+        ``auxiliary_loss_multiplier``, default 1e-4 as in allenai/OLMo ``olmo/config.py``), else none."""
+        c = self.source_config
+        if self.cfg.framework.uses_run_lr_schedule() or not c.get("softmax_auxiliary_loss"):
+            return None
+        return float(c.get("auxiliary_loss_multiplier") or 1e-4)
+
+    def _build_trainer(self, start, until_step: int, rows, log_fn):
+        """The ``olmo_core`` trainer (with this class's :meth:`optim_config`, :attr:`max_grad_norm` and
+        :attr:`z_loss_multiplier`); with an instance filter, the share of masked instances is logged
+        (``train/masked_instances``).
+
+        :raises ConfigError: if an insertion lands in an instance the filter masks (it would not be trained).
+        """
+        filt = self.instance_filter_config()
+        if filt is not None and rows.plan is not None and rows.plan.num_insertions:
+            masked = masked_rows(rows.order, rows.plan.affected_rows(), filt)
+            if masked.size:
+                raise ConfigError("data.instance_filter", f"the checkpoint's config.yaml filter masks the loss of "
+                                  f"training row {int(masked[0])} ({masked.size} rows in all), which holds an "
+                                  "insertion that would not be trained; choose another insertion.seed or placement")
+        trainer = super()._build_trainer(start, until_step, rows, log_fn)
+        if filt is not None:
+            trainer.callbacks["pretrain_exp_metrics"].names["train/masked instances (%)"] = "train/masked_instances"
+        return trainer
 
     @property
     def peak_lr(self) -> float:
@@ -184,8 +308,7 @@ class Olmo2Framework(OlmoCoreFramework):
     def scheduler(self):
         """``framework.lr_schedule=checkpoint``: :func:`checkpoint_scheduler`; else the run's schedule."""
         if self.cfg.framework.lr_schedule == "checkpoint":
-            source = json.loads((self.model_dir / "config.json").read_text())["olmo2"]["source"]
-            return checkpoint_scheduler(self.source_config, Path(source))
+            return checkpoint_scheduler(self.source_config, self.source_dir)
         return super().scheduler()
 
     @classmethod

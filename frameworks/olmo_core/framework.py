@@ -494,7 +494,7 @@ class OlmoCoreFramework(Framework):
         kwargs.update(self.dataset_config_kwargs())
         return NumpyFSLDatasetConfig(
             dtype=NumpyDatasetDType(order.files.dtype.name),
-            paths=[str(p) for p in order.files.paths], sequence_length=self.cfg.training.sequence_length,
+            paths=order.files.local_paths(), sequence_length=self.cfg.training.sequence_length,
             work_dir=str(self.work_dir), **kwargs,
         ).build()
 

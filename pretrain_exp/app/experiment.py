@@ -27,7 +27,7 @@ import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Dict, TypeVar
+from typing import Callable, Dict, Optional, TypeVar
 
 import numpy as np
 import torch
@@ -122,13 +122,11 @@ class Experiment:
 
     def _check_held_out(self) -> None:
         n = self.cfg.data.held_out_rows + reserved_rows(self.cfg.insertion.experiments)
-        first_row, end_row = self.window[0] // self.L, self.window[1] // self.L
-        ho = self.order.held_out_rows(n)
-        if n and first_row < self.order.rows_per_epoch and end_row > ho[0]:
-            raise ConfigError("data.held_out_rows", f"the run trains rows [{first_row}, {end_row}), which reach "
-                              f"the {n} held-out rows [{ho[0]}, {self.order.rows_per_epoch}) of the first epoch "
-                              "(perplexity rows and corpus_chunks items); lower data.held_out_rows or the "
-                              "corpus_chunks num_items, or train fewer steps")
+        why = held_out_collision(n, self.window[0] // self.L, self.window[1] // self.L, self.order.rows_per_epoch,
+                                 "data.paths" in self.cfg.framework.checkpoint_keys())
+        if why:
+            raise ConfigError("data.held_out_rows", f"{why} (perplexity rows and corpus_chunks items); lower "
+                              "data.held_out_rows or the corpus_chunks num_items, or train fewer steps")
 
     def _plan(self) -> Plan:
         cfg = self.cfg
@@ -258,6 +256,25 @@ class Experiment:
                             f.unlink()
                 elif d.is_dir():
                     shutil.rmtree(d)
+
+
+def held_out_collision(n: int, first_row: int, end_row: int, rows_per_epoch: int,
+                       checkpoint_trained_order: bool) -> Optional[str]:
+    """Why the ``n`` held-out rows ``[rows_per_epoch - n, rows_per_epoch)`` (the first epoch's last rows,
+    :meth:`DataOrder.held_out_rows <pretrain_exp.data.order.DataOrder.held_out_rows>`) may have been trained, or
+    ``None`` when they provably were not. The run trains rows ``[first_row, end_row)``; with
+    ``checkpoint_trained_order`` (an OLMo checkpoint whose data order the run continues) the checkpoint trained
+    ``[0, first_row)`` too, so every row before ``end_row`` counts (past the first epoch, all of it)."""
+    if not n:
+        return None
+    start = rows_per_epoch - n
+    if checkpoint_trained_order and end_row > start:
+        return (f"the checkpoint and the run train rows [0, {end_row}) of their data order, which reach the {n} "
+                f"held-out rows [{start}, {rows_per_epoch}) of the first epoch")
+    if first_row < rows_per_epoch and end_row > start:
+        return (f"the run trains rows [{first_row}, {end_row}), which reach the {n} held-out rows "
+                f"[{start}, {rows_per_epoch}) of the first epoch")
+    return None
 
 
 def _wandb_image(path: Path):

@@ -42,12 +42,16 @@ log = logging.getLogger(__name__)
 MAX_TOKENS_PER_FILE = 1 << 28  #: a new token file starts after this many tokens
 
 
-def load_tokenizer(name_or_path: str, cache_dir: str | Path):
-    """An HF tokenizer from a local dir, a model asset name or a tokenizer asset name (``dolma2``).
+def load_tokenizer(name_or_path: str, cache_dir: str | Path, eos_token_id: int | None = None,
+                   pad_token_id: int | None = None):
+    """An HF tokenizer from a local dir, a ``tokenizer.json`` file, a model asset name or a tokenizer asset name
+    (``dolma2``).
 
-    :raises DataError: if it cannot be loaded or has no EOS token.
+    :param eos_token_id: the EOS id to use where the tokenizer names none (a bare ``tokenizer.json`` has no
+        ``tokenizer_config.json``; an OLMo checkpoint records ``model.eos_token_id``); ``pad_token_id`` likewise.
+    :raises DataError: if it cannot be loaded or has no EOS token (and ``eos_token_id`` is not given).
     """
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     models = sorted(GGUF_MEMBERS) + sorted(TINY_MODELS)
     if name_or_path in TOKENIZERS:
@@ -58,11 +62,19 @@ def load_tokenizer(name_or_path: str, cache_dir: str | Path):
         path = Path(name_or_path).expanduser()
         if not path.exists() and (path.is_absolute() or name_or_path.startswith((".", "~"))):
             raise DataError(f"tokenizer {name_or_path!r}: directory not found (give an HF tokenizer dir, "
-                            f"a model asset {models} or a hub id)")
+                            f"a tokenizer.json file, a model asset {models} or a hub id)")
     try:
-        tok = AutoTokenizer.from_pretrained(str(path))
-    except (OSError, ValueError) as e:
+        if path.is_file():
+            tok = PreTrainedTokenizerFast(tokenizer_file=str(path))
+        else:
+            tok = AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:  # OSError, ValueError, or the tokenizers library's own exception
         raise DataError(f"tokenizer {name_or_path!r}: cannot load ({str(e).splitlines()[0]})") from None
+    for attr, given in (("eos_token", eos_token_id), ("pad_token", pad_token_id)):
+        if given is not None and getattr(tok, f"{attr}_id") is None:
+            if not 0 <= int(given) < len(tok):
+                raise DataError(f"tokenizer {name_or_path!r}: {attr} id {given} is outside its {len(tok)} ids")
+            setattr(tok, attr, tok.convert_ids_to_tokens(int(given)))
     if tok.eos_token_id is None:
         raise DataError(f"tokenizer {name_or_path!r} has no EOS token; token files need one between "
                         "documents")
