@@ -139,8 +139,10 @@ class TokenFiles:
 
     def local_paths(self) -> List[str]:
         """The paths a training framework should read: the window-cache file of each remote file (same basename
-        and size as the URL; holes outside the prefetched window), the path itself for a local file."""
-        return [str(self.window.path_for(p)) if isinstance(p, str) else str(p) for p in self.paths]
+        and size as the URL, created sparse where no row of the window lies; holes outside the prefetched
+        window), the path itself for a local file."""
+        return [str(self.window.create(p, int(n))) if isinstance(p, str) else str(p)
+                for p, n in zip(self.paths, self.num_bytes)]
 
     def present(self, file_index: int, refresh: bool = False) -> np.ndarray:
         """Merged byte ranges ``(k, 2)`` of remote file ``file_index`` in the window cache (read once, again

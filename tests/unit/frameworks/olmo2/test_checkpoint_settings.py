@@ -183,6 +183,7 @@ def test_instance_filter_masks_what_olmo_core_masks(u32, tmp_path):
     class DatasetOnly(Olmo2Framework):  # no converted checkpoint needed
         vocab_size = fx.EMBEDDING
         source_config = yaml.safe_load((ckpt / "config.yaml").read_text())
+        experiment_config: dict = {}  # a converted checkpoint records no OLMo-core dataset
 
     fw = DatasetOnly.__new__(DatasetOnly)
     fw.cfg, fw.run_dir = cfg, tmp_path
