@@ -375,9 +375,8 @@ def download_olmo_core_checkpoint(base_url: str, step: int, dest_dir: str | os.P
 
 def download_checkpoint_files(checkpoint_url: str, ckpt_dir: str | os.PathLike, rels: Sequence[str],
                               **kwargs) -> Path:
-    """Fetch only the files ``rels`` of the checkpoint at ``checkpoint_url`` (e.g. its config and trainer state, to
-    read the run's settings before the weights are needed) into ``ckpt_dir``; files already there are kept.
-    ``kwargs`` go to :func:`download_file`.
+    """Fetch only the files ``rels`` of the checkpoint at ``checkpoint_url`` into ``ckpt_dir``; files already there
+    are kept. ``kwargs`` go to :func:`download_file`.
 
     :raises CheckpointError: naming the URL of a file that answers 404 or cannot be fetched after retries.
     """
@@ -386,6 +385,28 @@ def download_checkpoint_files(checkpoint_url: str, ckpt_dir: str | os.PathLike, 
         if not (ckpt_dir / rel).is_file():
             download_file(f"{checkpoint_url}/{rel}", ckpt_dir / rel, **kwargs)
     return ckpt_dir
+
+
+#: layout -> (checkpoint URL of (base, step), files that record the run's settings: config and trainer state)
+SETTINGS_FILES = {"olmo2": (olmo2_checkpoint_url, ("config.yaml", "train.pt")),
+                  "olmo_core": (olmo_core_checkpoint_url, ("config.json", "train/rank0.pt"))}
+
+
+def download_checkpoint(layout: str, base_url: str, step: int, dest_dir: str | os.PathLike,
+                        settings_only: bool = False, **kwargs) -> Path:
+    """The checkpoint ``<base_url>/step<step>[-unsharded]/`` of ``layout`` (``olmo2`` or ``olmo_core``) in
+    ``<dest_dir>/``: all of it (:func:`download_olmo2_checkpoint` / :func:`download_olmo_core_checkpoint`), or with
+    ``settings_only`` just its config and trainer state (:data:`SETTINGS_FILES`, what a run's settings are read
+    from before the weights are needed). ``kwargs`` go to the download function.
+
+    :raises CheckpointError: as the download functions.
+    """
+    url_of, rels = SETTINGS_FILES[layout]
+    if settings_only:
+        url = url_of(base_url, step)
+        return download_checkpoint_files(url, Path(dest_dir) / url.rsplit("/", 1)[1], rels, **kwargs)
+    download = download_olmo2_checkpoint if layout == "olmo2" else download_olmo_core_checkpoint
+    return download(base_url, step, dest_dir, **kwargs)
 
 # ------------------------------------------------------------------------------------------------ CLI
 
@@ -412,11 +433,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     kwargs = dict(max_retries=args.max_retries, base_delay_s=args.base_delay, timeout_s=args.timeout)
     try:
-        if args.layout == "olmo2":
-            path = download_olmo2_checkpoint(args.base_url, args.step, args.dest, **kwargs)
-        else:
-            path = download_olmo_core_checkpoint(args.base_url, args.step, args.dest, train_ranks=args.train_ranks,
-                                                 **kwargs)
+        if args.layout == "olmo_core":
+            kwargs["train_ranks"] = args.train_ranks
+        path = download_checkpoint(args.layout, args.base_url, args.step, args.dest, **kwargs)
     except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

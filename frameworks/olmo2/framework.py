@@ -47,19 +47,15 @@ def olmo2_checkpoint_dir(model: ModelConf, cache_dir: str, settings_only: bool =
         :meth:`Olmo2Framework.checkpoint_settings` reads), not the weights.
     :raises CheckpointError: if ``model.path`` has no ``config.yaml``.
     """
-    from frameworks.download import download_checkpoint_files, download_olmo2_checkpoint, olmo2_checkpoint_url
+    from frameworks.download import download_checkpoint
     from frameworks.olmo2.presets import tiny_checkpoint
 
     m = model
     if m.asset is not None:
         return tiny_checkpoint(m.asset, cache_dir)
     if m.url is not None:
-        dest = Path(cache_dir) / "models" / m.name
-        if settings_only:
-            return download_checkpoint_files(olmo2_checkpoint_url(m.url, m.checkpoint_step),
-                                             dest / f"step{int(m.checkpoint_step)}-unsharded",
-                                             ["config.yaml", "train.pt"])
-        return download_olmo2_checkpoint(m.url, m.checkpoint_step, dest)
+        return download_checkpoint("olmo2", m.url, m.checkpoint_step, Path(cache_dir) / "models" / m.name,
+                                   settings_only)
     path = Path(m.path)
     if not (path / "config.yaml").is_file():
         raise CheckpointError(f"model.path={path}: not an OLMo-2 checkpoint (no config.yaml; expected a "

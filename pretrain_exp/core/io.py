@@ -8,6 +8,7 @@ would give (``0o666`` minus the umask), not ``mkstemp``'s ``0o600``.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -109,3 +110,17 @@ def default_cache_dir() -> Path:
     """The asset/token/checkpoint cache when none is configured: ``$PRETRAIN_EXP_CACHE`` or
     ``~/.cache/pretrain_exp`` (the same rule as ``cache_dir`` in ``conf/config.yaml``)."""
     return Path(os.environ.get("PRETRAIN_EXP_CACHE") or Path.home() / ".cache" / "pretrain_exp")
+
+
+@contextlib.contextmanager
+def file_lock(path: str | Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if absent, never written) for the ``with`` block: processes
+    that build the same cache entry (the ranks of a job, the jobs of a sweep) take turns."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

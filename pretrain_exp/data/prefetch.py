@@ -28,10 +28,11 @@ from typing import Callable, Dict, Mapping, Optional, Sequence
 import numpy as np
 
 from pretrain_exp.core.errors import ConfigError, DataError
+from pretrain_exp.core.io import file_lock
 from pretrain_exp.data.order import DataOrder
 from pretrain_exp.data.remote import DEFAULT_THREADS, _progress, changed_size_error, redact
 from pretrain_exp.data.token_files import TokenFiles
-from pretrain_exp.data.window import file_lock, merge_ranges, subtract_ranges, total_bytes
+from pretrain_exp.data.window import merge_ranges, subtract_ranges, total_bytes
 
 log = logging.getLogger(__name__)
 

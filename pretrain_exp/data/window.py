@@ -14,8 +14,6 @@ loses at most the chunks finished since the last manifest write and resumes with
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import threading
@@ -30,19 +28,6 @@ from pretrain_exp.core.io import atomic_path, write_json
 from pretrain_exp.data.remote import changed_size_error, redact
 
 MANIFEST_SUFFIX = ".ranges.json"
-
-
-@contextlib.contextmanager
-def file_lock(path: Path):
-    """Hold an exclusive ``flock`` on ``path`` (created if absent) for the ``with`` block: processes on one node
-    (the ranks of a job) that build the same cache entry take turns."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def merge_ranges(ranges: np.ndarray) -> np.ndarray:

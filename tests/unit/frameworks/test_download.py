@@ -24,6 +24,7 @@ from frameworks import download as dl
 from frameworks.download import (
     MARKER,
     backoff_delay,
+    download_checkpoint,
     download_file,
     download_olmo2_checkpoint,
     download_olmo_core_checkpoint,
@@ -218,6 +219,21 @@ def test_olmo_core_train_ranks_limit(server, olmo_core, tmp_path, kw):
     path = download_olmo_core_checkpoint(base, CORE_STEP, tmp_path / "dest", train_ranks=1, **kw)
     assert (path / "train" / "rank0.pt").is_file() and not (path / "train" / "rank1.pt").exists()
     assert server.paths("rank1.pt") == []
+
+
+@pytest.mark.parametrize("layout", ["olmo2", "olmo_core"])
+def test_settings_only_fetches_config_and_trainer_state(server, olmo2, olmo_core, tmp_path, kw, layout):
+    """What a run's settings are read from, before the weights are needed: config and trainer state only; the full
+    download later keeps them and fetches the rest."""
+    (base, src), step = (olmo2, OLMO2_STEP) if layout == "olmo2" else (olmo_core, CORE_STEP)
+    path = download_checkpoint(layout, base, step, tmp_path / "dest", settings_only=True, **kw)
+    want = ["config.yaml", "train.pt"] if layout == "olmo2" else ["config.json", "train/rank0.pt"]
+    assert path == tmp_path / "dest" / src.name
+    assert sorted(files_under(path)) == sorted(want)
+    assert [p.rsplit(src.name + "/", 1)[1] for p in server.paths()] == want
+    assert download_checkpoint(layout, base, step, tmp_path / "dest", **kw) == path
+    assert_same_tree(src, path)
+    assert [p.rsplit(src.name + "/", 1)[1] for p in server.paths()].count(want[0]) == 1  # not fetched again
 
 
 @pytest.mark.parametrize("how", ["drop", "reset"])
