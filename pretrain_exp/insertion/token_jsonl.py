@@ -1,0 +1,237 @@
+"""Vectorized reading of token-id item files: one bare JSON list of token ids per line (``[5,17,3]``), parsed block
+by block with array operations straight into CSR arrays, EOS policy applied and checked as arrays.
+
+The fast path accepts exactly the lines ``[d(,d)*]`` (digits, commas, brackets, optional spaces, tabs and ``\\r``
+around them; blank lines skipped) whose ids have at most 8 digits and no leading zero. Any other line (a dict, a
+float, a string, a negative id, malformed JSON, an empty list) and any failed check (an id outside the vocabulary,
+an item longer than the sequence length, too few items) makes :func:`read_token_items` return None, and the caller
+runs the exact per-item path, which raises the usual error naming ``file:line`` and the item. Peak memory is the
+CSR arrays plus one block (:data:`BLOCK_BYTES`) of work arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+from pretrain_exp.insertion.schema import EosPolicy
+
+BLOCK_BYTES = 1 << 20  #: bytes of the file decoded per block (whole lines; longer lines grow the block)
+MAX_DIGITS = 8  #: ids with more digits leave the fast path (decoded as one little-endian uint64 word)
+_PAD = 8  #: newline bytes in front of every block (a number's 8-byte window never starts before the buffer)
+
+# byte classes: '[' 0, ',' 1, ']' 2, '\n' 3, blank 4, anything else 5 (digits are found separately)
+_CLASS = np.full(256, 5, dtype=np.uint8)
+for _ch, _cl in ((b"[", 0), (b",", 1), (b"]", 2), (b"\n", 3), (b" ", 4), (b"\t", 4), (b"\r", 4)):
+    _CLASS[_ch[0]] = _cl
+# allowed (class, next class, numbers between them) of consecutive non-blank punctuation
+_ALLOWED = np.zeros(64, dtype=bool)
+for _a, _b, _k in ((3, 0, 0), (3, 3, 0), (0, 1, 1), (0, 2, 1), (1, 1, 1), (1, 2, 1), (2, 3, 0)):
+    _ALLOWED[_a * 16 + _b * 4 + _k] = True
+_ALL = 0xFFFFFFFFFFFFFFFF
+#: keep the top ``n`` bytes of a little-endian word (the digits of an ``n``-digit number ending the word)
+_HI = np.array([(_ALL << (8 * (8 - n))) & _ALL for n in range(9)], dtype=np.uint64)
+
+
+class _Irregular(Exception):
+    """A block holds a line outside the fast path's grammar."""
+
+
+class TokenItems(NamedTuple):
+    """Token items in CSR form: item ``i`` is ``tokens[offsets[i]:offsets[i + 1]]``, read from line
+    ``lines[i]`` (1-based) of its file."""
+
+    tokens: np.ndarray  #: ``dtype`` given to :func:`read_token_items`, shape ``(total tokens,)``
+    offsets: np.ndarray  #: int64, shape ``(n + 1,)``
+    lines: np.ndarray  #: int64, shape ``(n,)``
+
+
+class LineSources(Sequence):
+    """``file:line`` of each item, formatted on access (no per-item string objects at scale); equal to the list
+    of those strings."""
+
+    def __init__(self, file: str, lines: np.ndarray):
+        self.file, self.lines = str(file), lines
+
+    def __len__(self) -> int:
+        return int(self.lines.size)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [f"{self.file}:{n}" for n in self.lines[i].tolist()]
+        return f"{self.file}:{int(self.lines[i])}"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and len(other) == len(self) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _decode(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Decode one block: ``b`` is uint8, ``_PAD`` newlines then whole lines ending with ``\\n``, backed by an
+    8-byte aligned buffer.
+
+    :returns: ``(ids uint64 (k,), tokens per item int64 (m,), newlines before each item int64 (m,), newlines in
+        the block)``.
+    :raises _Irregular: for any line outside the grammar (module docstring).
+    """
+    digit = (b - np.uint8(48)) < np.uint8(10)
+    if (digit[2:] & (b[1:-1] == 48) & ~digit[:-2]).any():  # a leading zero ("01" is not JSON)
+        raise _Irregular
+    p = np.flatnonzero(~digit)
+    t = _CLASS[b[p]]
+    if (t == 5).any():
+        raise _Irregular
+    gap = np.diff(p)
+    has_num = gap > 1
+    ends = p[1:][has_num]
+    ndig = gap[has_num] - 1
+    if ndig.size and int(ndig.max()) > MAX_DIGITS:
+        raise _Irregular
+    blank = t == 4
+    if blank.any():  # drop blanks from the punctuation; count the numbers between the others
+        before = np.concatenate([[0], np.cumsum(has_num)])
+        keep = np.flatnonzero(~blank)
+        t, between = t[keep], np.diff(before[keep])
+        if (between > 1).any():  # two numbers separated by blanks only
+            raise _Irregular
+        where = before[keep]
+    else:
+        between, where = has_num, None
+    if not _ALLOWED[t[:-1].astype(np.int64) * 16 + t[1:] * 4 + between].all():
+        raise _Irregular
+    opens, closes = np.flatnonzero(t == 0), np.flatnonzero(t == 2)
+    lengths = (closes - opens) if where is None else where[closes] - where[opens]
+    newlines = np.flatnonzero(t == 3)
+    nl_before = np.searchsorted(newlines, opens) - _PAD
+    # ids: the 8 bytes ending at each number as one little-endian word, XOR '0' (bytewise digit values), the
+    # bytes before the number masked off, then the digits combined pairwise (SWAR)
+    words = np.ndarray((b.size - 7,), dtype=np.uint64, buffer=b, strides=(1,))
+    x = (words[ends - 8] ^ np.uint64(0x3030303030303030)) & _HI[ndig]
+    x = (x * np.uint64(10) + (x >> np.uint64(8))) & np.uint64(0x00FF00FF00FF00FF)
+    x = (x * np.uint64(100) + (x >> np.uint64(16))) & np.uint64(0x0000FFFF0000FFFF)
+    x = (x * np.uint64(10000) + (x >> np.uint64(32))) & np.uint64(0xFFFFFFFF)
+    return x, lengths.astype(np.int64), nl_before.astype(np.int64), int(newlines.size) - _PAD
+
+
+def _last_newline(seg: np.ndarray) -> int:
+    """Index of the last ``\\n`` in ``seg`` (uint8), -1 if none; scans back 64 KiB at a time."""
+    hi = seg.size
+    while hi > 0:
+        lo = max(hi - (1 << 16), 0)
+        nl = np.flatnonzero(seg[lo:hi] == 10)
+        if nl.size:
+            return lo + int(nl[-1])
+        hi = lo
+    return -1
+
+
+def _blocks(path: Path, block_bytes: int):
+    """``(decoded block, line number of the block's first line)`` for each block of whole lines of ``path``."""
+    cap = block_bytes
+    store = np.empty((_PAD + cap + 16) // 8 + 1, dtype=np.uint64)
+    buf = store.view(np.uint8)
+    buf[:_PAD] = 10
+    carry, line0 = 0, 1
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            got = f.readinto(memoryview(buf)[_PAD + carry:_PAD + cap])
+            total = carry + got
+            if got == 0:
+                if total == 0:
+                    return
+                if buf[_PAD + total - 1] != 10:
+                    buf[_PAD + total] = 10
+                    total += 1
+                cut = total
+            else:
+                cut = _last_newline(buf[_PAD:_PAD + total]) + 1
+                if cut == 0:  # a line longer than the block: grow it
+                    cap *= 2
+                    grown = np.empty((_PAD + cap + 16) // 8 + 1, dtype=np.uint64)
+                    grown.view(np.uint8)[:_PAD + total] = buf[:_PAD + total]
+                    store, buf = grown, grown.view(np.uint8)
+                    carry = total
+                    continue
+            out = _decode(buf[:_PAD + cut])
+            yield out, line0
+            line0 += out[3]
+            if got == 0:
+                return
+            buf[_PAD:_PAD + total - cut] = buf[_PAD + cut:_PAD + total].copy()
+            carry = total - cut
+
+
+def _grow(a: np.ndarray, need: int) -> np.ndarray:
+    """``a`` resized in place (realloc) to at least ``need`` elements."""
+    if need > a.size:
+        a.resize(max(need, a.size + a.size // 2), refcheck=False)
+    return a
+
+
+def read_token_items(path: str | Path, *, vocab_size: int, sequence_length: int, eos: Optional[int],
+                     policy: EosPolicy, dtype, num_items: Optional[int] = None,
+                     block_bytes: int = BLOCK_BYTES) -> Optional[TokenItems]:
+    """The first ``num_items`` (all if None) token lists of a jsonl file of bare lists, EOS ``policy`` applied as
+    :func:`~pretrain_exp.insertion.items.apply_eos` does, ids checked against ``vocab_size`` and lengths against
+    ``sequence_length``.
+
+    :param eos: the EOS id (None: no tokenizer; only ``policy=none`` passes).
+    :param dtype: token dtype of the result (holding ``vocab_size`` ids).
+    :returns: the items, or None where the exact path must decide (module docstring): an irregular line anywhere
+        in the file, a failed check, no items or fewer than ``num_items``.
+    """
+    path = Path(path)
+    if not path.is_file() or (policy != EosPolicy.none and eos is None):
+        return None
+    size = path.stat().st_size
+    tokens = np.empty(max(size // 6, 1024), dtype=dtype)
+    offsets = np.zeros(max(size // 600, 1024), dtype=np.int64)
+    lines = np.empty(offsets.size, dtype=np.int64)
+    n = ntok = 0
+    limit = num_items if num_items is not None else np.inf
+    L, wrap = sequence_length, policy == EosPolicy.wrap
+    try:
+        for (ids, lengths, nl_before, _), line0 in _blocks(path, block_bytes):
+            if n >= limit:
+                continue  # later lines are still checked (the exact path reads the whole file)
+            if n + lengths.size > limit:
+                m = int(limit - n)
+                ids, lengths, nl_before = ids[:int(lengths[:m].sum())], lengths[:m], nl_before[:m]
+            if lengths.size == 0:
+                continue
+            if int(ids.max()) >= vocab_size or int(lengths.max()) > L:
+                return None
+            starts = np.cumsum(lengths) - lengths
+            if policy == EosPolicy.none:
+                new_len, out = lengths, ids
+            else:
+                short = lengths < L
+                add_end = short & (ids[starts + lengths - 1] != eos)
+                add_start = short & (ids[starts] != eos) & (lengths + add_end < L) if wrap else np.zeros_like(short)
+                new_len = lengths + add_end + add_start
+                new_start = np.cumsum(new_len) - new_len
+                out = np.full(int(new_len.sum()), eos, dtype=np.uint64)
+                body = np.ones(out.size, dtype=bool)
+                body[new_start[add_start]] = False
+                body[(new_start + new_len - 1)[add_end]] = False
+                out[body] = ids
+            k = lengths.size
+            tokens = _grow(tokens, ntok + out.size)
+            tokens[ntok:ntok + out.size] = out
+            offsets = _grow(offsets, n + k + 1)
+            offsets[n + 1:n + k + 1] = ntok + np.cumsum(new_len)
+            lines = _grow(lines, n + k)
+            lines[n:n + k] = line0 + nl_before
+            n, ntok = n + k, ntok + out.size
+    except _Irregular:
+        return None
+    if n == 0 or (num_items is not None and n < num_items):
+        return None
+    tokens.resize(ntok, refcheck=False)
+    offsets.resize(n + 1, refcheck=False)
+    lines.resize(n, refcheck=False)
+    return TokenItems(tokens, offsets, lines)
