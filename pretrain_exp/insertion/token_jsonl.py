@@ -17,6 +17,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
+from pretrain_exp.insertion.items import apply_eos_csr
 from pretrain_exp.insertion.schema import EosPolicy
 
 BLOCK_BYTES = 1 << 20  #: bytes of the file decoded per block (whole lines; longer lines grow the block)
@@ -176,7 +177,7 @@ def read_token_items(path: str | Path, *, vocab_size: int, sequence_length: int,
                      policy: EosPolicy, dtype, num_items: Optional[int] = None,
                      block_bytes: int = BLOCK_BYTES) -> Optional[TokenItems]:
     """The first ``num_items`` (all if None) token lists of a jsonl file of bare lists, EOS ``policy`` applied as
-    :func:`~pretrain_exp.insertion.items.apply_eos` does, ids checked against ``vocab_size`` and lengths against
+    :func:`~pretrain_exp.insertion.items.apply_eos` does (:func:`~pretrain_exp.insertion.items.apply_eos_csr`), ids checked against ``vocab_size`` and lengths against
     ``sequence_length``.
 
     :param eos: the EOS id (None: no tokenizer; only ``policy=none`` passes).
@@ -193,7 +194,7 @@ def read_token_items(path: str | Path, *, vocab_size: int, sequence_length: int,
     lines = np.empty(offsets.size, dtype=np.int64)
     n = ntok = 0
     limit = num_items if num_items is not None else np.inf
-    L, wrap = sequence_length, policy == EosPolicy.wrap
+    L = sequence_length
     try:
         for (ids, lengths, nl_before, _), line0 in _blocks(path, block_bytes):
             if n >= limit:
@@ -205,20 +206,7 @@ def read_token_items(path: str | Path, *, vocab_size: int, sequence_length: int,
                 continue
             if int(ids.max()) >= vocab_size or int(lengths.max()) > L:
                 return None
-            starts = np.cumsum(lengths) - lengths
-            if policy == EosPolicy.none:
-                new_len, out = lengths, ids
-            else:
-                short = lengths < L
-                add_end = short & (ids[starts + lengths - 1] != eos)
-                add_start = short & (ids[starts] != eos) & (lengths + add_end < L) if wrap else np.zeros_like(short)
-                new_len = lengths + add_end + add_start
-                new_start = np.cumsum(new_len) - new_len
-                out = np.full(int(new_len.sum()), eos, dtype=np.uint64)
-                body = np.ones(out.size, dtype=bool)
-                body[new_start[add_start]] = False
-                body[(new_start + new_len - 1)[add_end]] = False
-                out[body] = ids
+            out, new_len = apply_eos_csr(ids, lengths, eos, policy, L)
             k = lengths.size
             tokens = _grow(tokens, ntok + out.size)
             tokens[ntok:ntok + out.size] = out
