@@ -74,8 +74,8 @@ def make_jsonl(n: int, path: str, lo: int = 32, hi: int = 256, vocab: int = 100_
             line_start = np.cumsum(line_bytes) - line_bytes
             out = np.empty(int(line_bytes.sum()), dtype=np.uint8)
             first = np.cumsum(ln) - ln
-            tok_start = np.cumsum(ndig + 1) - (ndig + 1) + np.repeat(line_start + 1 - (np.cumsum(ndig + 1) -
-                                                                                         (ndig + 1))[first], ln)
+            before = np.cumsum(ndig + 1) - (ndig + 1)  # token bytes before each token, from the chunk start
+            tok_start = before + np.repeat(line_start + 1 - before[first], ln)
             for k in range(int(ndig.max())):
                 m = ndig > k
                 out[tok_start[m] + k] = 48 + (ids[m] // pow10[ndig[m] - 1 - k]) % 10

@@ -176,9 +176,9 @@ def _grow(a: np.ndarray, need: int) -> np.ndarray:
 def read_token_items(path: str | Path, *, vocab_size: int, sequence_length: int, eos: Optional[int],
                      policy: EosPolicy, dtype, num_items: Optional[int] = None,
                      block_bytes: int = BLOCK_BYTES) -> Optional[TokenItems]:
-    """The first ``num_items`` (all if None) token lists of a jsonl file of bare lists, EOS ``policy`` applied as
-    :func:`~pretrain_exp.insertion.items.apply_eos` does (:func:`~pretrain_exp.insertion.items.apply_eos_csr`), ids checked against ``vocab_size`` and lengths against
-    ``sequence_length``.
+    """The first ``num_items`` (all if None) token lists of a jsonl file of bare lists, EOS ``policy`` applied
+    (:func:`~pretrain_exp.insertion.items.apply_eos_csr`), ids checked against ``vocab_size`` and lengths
+    against ``sequence_length``.
 
     :param eos: the EOS id (None: no tokenizer; only ``policy=none`` passes).
     :param dtype: token dtype of the result (holding ``vocab_size`` ids).

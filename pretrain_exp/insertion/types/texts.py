@@ -8,11 +8,10 @@ cannot have seen them in pretraining and every item is distinct.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
-
 import logging
 import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
