@@ -177,14 +177,16 @@ def apply_eos_csr(ids: np.ndarray, lengths: np.ndarray, eos: int, policy: EosPol
 
 
 def encode_texts(texts: Sequence[str], tokenizer, what: str,
-                 batch: int = ENCODE_BATCH) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids of ``texts`` (no special tokens), ``batch`` texts per tokenizer call, with a progress bar on a
+                 batch: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids of ``texts`` (no special tokens), ``batch`` texts per tokenizer call (default
+    :data:`ENCODE_BATCH`), with a progress bar on a
     terminal; logs tokens/s.
 
     :returns: ``(ids int64 (total,), lengths int64 (len(texts),))``, CSR.
     """
     from rich.progress import Progress
 
+    batch = batch or ENCODE_BATCH
     parts: List[np.ndarray] = []
     lengths = np.empty(len(texts), dtype=np.int64)
     t0 = time.perf_counter()
