@@ -11,16 +11,19 @@ CSR arrays plus one block (:data:`BLOCK_BYTES`) of work arrays.
 
 from __future__ import annotations
 
+import os
+from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import Iterator, NamedTuple, Optional
 
 import numpy as np
 
 from pretrain_exp.insertion.items import apply_eos_csr
 from pretrain_exp.insertion.schema import EosPolicy
 
-BLOCK_BYTES = 1 << 20  #: bytes of the file decoded per block (whole lines; longer lines grow the block)
+BLOCK_BYTES = 1 << 18  #: bytes of the file decoded per block (whole lines; longer lines grow the block)
 MAX_DIGITS = 8  #: ids with more digits leave the fast path (decoded as one little-endian uint64 word)
 _PAD = 8  #: newline bytes in front of every block (a number's 8-byte window never starts before the buffer)
 
@@ -102,7 +105,8 @@ def _decode(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         where = before[keep]
     else:
         between, where = has_num, None
-    if not _ALLOWED[t[:-1].astype(np.int64) * 16 + t[1:] * 4 + between].all():
+    if not _ALLOWED[(t[:-1] << 4) | (t[1:] << 2) | between.view(np.uint8) if between.dtype == bool
+                    else (t[:-1] << 4) | (t[1:] << 2) | between.astype(np.uint8)].all():
         raise _Irregular
     opens, closes = np.flatnonzero(t == 0), np.flatnonzero(t == 2)
     lengths = (closes - opens) if where is None else where[closes] - where[opens]
@@ -130,40 +134,58 @@ def _last_newline(seg: np.ndarray) -> int:
     return -1
 
 
-def _blocks(path: Path, block_bytes: int):
-    """``(decoded block, line number of the block's first line)`` for each block of whole lines of ``path``."""
-    cap = block_bytes
-    store = np.empty((_PAD + cap + 16) // 8 + 1, dtype=np.uint64)
-    buf = store.view(np.uint8)
+def _new_buffer(cap: int) -> np.ndarray:
+    """An 8-byte aligned uint8 buffer for ``_PAD`` + ``cap`` bytes + a spare newline, the pad filled."""
+    buf = np.empty((_PAD + cap + 16) // 8 + 1, dtype=np.uint64).view(np.uint8)
     buf[:_PAD] = 10
-    carry, line0 = 0, 1
+    return buf
+
+
+def _raw_blocks(path: Path, block_bytes: int) -> Iterator[np.ndarray]:
+    """Blocks of whole lines of ``path`` as :func:`_decode` takes them (each in its own buffer; a missing final
+    newline added; a line longer than the block grows it)."""
+    cap, carry = block_bytes, b""
     with open(path, "rb", buffering=0) as f:
         while True:
-            got = f.readinto(memoryview(buf)[_PAD + carry:_PAD + cap])
-            total = carry + got
+            buf = _new_buffer(cap)
+            buf[_PAD:_PAD + len(carry)] = np.frombuffer(carry, np.uint8)
+            got = f.readinto(memoryview(buf)[_PAD + len(carry):_PAD + cap])
+            total = len(carry) + got
             if got == 0:
                 if total == 0:
                     return
                 if buf[_PAD + total - 1] != 10:
                     buf[_PAD + total] = 10
                     total += 1
-                cut = total
-            else:
-                cut = _last_newline(buf[_PAD:_PAD + total]) + 1
-                if cut == 0:  # a line longer than the block: grow it
-                    cap *= 2
-                    grown = np.empty((_PAD + cap + 16) // 8 + 1, dtype=np.uint64)
-                    grown.view(np.uint8)[:_PAD + total] = buf[:_PAD + total]
-                    store, buf = grown, grown.view(np.uint8)
-                    carry = total
-                    continue
-            out = _decode(buf[:_PAD + cut])
-            yield out, line0
-            line0 += out[3]
-            if got == 0:
+                yield buf[:_PAD + total]
                 return
-            buf[_PAD:_PAD + total - cut] = buf[_PAD + cut:_PAD + total].copy()
-            carry = total - cut
+            cut = _last_newline(buf[_PAD:_PAD + total]) + 1
+            if cut == 0:  # a line longer than the block: read on into a larger one
+                cap *= 2
+                carry = buf[_PAD:_PAD + total].tobytes()
+                continue
+            carry = buf[_PAD + cut:_PAD + total].tobytes()
+            yield buf[:_PAD + cut]
+
+
+def _decoded_blocks(path: Path, block_bytes: int, workers: int):
+    """:func:`_decode` of each block of ``path``, in file order, ``workers`` blocks decoded at a time (numpy
+    releases the GIL in its loops)."""
+    if workers <= 1:
+        yield from map(_decode, _raw_blocks(path, block_bytes))
+        return
+    with ThreadPoolExecutor(workers) as pool:
+        pending: deque = deque()
+        try:
+            for raw in _raw_blocks(path, block_bytes):
+                pending.append(pool.submit(_decode, raw))
+                if len(pending) > 2 * workers:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for fut in pending:
+                fut.cancel()
 
 
 def _grow(a: np.ndarray, need: int) -> np.ndarray:
@@ -175,13 +197,14 @@ def _grow(a: np.ndarray, need: int) -> np.ndarray:
 
 def read_token_items(path: str | Path, *, vocab_size: int, sequence_length: int, eos: Optional[int],
                      policy: EosPolicy, dtype, num_items: Optional[int] = None,
-                     block_bytes: int = BLOCK_BYTES) -> Optional[TokenItems]:
+                     block_bytes: int = BLOCK_BYTES, workers: Optional[int] = None) -> Optional[TokenItems]:
     """The first ``num_items`` (all if None) token lists of a jsonl file of bare lists, EOS ``policy`` applied
     (:func:`~pretrain_exp.insertion.items.apply_eos_csr`), ids checked against ``vocab_size`` and lengths
     against ``sequence_length``.
 
     :param eos: the EOS id (None: no tokenizer; only ``policy=none`` passes).
     :param dtype: token dtype of the result (holding ``vocab_size`` ids).
+    :param workers: threads decoding blocks (default: the usable cores, at most 4).
     :returns: the items, or None where the exact path must decide (module docstring): an irregular line anywhere
         in the file, a failed check, no items or fewer than ``num_items``.
     """
@@ -195,8 +218,11 @@ def read_token_items(path: str | Path, *, vocab_size: int, sequence_length: int,
     n = ntok = 0
     limit = num_items if num_items is not None else np.inf
     L = sequence_length
+    workers = workers or min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
     try:
-        for (ids, lengths, nl_before, _), line0 in _blocks(path, block_bytes):
+        line0, blocks = 1, _decoded_blocks(path, block_bytes, workers)
+        for ids, lengths, nl_before, newlines in blocks:
+            first_line, line0 = line0, line0 + newlines
             if n >= limit:
                 continue  # later lines are still checked (the exact path reads the whole file)
             if n + lengths.size > limit:
@@ -213,7 +239,7 @@ def read_token_items(path: str | Path, *, vocab_size: int, sequence_length: int,
             offsets = _grow(offsets, n + k + 1)
             offsets[n + 1:n + k + 1] = ntok + np.cumsum(new_len)
             lines = _grow(lines, n + k)
-            lines[n:n + k] = line0 + nl_before
+            lines[n:n + k] = first_line + nl_before
             n, ntok = n + k, ntok + out.size
     except _Irregular:
         return None
