@@ -12,6 +12,7 @@ CSR arrays plus one block (:data:`BLOCK_BYTES`) of work arrays.
 from __future__ import annotations
 
 import os
+import sys
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +39,12 @@ for _a, _b, _k in ((3, 0, 0), (3, 3, 0), (0, 1, 1), (0, 2, 1), (1, 1, 1), (1, 2,
 _ALL = 0xFFFFFFFFFFFFFFFF
 #: keep the top ``n`` bytes of a little-endian word (the digits of an ``n``-digit number ending the word)
 _HI = np.array([(_ALL << (8 * (8 - n))) & _ALL for n in range(9)], dtype=np.uint64)
+
+
+#: (multiplier, shift, mask) of the pairwise digit combination steps; the last mask is left to a 32-bit view
+_SWAR = ((np.uint64(10), np.uint64(8), np.uint64(0x00FF00FF00FF00FF)),
+         (np.uint64(100), np.uint64(16), np.uint64(0x0000FFFF0000FFFF)),
+         (np.uint64(10000), np.uint64(32), None))
 
 
 class _Irregular(Exception):
@@ -78,7 +85,7 @@ def _decode(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Decode one block: ``b`` is uint8, ``_PAD`` newlines then whole lines ending with ``\\n``, backed by an
     8-byte aligned buffer.
 
-    :returns: ``(ids uint64 (k,), tokens per item int64 (m,), newlines before each item int64 (m,), newlines in
+    :returns: ``(ids uint32 (k,), tokens per item int64 (m,), newlines before each item int64 (m,), newlines in
         the block)``.
     :raises _Irregular: for any line outside the grammar (module docstring).
     """
@@ -87,7 +94,8 @@ def _decode(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         raise _Irregular
     p = np.flatnonzero(~digit)
     t = _CLASS[b[p]]
-    if (t == 5).any():
+    top = int(t.max())
+    if top == 5:
         raise _Irregular
     gap = np.diff(p)
     has_num = gap > 1
@@ -95,10 +103,9 @@ def _decode(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     ndig = gap[has_num] - 1
     if ndig.size and int(ndig.max()) > MAX_DIGITS:
         raise _Irregular
-    blank = t == 4
-    if blank.any():  # drop blanks from the punctuation; count the numbers between the others
+    if top == 4:  # blanks: drop them from the punctuation; count the numbers between the others
         before = np.concatenate([[0], np.cumsum(has_num)])
-        keep = np.flatnonzero(~blank)
+        keep = np.flatnonzero(t != 4)
         t, between = t[keep], np.diff(before[keep])
         if (between > 1).any():  # two numbers separated by blanks only
             raise _Irregular
@@ -115,10 +122,17 @@ def _decode(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     # ids: the 8 bytes ending at each number as one little-endian word, XOR '0' (bytewise digit values), the
     # bytes before the number masked off, then the digits combined pairwise (SWAR)
     words = np.ndarray((b.size - 7,), dtype=np.uint64, buffer=b, strides=(1,))
-    x = (words[ends - 8] ^ np.uint64(0x3030303030303030)) & _HI[ndig]
-    x = (x * np.uint64(10) + (x >> np.uint64(8))) & np.uint64(0x00FF00FF00FF00FF)
-    x = (x * np.uint64(100) + (x >> np.uint64(16))) & np.uint64(0x0000FFFF0000FFFF)
-    x = (x * np.uint64(10000) + (x >> np.uint64(32))) & np.uint64(0xFFFFFFFF)
+    x = words[np.subtract(ends, 8, out=ends)]
+    x ^= np.uint64(0x3030303030303030)
+    x &= _HI[ndig]
+    y = np.empty_like(x)
+    for mul, shift, mask in _SWAR:
+        np.right_shift(x, shift, out=y)
+        x *= mul
+        x += y
+        if mask is not None:
+            x &= mask
+    x = x.view(np.uint32)[::2]  # the low halves (little-endian) hold the ids
     return x, lengths.astype(np.int64), nl_before.astype(np.int64), int(newlines.size) - _PAD
 
 
@@ -209,7 +223,7 @@ def read_token_items(path: str | Path, *, vocab_size: int, sequence_length: int,
         in the file, a failed check, no items or fewer than ``num_items``.
     """
     path = Path(path)
-    if not path.is_file() or (policy != EosPolicy.none and eos is None):
+    if not path.is_file() or (policy != EosPolicy.none and eos is None) or sys.byteorder != "little":
         return None
     size = path.stat().st_size
     tokens = np.empty(max(size // 6, 1024), dtype=dtype)
