@@ -86,7 +86,7 @@ def _decode(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     8-byte aligned buffer.
 
     :returns: ``(ids uint32 (k,), tokens per item int64 (m,), newlines before each item int64 (m,), newlines in
-        the block)``.
+        the block, bytes of the block)``.
     :raises _Irregular: for any line outside the grammar (module docstring).
     """
     digit = (b - np.uint8(48)) < np.uint8(10)
@@ -133,7 +133,7 @@ def _decode(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         if mask is not None:
             x &= mask
     x = x.view(np.uint32)[::2]  # the low halves (little-endian) hold the ids
-    return x, lengths.astype(np.int64), nl_before.astype(np.int64), int(newlines.size) - _PAD
+    return x, lengths.astype(np.int64), nl_before.astype(np.int64), int(newlines.size) - _PAD, b.size - _PAD
 
 
 def _last_newline(seg: np.ndarray) -> int:
@@ -202,10 +202,11 @@ def _decoded_blocks(path: Path, block_bytes: int, workers: int):
                 fut.cancel()
 
 
-def _grow(a: np.ndarray, need: int) -> np.ndarray:
-    """``a`` resized in place (realloc) to at least ``need`` elements."""
+def _grow(a: np.ndarray, need: int, estimate: int) -> np.ndarray:
+    """``a`` resized in place (realloc; the new part is zero-filled, so touched) to at least ``need`` elements:
+    ``estimate`` (pages never written stay out of the resident set), or 25% more when that is too small."""
     if need > a.size:
-        a.resize(max(need, a.size + a.size // 2), refcheck=False)
+        a.resize(max(need, estimate if estimate > need else a.size + a.size // 4), refcheck=False)
     return a
 
 
@@ -226,17 +227,15 @@ def read_token_items(path: str | Path, *, vocab_size: int, sequence_length: int,
     if not path.is_file() or (policy != EosPolicy.none and eos is None) or sys.byteorder != "little":
         return None
     size = path.stat().st_size
-    tokens = np.empty(max(size // 6, 1024), dtype=dtype)
-    offsets = np.zeros(max(size // 600, 1024), dtype=np.int64)
-    lines = np.empty(offsets.size, dtype=np.int64)
-    n = ntok = 0
+    tokens, offsets, lines = np.empty(0, dtype=dtype), np.zeros(1, dtype=np.int64), np.empty(0, dtype=np.int64)
+    n = ntok = done = 0
     limit = num_items if num_items is not None else np.inf
     L = sequence_length
     workers = workers or min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
     try:
         line0, blocks = 1, _decoded_blocks(path, block_bytes, workers)
-        for ids, lengths, nl_before, newlines in blocks:
-            first_line, line0 = line0, line0 + newlines
+        for ids, lengths, nl_before, newlines, nbytes in blocks:
+            first_line, line0, done = line0, line0 + newlines, done + nbytes
             if n >= limit:
                 continue  # later lines are still checked (the exact path reads the whole file)
             if n + lengths.size > limit:
@@ -248,11 +247,12 @@ def read_token_items(path: str | Path, *, vocab_size: int, sequence_length: int,
                 return None
             out, new_len = apply_eos_csr(ids, lengths, eos, policy, L)
             k = lengths.size
-            tokens = _grow(tokens, ntok + out.size)
+            scale = 1.05 * size / done + 0.01  # the rest of the file as dense as the part read so far
+            tokens = _grow(tokens, ntok + out.size, int((ntok + out.size) * scale) + 4096)
             tokens[ntok:ntok + out.size] = out
-            offsets = _grow(offsets, n + k + 1)
+            offsets = _grow(offsets, n + k + 1, int((n + k) * scale) + 1024)
             offsets[n + 1:n + k + 1] = ntok + np.cumsum(new_len)
-            lines = _grow(lines, n + k)
+            lines = _grow(lines, n + k, offsets.size)
             lines[n:n + k] = first_line + nl_before
             n, ntok = n + k, ntok + out.size
     except _Irregular:
