@@ -41,10 +41,11 @@ _ALL = 0xFFFFFFFFFFFFFFFF
 _HI = np.array([(_ALL << (8 * (8 - n))) & _ALL for n in range(9)], dtype=np.uint64)
 
 
-#: (multiplier, shift, mask) of the pairwise digit combination steps; the last mask is left to a 32-bit view
-_SWAR = ((np.uint64(10), np.uint64(8), np.uint64(0x00FF00FF00FF00FF)),
-         (np.uint64(100), np.uint64(16), np.uint64(0x0000FFFF0000FFFF)),
-         (np.uint64(10000), np.uint64(32), None))
+#: (mask or None, multiplier, shift) of the steps combining neighbouring digit groups of a little-endian word:
+#: bytes -> 2-digit groups (``d0 * 10 + d1``), -> 4-digit, -> 8-digit (the value)
+_SWAR = ((None, np.uint64(10 * 2**8 + 1), np.uint64(8)),
+         (np.uint64(0x00FF00FF00FF00FF), np.uint64(100 * 2**16 + 1), np.uint64(16)),
+         (np.uint64(0x0000FFFF0000FFFF), np.uint64(10000 * 2**32 + 1), np.uint64(32)))
 
 
 class _Irregular(Exception):
@@ -85,7 +86,7 @@ def _decode(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Decode one block: ``b`` is uint8, ``_PAD`` newlines then whole lines ending with ``\\n``, backed by an
     8-byte aligned buffer.
 
-    :returns: ``(ids uint32 (k,), tokens per item int64 (m,), newlines before each item int64 (m,), newlines in
+    :returns: ``(ids uint64 (k,), tokens per item int64 (m,), newlines before each item int64 (m,), newlines in
         the block, bytes of the block)``.
     :raises _Irregular: for any line outside the grammar (module docstring).
     """
@@ -125,14 +126,11 @@ def _decode(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     x = words[np.subtract(ends, 8, out=ends)]
     x ^= np.uint64(0x3030303030303030)
     x &= _HI[ndig]
-    y = np.empty_like(x)
-    for mul, shift, mask in _SWAR:
-        np.right_shift(x, shift, out=y)
-        x *= mul
-        x += y
+    for mask, mul, shift in _SWAR:
         if mask is not None:
             x &= mask
-    x = x.view(np.uint32)[::2]  # the low halves (little-endian) hold the ids
+        x *= mul
+        x >>= shift
     return x, lengths.astype(np.int64), nl_before.astype(np.int64), int(newlines.size) - _PAD, b.size - _PAD
 
 
