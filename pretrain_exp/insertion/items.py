@@ -72,7 +72,9 @@ class ItemSet:
     tokens: np.ndarray  #: any integer dtype, shape ``(total tokens,)``
     offsets: np.ndarray  #: int64, shape ``(n + 1,)``
     dup_counts: np.ndarray  #: int64, shape ``(n,)``
-    sources: Optional[List[str]] = None  #: provenance per item (default ``<experiment>:<index>``)
+    #: provenance per item (default ``<experiment>:<index>``): a list, or a
+    #: :class:`~pretrain_exp.insertion.token_jsonl.LineSources` (``file:line`` formatted on access)
+    sources: Optional[Sequence[str]] = None
     texts: Optional[List[str]] = None  #: the text of each item (``texts`` and ``benchmark`` items)
     positions: Optional[List[List[int]]] = None  #: explicit positions per item (``explicit`` placement)
     #: not None: the items are noise patterns of this std (no tokens; each copy takes a whole row,

@@ -82,6 +82,27 @@ class LineSources(Sequence):
     __hash__ = None  # type: ignore[assignment]
 
 
+def _structure_with_blanks(t: np.ndarray, has_num: np.ndarray):
+    """Check the punctuation classes ``t`` (uint8, :data:`_CLASS`) of a block with blanks; ``has_num[j]``: a
+    number between punctuation ``j`` and ``j + 1``.
+
+    :returns: ``(opens, closes, newlines, tokens per item)``: int64 indices into the non-blank punctuation.
+    :raises _Irregular: for a byte outside the grammar's alphabet or a line outside the grammar.
+    """
+    if int(t.max()) == 5:
+        raise _Irregular
+    before = np.concatenate([[0], np.cumsum(has_num)])
+    keep = np.flatnonzero(t != 4)
+    t, between = t[keep], np.diff(before[keep])
+    if (between > 1).any():  # two numbers separated by blanks only
+        raise _Irregular
+    where = before[keep]
+    if not _ALLOWED[(t[:-1] << 4) | (t[1:] << 2) | between.astype(np.uint8)].all():
+        raise _Irregular
+    opens, closes = np.flatnonzero(t == 0), np.flatnonzero(t == 2)
+    return opens, closes, np.flatnonzero(t == 3), where[closes] - where[opens]
+
+
 def _decode(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Decode one block: ``b`` is uint8, ``_PAD`` newlines then whole lines ending with ``\\n``, backed by an
     8-byte aligned buffer.
@@ -94,31 +115,25 @@ def _decode(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     if (digit[2:] & (b[1:-1] == 48) & ~digit[:-2]).any():  # a leading zero ("01" is not JSON)
         raise _Irregular
     p = np.flatnonzero(~digit)
-    t = _CLASS[b[p]]
-    top = int(t.max())
-    if top == 5:
-        raise _Irregular
+    c = b[p]
     gap = np.diff(p)
     has_num = gap > 1
     ends = p[1:][has_num]
     ndig = gap[has_num] - 1
     if ndig.size and int(ndig.max()) > MAX_DIGITS:
         raise _Irregular
-    if top == 4:  # blanks: drop them from the punctuation; count the numbers between the others
-        before = np.concatenate([[0], np.cumsum(has_num)])
-        keep = np.flatnonzero(t != 4)
-        t, between = t[keep], np.diff(before[keep])
-        if (between > 1).any():  # two numbers separated by blanks only
+    is_open, is_close, is_nl = c == 91, c == 93, c == 10
+    is_comma = c == 44
+    if (is_open | is_close | is_nl | is_comma).all():  # no blanks: check the transitions with byte compares
+        prev_oc = is_open[:-1] | is_comma[:-1]
+        after_close = np.where(is_close[:-1], is_nl[1:], is_open[1:] | is_nl[1:])  # or after a newline
+        nxt = np.where(prev_oc, is_comma[1:] | is_close[1:], after_close)
+        if not (nxt.all() and np.array_equal(has_num, prev_oc)):
             raise _Irregular
-        where = before[keep]
+        opens, closes, newlines = np.flatnonzero(is_open), np.flatnonzero(is_close), np.flatnonzero(is_nl)
+        lengths = closes - opens
     else:
-        between, where = has_num, None
-    if not _ALLOWED[(t[:-1] << 4) | (t[1:] << 2) | between.view(np.uint8) if between.dtype == bool
-                    else (t[:-1] << 4) | (t[1:] << 2) | between.astype(np.uint8)].all():
-        raise _Irregular
-    opens, closes = np.flatnonzero(t == 0), np.flatnonzero(t == 2)
-    lengths = (closes - opens) if where is None else where[closes] - where[opens]
-    newlines = np.flatnonzero(t == 3)
+        opens, closes, newlines, lengths = _structure_with_blanks(_CLASS[c], has_num)
     nl_before = np.searchsorted(newlines, opens) - _PAD
     # ids: the 8 bytes ending at each number as one little-endian word, XOR '0' (bytewise digit values), the
     # bytes before the number masked off, then the digits combined pairwise (SWAR)
