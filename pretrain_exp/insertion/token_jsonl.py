@@ -107,7 +107,7 @@ def _decode(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Decode one block: ``b`` is uint8, ``_PAD`` newlines then whole lines ending with ``\\n``, backed by an
     8-byte aligned buffer.
 
-    :returns: ``(ids uint64 (k,), tokens per item int64 (m,), newlines before each item int64 (m,), newlines in
+    :returns: ``(ids uint32 (k,), tokens per item int64 (m,), newlines before each item int64 (m,), newlines in
         the block, bytes of the block)``.
     :raises _Irregular: for any line outside the grammar (module docstring).
     """
@@ -146,7 +146,8 @@ def _decode(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
             x &= mask
         x *= mul
         x >>= shift
-    return x, lengths.astype(np.int64), nl_before.astype(np.int64), int(newlines.size) - _PAD, b.size - _PAD
+    return (x.astype(np.uint32), lengths.astype(np.int64), nl_before.astype(np.int64), int(newlines.size) - _PAD,
+            b.size - _PAD)
 
 
 def _last_newline(seg: np.ndarray) -> int:
