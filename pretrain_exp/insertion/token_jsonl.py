@@ -231,14 +231,16 @@ def read_token_items(path: str | Path, *, vocab_size: int, sequence_length: int,
     (:func:`~pretrain_exp.insertion.items.apply_eos_csr`), ids checked against ``vocab_size`` and lengths
     against ``sequence_length``.
 
-    :param eos: the EOS id (None: no tokenizer; only ``policy=none`` passes).
+    :param eos: the EOS id (None: no tokenizer; only ``policy=none`` passes; an id outside the vocabulary
+        neither).
     :param dtype: token dtype of the result (holding ``vocab_size`` ids).
     :param workers: threads decoding blocks (default: the usable cores, at most 4).
     :returns: the items, or None where the exact path must decide (module docstring): an irregular line anywhere
         in the file, a failed check, no items or fewer than ``num_items``.
     """
     path = Path(path)
-    if not path.is_file() or (policy != EosPolicy.none and eos is None) or sys.byteorder != "little":
+    if (not path.is_file() or sys.byteorder != "little" or
+            policy != EosPolicy.none and (eos is None or not 0 <= eos < vocab_size)):
         return None
     size = path.stat().st_size
     tokens, offsets, lines = np.empty(0, dtype=dtype), np.zeros(1, dtype=np.int64), np.empty(0, dtype=np.int64)

@@ -82,10 +82,11 @@ def test_tokens_irregular_lines_leave_the_fast_path(tmp_path, line):
                             dtype=np.uint32) is None
 
 
-@pytest.mark.parametrize("vocab, seq_len, num_items", [(7, L, None), (VOCAB, 2, None), (VOCAB, L, 5)])
-def test_tokens_failed_checks_leave_the_fast_path(tmp_path, vocab, seq_len, num_items):
+@pytest.mark.parametrize("vocab, seq_len, num_items, eos",
+                         [(7, L, None, EOS), (VOCAB, 2, None, EOS), (VOCAB, L, 5, EOS), (VOCAB, L, None, VOCAB)])
+def test_tokens_failed_checks_leave_the_fast_path(tmp_path, vocab, seq_len, num_items, eos):
     f = write(tmp_path / "items.jsonl", ["[1,2,3]", "[4,5,6,7]"])
-    assert read_token_items(f, vocab_size=vocab, sequence_length=seq_len, eos=EOS, policy=EosPolicy.wrap,
+    assert read_token_items(f, vocab_size=vocab, sequence_length=seq_len, eos=eos, policy=EosPolicy.wrap,
                             dtype=np.uint32, num_items=num_items) is None
 
 
