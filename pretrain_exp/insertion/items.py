@@ -22,7 +22,11 @@ fully trained. Items that end up longer than the sequence length are an error na
 from __future__ import annotations
 
 import hashlib
+import itertools
+import logging
 import math
+import sys
+import time
 import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
@@ -33,8 +37,13 @@ from pretrain_exp.core.errors import ConfigError, DataError, InsertionError
 from pretrain_exp.core.io import read_jsonl
 from pretrain_exp.insertion.schema import EosPolicy, InsertionExperimentConf, PlacementKind, parse_repetitions
 
-__all__ = ["Item", "ItemSet", "LoadContext", "RawItem", "apply_eos", "assign_dup_counts", "experiment_rng",
-           "first_items", "parse_repetitions", "read_item_file", "sha256_tokens", "tokenized_items"]
+__all__ = ["Item", "ItemSet", "LoadContext", "RawItem", "apply_eos", "apply_eos_csr", "assign_dup_counts",
+           "encode_texts", "experiment_rng", "first_items", "parse_repetitions", "read_item_file", "sha256_tokens",
+           "tokenized_items"]
+
+log = logging.getLogger(__name__)
+
+ENCODE_BATCH = 10_000  #: texts per tokenizer call
 
 #: ``(source, payload, explicit positions or None)`` of one item before tokenization
 RawItem = Tuple[str, Any, Optional[List[int]]]
@@ -63,7 +72,9 @@ class ItemSet:
     tokens: np.ndarray  #: any integer dtype, shape ``(total tokens,)``
     offsets: np.ndarray  #: int64, shape ``(n + 1,)``
     dup_counts: np.ndarray  #: int64, shape ``(n,)``
-    sources: Optional[List[str]] = None  #: provenance per item (default ``<experiment>:<index>``)
+    #: provenance per item (default ``<experiment>:<index>``): a list, or a
+    #: :class:`~pretrain_exp.insertion.token_jsonl.LineSources` (``file:line`` formatted on access)
+    sources: Optional[Sequence[str]] = None
     texts: Optional[List[str]] = None  #: the text of each item (``texts`` and ``benchmark`` items)
     positions: Optional[List[List[int]]] = None  #: explicit positions per item (``explicit`` placement)
     #: not None: the items are noise patterns of this std (no tokens; each copy takes a whole row,
@@ -142,6 +153,60 @@ def apply_eos(tokens: Sequence[int], eos_id: int, policy: EosPolicy, sequence_le
     return toks
 
 
+def apply_eos_csr(ids: np.ndarray, lengths: np.ndarray, eos: int, policy: EosPolicy,
+                  sequence_length: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`apply_eos` on every item of a CSR batch at once.
+
+    :param ids: the items' tokens back to back, shape ``(lengths.sum(),)``; every length ``>= 1``.
+    :returns: ``(tokens, new lengths)``: tokens of ``ids``' dtype, lengths int64 ``(n,)``.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if policy == EosPolicy.none or lengths.size == 0:
+        return ids, lengths
+    starts = np.cumsum(lengths) - lengths
+    short = lengths < sequence_length
+    add_end = short & (ids[starts + lengths - 1] != eos)
+    add_start = (short & (ids[starts] != eos) & (lengths + add_end < sequence_length) if policy == EosPolicy.wrap
+                 else np.zeros_like(short))
+    new_len = lengths + add_end + add_start
+    new_start = np.cumsum(new_len) - new_len
+    out = np.full(int(new_len.sum()), eos, dtype=ids.dtype)
+    body = np.ones(out.size, dtype=bool)
+    body[new_start[add_start]] = False
+    body[(new_start + new_len - 1)[add_end]] = False
+    out[body] = ids
+    return out, new_len
+
+
+def encode_texts(texts: Sequence[str], tokenizer, what: str,
+                 batch: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids of ``texts`` (no special tokens), ``batch`` texts per tokenizer call (default
+    :data:`ENCODE_BATCH`), with a progress bar on a
+    terminal; logs tokens/s.
+
+    :returns: ``(ids int64 (total,), lengths int64 (len(texts),))``, CSR.
+    """
+    from rich.progress import Progress
+
+    batch = batch or ENCODE_BATCH
+    parts: List[np.ndarray] = []
+    lengths = np.empty(len(texts), dtype=np.int64)
+    t0 = time.perf_counter()
+    with Progress(transient=True, disable=not sys.stderr.isatty()) as bar:
+        task = bar.add_task(f"tokenizing {what}", total=len(texts))
+        for a in range(0, len(texts), batch):
+            enc = tokenizer(list(texts[a:a + batch]), add_special_tokens=False, verbose=False)["input_ids"]
+            lengths[a:a + len(enc)] = [len(e) for e in enc]
+            parts.append(np.fromiter(itertools.chain.from_iterable(enc), dtype=np.int64,
+                                     count=int(lengths[a:a + len(enc)].sum())))
+            bar.advance(task, len(enc))
+    ids = np.concatenate(parts) if parts else np.empty(0, np.int64)
+    dt = time.perf_counter() - t0
+    log.info(f"{what}: tokenized {len(texts):,} texts, {ids.size:,} tokens in {dt:.1f} s "
+             f"({ids.size / max(dt, 1e-9):,.0f} tokens/s)")
+    return ids, lengths
+
+
 @dataclass
 class LoadContext:
     """What item loaders may use besides their experiment's config."""
@@ -201,21 +266,45 @@ def first_items(key: str, exp: InsertionExperimentConf, raw: List[RawItem]) -> L
 
 
 def tokenized_items(name: str, exp: InsertionExperimentConf, raw: List[RawItem], ctx: LoadContext, *, text: bool,
-                    what: Optional[str] = None, dup_counts: Optional[Sequence[int]] = None) -> ItemSet:
+                    what: Optional[str] = None, dup_counts: Optional[Sequence[int]] = None,
+                    encoded: Optional[tuple[np.ndarray, np.ndarray]] = None) -> ItemSet:
     """The :class:`ItemSet` of ``raw`` items: tokenized (``text``) or checked token ids, EOS policy applied, dup
     counts assigned (:func:`assign_dup_counts` with the experiment's RNG, or the number of explicit positions).
 
     :param text: payloads are texts (encoded with ``ctx.tokenizer``), else lists of token ids.
     :param what: where the items come from, for the no-items message (default ``exp.file``).
     :param dup_counts: the dup count per item, if the type assigns them itself.
+    :param encoded: texts only: their token ids already (CSR ``(ids, lengths)``, e.g. from a cache).
     :raises InsertionError: for no items, an empty item, an item longer than ``ctx.sequence_length`` or a token id
         out of range, naming the item.
     """
     key = f"insertion.experiments.{name}"
     if not raw:
         raise InsertionError(f"{key}: {what or exp.file} yields no items")
+    eos = int(ctx.tokenizer.eos_token_id) if ctx.tokenizer is not None else None
+    explicit = exp.placement.kind == PlacementKind.explicit
     if text:
-        encoded = ctx.tokenizer([r[1] for r in raw], add_special_tokens=False, verbose=False)["input_ids"]
+        ids, lengths = encoded if encoded is not None else encode_texts([r[1] for r in raw], ctx.tokenizer,
+                                                                        what or exp.file or name)
+        L = ctx.sequence_length
+        if (lengths.size and lengths.min() >= 1 and lengths.max() <= L and
+                (ids.size == 0 or 0 <= ids.min() and ids.max() < ctx.vocab_size) and
+                (exp.eos == EosPolicy.none or eos is not None and 0 <= eos < ctx.vocab_size)):
+            # every check of the per-item loop below passes: the same items, built as arrays
+            toks, new_len = apply_eos_csr(ids, lengths, eos, exp.eos, L)
+            if dup_counts is not None:
+                dups = np.asarray(dup_counts, dtype=np.int64)
+            elif explicit:
+                dups = np.array([len(r[2]) for r in raw], dtype=np.int64)
+            else:
+                dups = assign_dup_counts(len(raw), exp.repetitions, experiment_rng(ctx.seed, name),
+                                         f"{key}.repetitions")
+            return ItemSet(name, toks.astype(np.int64, copy=False),
+                           np.concatenate([[0], np.cumsum(new_len)]).astype(np.int64), dups,
+                           sources=[r[0] for r in raw], texts=[r[1] for r in raw],
+                           positions=[r[2] for r in raw] if explicit else None)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        encoded = [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(lengths.size)]
     else:
         encoded = [r[1] for r in raw]
         for i, ((src, _, _), ids) in enumerate(zip(raw, encoded)):  # before int64 conversion (could overflow)
@@ -223,8 +312,6 @@ def tokenized_items(name: str, exp: InsertionExperimentConf, raw: List[RawItem],
             if bad is not None:
                 raise InsertionError(f"{key} item {i} ({src}): token id {bad} outside the vocabulary "
                                      f"[0, {ctx.vocab_size})")
-    eos = int(ctx.tokenizer.eos_token_id) if ctx.tokenizer is not None else None
-    explicit = exp.placement.kind == PlacementKind.explicit
     if dup_counts is not None:
         dups = dup_counts
     else:

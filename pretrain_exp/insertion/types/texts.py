@@ -8,15 +8,27 @@ cannot have seen them in pretraining and every item is distinct.
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
 from pretrain_exp.core.errors import ConfigError, DataError
-from pretrain_exp.insertion.items import ItemSet, LoadContext, first_items, read_item_file, tokenized_items
+from pretrain_exp.insertion import text_cache
+from pretrain_exp.insertion.items import (
+    ItemSet,
+    LoadContext,
+    encode_texts,
+    first_items,
+    read_item_file,
+    tokenized_items,
+)
 from pretrain_exp.insertion.schema import InsertionExperimentConf
 from pretrain_exp.insertion.types.base import LOSS_GAP, TypeSpec
+
+log = logging.getLogger(__name__)
 
 _ONSETS = ["b", "br", "d", "dr", "f", "g", "gl", "k", "kr", "l", "m", "n", "p", "pl", "r", "s", "st", "t",
            "th", "v", "z", "qu", "sh", "ch", "w", "y"]
@@ -90,7 +102,9 @@ class TextsConf(InsertionExperimentConf):
 
 def load_items(name: str, exp: TextsConf, ctx: LoadContext) -> ItemSet:
     """The experiment's items: generated texts (sources ``<generator>:<seed>:<index>``) or the texts of
-    ``exp.file`` (sources ``file:line``), tokenized, EOS policy applied, dup counts assigned.
+    ``exp.file`` (sources ``file:line``), tokenized in batches, EOS policy applied, dup counts assigned. With
+    ``ctx.cache_dir`` set, the token ids of a file are cached (:mod:`~pretrain_exp.insertion.text_cache`), so a
+    second build of the same file does not run the tokenizer.
 
     :raises DataError: for file problems (naming file and line).
     :raises InsertionError: for an empty or too long item, naming it.
@@ -107,7 +121,21 @@ def load_items(name: str, exp: TextsConf, ctx: LoadContext) -> ItemSet:
                 raise DataError(f"{where}: {field!r} must be a string, got {type(payload).__name__}")
 
         raw = list(read_item_file(key, exp, field, check))
-    return tokenized_items(name, exp, first_items(key, exp, raw), ctx, text=True, what=exp.file or exp.generator)
+    raw = first_items(key, exp, raw)
+    encoded = None
+    path = (text_cache.cache_path(ctx.cache_dir, exp.file, ctx.tokenizer, exp.eos.value, exp.num_items)
+            if exp.file is not None and ctx.cache_dir and raw else None)
+    if path is not None:
+        t0 = time.perf_counter()
+        encoded = text_cache.load(path, len(raw))
+        if encoded is not None:
+            log.info(f"{exp.file}: token ids of {len(raw):,} texts from the cache {path} "
+                     f"({time.perf_counter() - t0:.2f} s)")
+        else:
+            encoded = encode_texts([r[1] for r in raw], ctx.tokenizer, exp.file)
+            text_cache.save(path, *encoded, {"file": str(exp.file), "eos": exp.eos.value,
+                                             "num_items": exp.num_items})
+    return tokenized_items(name, exp, raw, ctx, text=True, what=exp.file or exp.generator, encoded=encoded)
 
 
 TYPE = TypeSpec(TextsConf, load_items, effect=LOSS_GAP)
