@@ -50,6 +50,7 @@ def test_slurm_presets_are_one_task_per_node(launcher, gpus, tmp_path):
     assert lc.max_num_timeout > 0  # requeue is safe: re-runs resume from the job's checkpoints
 
 
+@pytest.mark.slow  # a fresh interpreter importing the worker and every framework (~10 s)
 def test_the_worker_never_imports_hydra():
     code = ("import sys, pretrain_exp.app.worker, pretrain_exp.app.experiment, frameworks.hf.framework; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('hydra', 'hydra_plugins')))")

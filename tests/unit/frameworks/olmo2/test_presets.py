@@ -29,7 +29,13 @@ TEXT = "From fairest creatures we desire increase, that thereby beauty's rose mi
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cache")
+    """A fresh model cache sharing the session cache's assets, tokenizers and token files (the preset's corpus
+    is tokenized once per machine, not per test)."""
+    cache = tmp_path_factory.mktemp("cache")
+    for sub in ("assets", "tokenizers", "tokens"):
+        (CACHE_DIR / sub).mkdir(parents=True, exist_ok=True)
+        (cache / sub).symlink_to(CACHE_DIR / sub)
+    return cache
 
 
 @pytest.fixture(scope="module")
