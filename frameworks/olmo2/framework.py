@@ -322,7 +322,8 @@ class Olmo2Framework(OlmoCoreFramework):
         source = olmo2_checkpoint_dir(model, cache_dir, settings_only=True)
         config = read_config(source)
         order = data_order(config, train_position(read_train_state(source)), remote_ok=True)
-        out = dict(order.overrides(), **{"data.dtype": order.memmap_dtype})
+        out = dict(order.overrides())
+        out.update({"data.dtype": order.memmap_dtype, "data.max_target_sequence_length": None})  # one by one
         identifier = (config.get("tokenizer") or {}).get("identifier")
         if identifier:
             out["model.tokenizer"] = tokenizer_for_identifier(str(identifier))

@@ -14,7 +14,8 @@ from pretrain_exp.core.errors import ConfigError
 
 #: what ``conf/framework/{olmo_core,olmo2}.yaml`` take from the checkpoint (``${checkpoint:<key>}``)
 CHECKPOINT_KEYS = ("model.checkpoint_step", "model.tokenizer", "training.sequence_length",
-                   "training.global_batch_size", "data.paths", "data.dtype", "data.seed", "data.first_epoch")
+                   "training.global_batch_size", "data.paths", "data.dtype", "data.seed", "data.first_epoch",
+                   "data.max_target_sequence_length")
 
 #: ``run``: ``training.*`` from the run's first step; ``checkpoint``: the checkpoint's own optimizer, peak LR and
 #: schedule, at its position

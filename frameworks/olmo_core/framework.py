@@ -208,8 +208,9 @@ class OlmoCoreFramework(Framework):
         as its ``ConfigSaverCallback`` writes it, ``olmo_core/script_utils.py``) the token files as OLMo-core
         resolves ``dataset.paths`` / ``mix`` + ``mix_base_dir`` / ``expand_glob`` / ``source_permutation_seed``
         (``olmo_core/data/numpy_dataset.py``), ``dataset.sequence_length``, ``dataset.dtype``,
-        ``dataset.tokenizer.identifier`` and ``data_loader.global_batch_size`` (tokens) / ``seed``; from
-        ``train/rank0.pt`` (which wins) the step and the data loader's sequence length, seed and tokens per step.
+        ``dataset.tokenizer.identifier``, ``dataset.max_target_sequence_length`` and
+        ``data_loader.global_batch_size`` (tokens) / ``seed``; from ``train/rank0.pt`` (which wins) the step and the
+        data loader's sequence length, ``max_target_sequence_length``, seed and tokens per step.
         OLMo-core's loader seed ``s`` is ``data.seed=s`` with ``data.first_epoch=1``.
 
         :raises CheckpointError: if ``config.json``'s dataset cannot be read or its files resolved.
@@ -245,6 +246,10 @@ class OlmoCoreFramework(Framework):
                 out["training.global_batch_size"] = int(tokens_per_step) // int(L)
         if seed is not None:
             out.update({"data.seed": int(seed), "data.first_epoch": 1})
+        target = dataset.get("max_target_sequence_length")
+        if state is not None:
+            target = (state.get("data_loader") or {}).get("max_target_sequence_length", target)
+        out["data.max_target_sequence_length"] = None if target is None else int(target)
         return out
 
     @classmethod
@@ -409,21 +414,23 @@ class OlmoCoreFramework(Framework):
         return run_scheduler(t.lr_scheduler, t.warmup_steps, self.cfg.model.checkpoint_step)
 
     def dataset_config_kwargs(self) -> Dict[str, Any]:
-        """Extra ``NumpyFSLDatasetConfig`` arguments from the checkpoint's ``config.json`` ``dataset``: its
-        ``tokenizer`` (vocab size and EOS/pad/BOS ids: part of OLMo-core's dataset fingerprint),
-        ``max_target_sequence_length`` (fingerprinted too), ``instance_filter_config`` and
-        ``generate_doc_lengths``. Token files, dtype, sequence length and work dir are the run's.
+        """Extra ``NumpyFSLDatasetConfig`` arguments: ``data.max_target_sequence_length`` (the checkpoint's with
+        ``data=checkpoint``; fingerprinted, and OLMo-core then shuffles chunks of ``max_target_sequence_length / L``
+        instances, as the run's :class:`~pretrain_exp.data.order.DataOrder` does with ``chunk``), and from the
+        checkpoint's ``config.json`` ``dataset`` its ``tokenizer`` (vocab size and EOS/pad/BOS ids: part of
+        OLMo-core's dataset fingerprint), ``instance_filter_config`` and ``generate_doc_lengths``. Token files,
+        dtype, sequence length and work dir are the run's.
 
         :raises CheckpointError: for a dataset class other than OLMo-core's ``NumpyFSLDatasetConfig``.
-        :raises ConfigError: (``training.sequence_length``) for a ``max_target_sequence_length`` above ``L``: OLMo-core
-            then shuffles chunks of ``max_target_sequence_length / L`` instances, which the run's data order
-            (:mod:`pretrain_exp.data.order`) does not reproduce.
         """
         from olmo_core.data import NumpyFSLDatasetConfig
 
+        out: Dict[str, Any] = {}
+        if self.cfg.data.max_target_sequence_length is not None:
+            out["max_target_sequence_length"] = self.cfg.data.max_target_sequence_length
         raw = self.experiment_config.get("dataset")
         if not raw:
-            return {}
+            return out
         where = self.model_dir / "config.json"
         raw = dict(raw)
         raw.setdefault("tokenizer", {"vocab_size": self.vocab_size})
@@ -432,17 +439,9 @@ class OlmoCoreFramework(Framework):
         ds = olmo_core_config(raw, NumpyFSLDatasetConfig, where, "dataset")
         if type(ds) is not NumpyFSLDatasetConfig:
             raise CheckpointError(f"{where}: dataset is {raw['_CLASS_']}; only NumpyFSLDatasetConfig is reproduced")
-        out: Dict[str, Any] = {"generate_doc_lengths": bool(ds.generate_doc_lengths)}
+        out["generate_doc_lengths"] = bool(ds.generate_doc_lengths)
         if "tokenizer" in self.experiment_config.get("dataset", {}):
             out["tokenizer"] = ds.tokenizer
-        L = self.cfg.training.sequence_length
-        if ds.max_target_sequence_length is not None:
-            if ds.max_target_sequence_length != L:
-                raise ConfigError("training.sequence_length", f"{L}, but the checkpoint's dataset has "
-                                  f"max_target_sequence_length={ds.max_target_sequence_length}: OLMo-core then "
-                                  "shuffles chunks of several instances, which the run's data order does not "
-                                  "reproduce (only max_target_sequence_length = L is)")
-            out["max_target_sequence_length"] = ds.max_target_sequence_length
         if ds.instance_filter_config is not None:
             out["instance_filter_config"] = ds.instance_filter_config
         return out

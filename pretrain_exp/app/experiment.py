@@ -109,7 +109,8 @@ class Experiment:
         # checkpoint's data.memmap_dtype / dataset.dtype), else the vocabulary's
         files = TokenFiles(paths, cfg.data.dtype or dtype_for_vocab(max(self.vocab_size, len(self.tokenizer))),
                            cache_dir=cfg.cache_dir, prefixes=cfg.data.path_prefixes, progress=self.main)
-        self.order = DataOrder(files, self.L, self.B, cfg.data.seed, cfg.data.first_epoch, cache_dir=cfg.cache_dir)
+        self.order = DataOrder(files, self.L, self.B, cfg.data.seed, cfg.data.first_epoch, cache_dir=cfg.cache_dir,
+                               chunk=(cfg.data.max_target_sequence_length or self.L) // self.L)
         self.window = step_window(self.start_step, self.num_steps, self.L, self.B)
         if resolve_prefetch(cfg.data.prefetch, files) == "window":  # remote rows of the run, fetched once
             prefetch_window(self.order, self.start_step * self.B, self.num_steps * self.B, progress=self.main)

@@ -75,7 +75,8 @@ def prefetch_run(cfg: ExperimentConfig, progress: bool = True) -> Optional[Prefe
     t, B = cfg.training, cfg.training.global_batch_size
     _, _, stats = prefetch(cfg.data.paths, token_dtype(cfg), t.sequence_length, B, cfg.data.seed,
                            cfg.data.first_epoch, cfg.model.checkpoint_step * B, t.num_steps * B, cfg.cache_dir,
-                           cfg.data.path_prefixes, progress=progress)
+                           cfg.data.path_prefixes, progress=progress,
+                           chunk=(cfg.data.max_target_sequence_length or t.sequence_length) // t.sequence_length)
     return stats
 
 

@@ -34,6 +34,9 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError("model.dtype", f"unknown dtype {cfg.model.dtype!r}; allowed: float32, bfloat16, float16")
     cfg.framework.validate("framework")  # the framework's own checks
+    M, L = cfg.data.max_target_sequence_length, cfg.training.sequence_length
+    if M is not None and (M < L or M % L):
+        raise ConfigError("data.max_target_sequence_length", f"{M} must be a multiple of training.sequence_length={L}")
     if cfg.run_dir is None:
         raise ConfigError("run_dir", "not set (Hydra sets it to the run's output dir)")
     if cfg.model.checkpoint_step < 0:

@@ -110,6 +110,8 @@ class DataConf:
     path_prefixes: Dict[str, str] = field(default_factory=dict)  #: ``{old prefix: new prefix}`` applied to
     #: ``paths`` before reading (first match wins), e.g. ``{"http://olmo-data.org/": "/data/mirror/"}``
     prefetch: str = "auto"  #: remote paths: ``window`` (fetch the run's rows before training), ``none``, ``auto``
+    max_target_sequence_length: Optional[int] = None  #: OLMo-core's: a multiple M of L; instances are then
+    #: shuffled in chunks of M / L (``None``: one by one)
 
 
 @dataclass

@@ -114,18 +114,27 @@ class DataOrder:
     :param seed: data-order seed.
     :param first_epoch: epoch number of the first epoch (1 = OLMo-core, 0 = OLMo-2).
     :param cache_dir: where to keep permutations on disk (module docstring); ``None`` builds them in memory.
+    :param chunk: instances shuffled together (OLMo-core's ``max_target_sequence_length / L``, its data loader's
+        ``chunk_size``): each file keeps ``floor(n_tokens / (chunk L)) * chunk`` instances, and an epoch shuffles
+        the ``N / chunk`` chunks, each trained as ``chunk`` consecutive instances (OLMo-core
+        ``NumpyFSLDataset._get_file_size_and_length``, ``NumpyFSLDataLoader._build_global_indices``); 1 = OLMo-2's
+        and OLMo-core's default order.
     :raises DataError: if the files hold fewer than ``B`` instances.
     """
 
     def __init__(self, files: TokenFiles, sequence_length: int, global_batch_size: int, seed: int,
-                 first_epoch: int = 1, cache_dir: Optional[str | Path] = None):
+                 first_epoch: int = 1, cache_dir: Optional[str | Path] = None, chunk: int = 1):
         self.files = files
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.sequence_length = int(sequence_length)
         self.global_batch_size = int(global_batch_size)
         self.seed = int(seed)
         self.first_epoch = int(first_epoch)
-        self.instances_per_file = files.num_tokens // self.sequence_length  #: shape ``(num_files,)``
+        self.chunk = int(chunk)
+        if self.chunk < 1:
+            raise DataError(f"chunk {chunk}: must be >= 1 (max_target_sequence_length / sequence_length)")
+        #: shape ``(num_files,)``; whole chunks only
+        self.instances_per_file = files.num_tokens // (self.sequence_length * self.chunk) * self.chunk
         self.file_starts = np.concatenate([[0], np.cumsum(self.instances_per_file)])  #: first instance id per file
         self.num_instances = int(self.file_starts[-1])
         self.rows_per_epoch = self.global_batch_size * (self.num_instances // self.global_batch_size)
@@ -146,18 +155,29 @@ class DataOrder:
         self._perm = lru_cache(maxsize=2)(self._make_perm)
 
     def _make_perm(self, epoch: int) -> np.ndarray:
+        """The shuffled chunk ids of ``epoch`` (instance ids when ``chunk`` is 1), ``(N / chunk,)`` ``uint32``."""
         if self.cache_dir is not None:
-            return cached_permutation(self.cache_dir, self.num_instances, self.seed + epoch)
-        return build_permutation(self.num_instances, self.seed + epoch)
+            return cached_permutation(self.cache_dir, self.num_instances // self.chunk, self.seed + epoch)
+        return build_permutation(self.num_instances // self.chunk, self.seed + epoch)
+
+    def _entries(self, epoch: int, idx):
+        """Entries ``idx`` (int or int64 array of positions in the epoch) of ``perm_e``, as int64."""
+        perm = self._perm(epoch)
+        if self.chunk == 1:
+            return np.asarray(perm[idx], dtype=np.int64)
+        return np.asarray(perm[idx // self.chunk], dtype=np.int64) * self.chunk + idx % self.chunk
 
     def permutation(self, epoch: int) -> np.ndarray:
-        """``perm_e``: instance ids in training order for epoch ``epoch``, ``uint32`` array of shape ``(N,)``."""
-        return self._perm(epoch)
+        """``perm_e``: instance ids in training order for epoch ``epoch``, ``uint32`` array of shape ``(N,)``
+        (a memory map of the cached file when ``chunk`` is 1)."""
+        if self.chunk == 1:
+            return self._perm(epoch)
+        return self._entries(epoch, np.arange(self.num_instances, dtype=np.int64)).astype(np.uint32)
 
     def instance(self, q: int) -> tuple[int, int]:
         """``(epoch, instance id)`` of training-order row ``q``."""
         epoch = self.first_epoch + q // self.rows_per_epoch
-        return epoch, int(self.permutation(epoch)[q % self.rows_per_epoch])
+        return epoch, int(self._entries(epoch, q % self.rows_per_epoch))
 
     def instances(self, first_row: int, num_rows: int) -> np.ndarray:
         """Instance ids of training-order rows ``[first_row, first_row + num_rows)``: ``int64``, ``(num_rows,)``."""
@@ -166,7 +186,7 @@ class DataOrder:
         out = np.empty(len(q), np.int64)
         for e in np.unique(epochs):
             sel = epochs == e
-            out[sel] = self.permutation(int(e))[q[sel] % self.rows_per_epoch]
+            out[sel] = self._entries(int(e), q[sel] % self.rows_per_epoch)
         return out
 
     def instance_locations(self, instances: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

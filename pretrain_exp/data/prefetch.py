@@ -266,7 +266,7 @@ def prefetch(paths: Sequence[str | Path], dtype, sequence_length: int, global_ba
              first_epoch: int, first_row: int, num_rows: int, cache_dir: str | Path,
              prefixes: Optional[Mapping[str, str]] = None, *, threads: int = DEFAULT_THREADS,
              chunk_bytes: int = CHUNK_BYTES, progress: bool = True,
-             files: Optional[TokenFiles] = None) -> tuple[TokenFiles, DataOrder, PrefetchStats]:
+             files: Optional[TokenFiles] = None, chunk: int = 1) -> tuple[TokenFiles, DataOrder, PrefetchStats]:
     """Prefetch the window of a run: rows ``[first_row, first_row + num_rows)`` of its data order.
 
     Builds the size index (:class:`TokenFiles`), the order (cached permutation under ``cache_dir``), the window's
@@ -282,11 +282,13 @@ def prefetch(paths: Sequence[str | Path], dtype, sequence_length: int, global_ba
     :param cache_dir: the project cache (size index, permutations, window cache).
     :param prefixes: ``data.path_prefixes``.
     :param files: reuse these token files instead of building them from ``paths``.
+    :param chunk: instances shuffled together (see :class:`DataOrder`).
     :returns: ``(files, order, stats)``; ``files.local_paths()`` are the paths to train on.
     :raises DataError: see :func:`prefetch_ranges` and :func:`check_window`.
     """
     if files is None:
         files = TokenFiles(paths, dtype, cache_dir=cache_dir, prefixes=prefixes, threads=threads, progress=progress)
-    order = DataOrder(files, sequence_length, global_batch_size, seed, first_epoch, cache_dir=cache_dir)
+    order = DataOrder(files, sequence_length, global_batch_size, seed, first_epoch, cache_dir=cache_dir,
+                      chunk=chunk)
     stats = prefetch_window(order, first_row, num_rows, threads=threads, chunk_bytes=chunk_bytes, progress=progress)
     return files, order, stats

@@ -222,3 +222,29 @@ def test_dtype_inference_agrees(vocab):
         sequence_length=L,
     )
     assert np.dtype(config.get_dtype()) == dtype_for_vocab(vocab)
+
+
+@pytest.mark.parametrize("chunk", [2, 4])
+def test_chunked_order_of_max_target_sequence_length(corpus, tmp_path, chunk):
+    """With ``max_target_sequence_length = chunk * L`` OLMo-core keeps whole chunks per file and shuffles chunks
+    (its loader's ``chunk_size``); our order with ``chunk`` gives the same instances, global indices and batches."""
+    paths, dtype_name, stride, vocab = corpus
+    order = DataOrder(TokenFiles(paths, np.dtype(dtype_name)), L, B, SEED, first_epoch=1, chunk=chunk,
+                      cache_dir=tmp_path / "cache")
+    dataset = olmo_data.NumpyFSLDatasetConfig(
+        tokenizer=olmo_data.TokenizerConfig(vocab_size=vocab, eos_token_id=EOS, pad_token_id=PAD),
+        paths=[str(p) for p in paths], sequence_length=L, max_target_sequence_length=chunk * L,
+        work_dir=str(tmp_path / "work")).build()
+    loader = olmo_data.NumpyDataLoaderConfig(global_batch_size=B * L, seed=SEED,
+                                             work_dir=str(tmp_path / "work")).build(dataset)
+    assert loader.chunk_size == chunk
+    assert [end - start for start, end in dataset.offsets] == order.instances_per_file.tolist()
+    assert len(dataset) == order.num_instances and loader.total_size == order.rows_per_epoch
+    for epoch in (1, 2):
+        loader.reshuffle(epoch=epoch)
+        assert np.array_equal(np.asarray(loader.get_global_indices()), order.permutation(epoch))
+    loader.reshuffle(epoch=1)
+    for k, batch in enumerate(loader, start=1):
+        check_batch(batch, order, range((k - 1) * B, k * B))
+        if k == 3:
+            break

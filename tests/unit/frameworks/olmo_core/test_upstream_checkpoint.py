@@ -1,11 +1,11 @@
-"""Continuing a checkpoint written by OLMo-core's own experiment path (issue 17).
-
-The fixture (built once per module) is written by OLMo-core alone (``upstream_run.py``: its ``ExperimentConfig`` and
-``Trainer`` as ``olmo_core.script_utils.main`` runs them, CPU): the tiny OLMo-3-style model, uint32 dolma2 token
-files, ``L`` = 32, 8 instances per step, data seed 34521, AdamW with no weight decay on the embeddings, z-loss,
-cosine with warmup; 3 steps saved as ``run/step3``. The reference is OLMo-core's own continuation of that run from
-step 3 (``ref/``: steps 4-6, the instance ids and loss of every step, checkpoints step4-step6). The project is given
-only ``model=local model.path=<run>/step3 insertion=none training.num_steps=N`` (plus run-dir/test settings).
+"""Continuing a checkpoint written by OLMo-core's own experiment path (issue 17). The fixture (built once per module) is
+written by OLMo-core alone (``upstream_run.py``: its ``ExperimentConfig`` and ``Trainer`` as
+``olmo_core.script_utils.main`` runs them, CPU): the tiny OLMo-3-style model, uint32 dolma2 token files, ``L`` = 32
+shuffled in pairs (``max_target_sequence_length`` 64), 8 instances per step, data seed 34521, AdamW with no weight
+decay on the embeddings, z-loss, cosine with warmup; 3 steps saved as ``run/step3``. The reference is OLMo-core's own
+continuation of that run from step 3 (``ref/``: steps 4-6, the instance ids and loss of every step, checkpoints
+step4-step6). The project is given only ``model=local model.path=<run>/step3 insertion=none training.num_steps=N``
+(plus run-dir/test settings).
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ def fixture(tmp_path_factory) -> dict:
     cuts = np.cumsum([0, 300, 411, 250, 325, 517, 280, 300])
     docs = [tokens[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
     paths = [root / "data" / "part-0.npy", root / "data" / "part-1.npy"]
-    write_token_file(paths[0], docs[:4], np.uint32, EOS)  # 1290 tokens: 40 instances
-    write_token_file(paths[1], docs[4:], np.uint32, EOS)  # 1100 tokens: 34 instances
+    write_token_file(paths[0], docs[:4], np.uint32, EOS)  # 1290 tokens: 20 chunks of 64 = 40 instances
+    write_token_file(paths[1], docs[4:], np.uint32, EOS)  # 1100 tokens: 17 chunks = 34 instances
     upstream(root / "run", root / "work", 3, paths)
     shutil.copytree(root / "run", root / "ref", ignore=shutil.ignore_patterns("upstream_steps.jsonl"))
     upstream(root / "ref", root / "work", 6, paths)  # OLMo-core's own continuation: resumes from ref/step3
@@ -119,6 +119,7 @@ def test_settings_come_from_the_checkpoint_without_hand_copied_values(fixture):
     assert cfg.model.checkpoint_step == 3
     assert (cfg.training.sequence_length, cfg.training.global_batch_size) == (32, 8)
     assert (cfg.data.seed, cfg.data.first_epoch, cfg.data.dtype) == (34521, 1, "uint32")
+    assert cfg.data.max_target_sequence_length == 64
     assert cfg.data.paths == [str(p) for p in fixture["paths"]]
     assert cfg.model.tokenizer == "dolma2"
     assert cfg.framework.lr_schedule == "checkpoint"
@@ -135,7 +136,8 @@ def test_the_dataset_fingerprint_is_the_checkpoints(fixture, tmp_path):
     exp = Experiment(cfg)
     fw = OlmoCoreFramework(cfg, fixture["step3"])
     dataset = fw.dataset(exp.order)
-    assert dataset.max_target_sequence_length == 32 and dataset.vocab_size == 100278
+    assert dataset.max_target_sequence_length == 64 and dataset.vocab_size == 100278
+    assert exp.order.chunk == 2  # OLMo-core shuffles pairs of instances; so does the run's order
     assert dataset.fingerprint == check_train_state(fixture["step3"])["data_loader"]["dataset_fingerprint"]
 
 

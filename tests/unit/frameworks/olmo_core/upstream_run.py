@@ -17,16 +17,16 @@ from pathlib import Path
 import torch
 
 #: the fixture's run: unlike every project default on purpose
-L, B, SEED, MAX_TARGET = 32, 8, 34521, 32
+L, B, SEED, MAX_TARGET = 32, 8, 34521, 64
 PEAK_LR, WARMUP, MAX_STEPS = 4e-3, 2, 20
 
 
 def experiment_config(save_folder: str, work_dir: str, paths, hard_stop: int):
     """OLMo-core's ``ExperimentConfig`` of the fixture run: the tiny OLMo-3-shaped model (3 sliding-window layers
     with a 16-token window, one full-attention layer), uint32 dolma2 token files, ``L`` = 32 with
-    ``max_target_sequence_length`` = ``L`` (fingerprinted), 8 instances per step, data seed 34521, AdamW with the
-    official OLMo-3 groups (no weight decay on the embeddings), z-loss, clipping, cosine with warmup over
-    ``MAX_STEPS``."""
+    ``max_target_sequence_length`` = 2 ``L`` (fingerprinted; instances shuffled in pairs), 8 instances per step,
+    data seed 34521, AdamW with the official OLMo-3 groups (no weight decay on the embeddings), z-loss, clipping,
+    cosine with warmup over ``MAX_STEPS``."""
     from olmo_core.data import NumpyDataLoaderConfig, NumpyDatasetDType, NumpyFSLDatasetConfig, TokenizerConfig
     from olmo_core.nn.attention import SlidingWindowAttentionConfig
     from olmo_core.optim import AdamWConfig, CosWithWarmup, OptimGroupOverride
