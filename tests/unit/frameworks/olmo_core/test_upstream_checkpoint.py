@@ -1,4 +1,4 @@
-"""Continuing a checkpoint written by OLMo-core's own experiment path (issue 17). The fixture (built once per module) is
+"""Continuing a checkpoint written by OLMo-core's own experiment path. The fixture (built once per module) is
 written by OLMo-core alone (``upstream_run.py``: its ``ExperimentConfig`` and ``Trainer`` as
 ``olmo_core.script_utils.main`` runs them, CPU): the tiny OLMo-3-style model, uint32 dolma2 token files, ``L`` = 32
 shuffled in pairs (``max_target_sequence_length`` 64), 8 instances per step, data seed 34521, AdamW with no weight
