@@ -378,3 +378,53 @@ def test_object_store_urls_go_through_olmo_core_io(mix, tmp_path, monkeypatch, s
             prefetch_ranges(files, window_ranges(order, 0, order.rows_per_epoch), progress=False)
     finally:
         victim.write_bytes(original)
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint(mix):
+    """A local S3 endpoint (moto's server on 127.0.0.1) whose bucket ``ai2-llm`` holds the mix under the same keys
+    as ``http://olmo-data.org/``; boto3 (under ``olmo_core.io``) finds it through ``AWS_ENDPOINT_URL_S3``."""
+    pytest.importorskip("moto.server", reason="moto[server] is not installed (pip install -e .[dev])")
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    env = {"AWS_ENDPOINT_URL_S3": endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+           "AWS_DEFAULT_REGION": "us-east-1", "OLMO_NO_SSL": "1"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    s3 = boto3.client("s3", endpoint_url=endpoint)
+    s3.create_bucket(Bucket="ai2-llm")
+    for url in mix[1][:6]:
+        s3.upload_file(str(local(mix, url)), "ai2-llm", url[len(OLMO_DATA):])
+    from olmo_core import io as olmo_io
+
+    olmo_io._get_s3_client.cache_clear()
+    yield endpoint
+    olmo_io._get_s3_client.cache_clear()
+    for k, v in old.items():
+        os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    server.stop()
+
+
+def test_s3_urls_against_a_local_s3_endpoint(mix, s3_endpoint, tmp_path):
+    """``s3://`` token files through OLMo-core's own S3 client (boto3) against moto's S3 server: the size index,
+    rows equal to the local copies', and a window prefetch of exactly the window's bytes."""
+    urls = mix[1][:6]
+    files = TokenFiles(urls, U32, cache_dir=tmp_path, prefixes={OLMO_DATA: "s3://ai2-llm/"}, progress=False)
+    assert all(files.remote) and files.paths[0].startswith("s3://ai2-llm/preprocessed/")
+    local_files = TokenFiles([local(mix, u) for u in urls], U32)
+    assert np.array_equal(files.num_tokens, local_files.num_tokens)
+    order = DataOrder(files, L, B, SEED, cache_dir=tmp_path)
+    local_order = DataOrder(local_files, L, B, SEED)
+    for q in (0, 7, order.rows_per_epoch - 1):
+        assert np.array_equal(order.row_tokens(q), local_order.row_tokens(q))
+    ranges = window_ranges(order, 0, 2 * B)
+    stats = prefetch_ranges(files, ranges, threads=4, progress=False)
+    assert stats.fetched_bytes == sum(total_bytes(r) for r in ranges.values())
+    check_window(files, ranges)
+    with pytest.raises(DataError, match=r"^s3://ai2-llm/preprocessed/nope\.npy: token file not found$"):
+        TokenFiles(["s3://ai2-llm/preprocessed/nope.npy"], U32, cache_dir=tmp_path, progress=False)
