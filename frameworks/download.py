@@ -408,6 +408,28 @@ def download_checkpoint(layout: str, base_url: str, step: int, dest_dir: str | o
     download = download_olmo2_checkpoint if layout == "olmo2" else download_olmo_core_checkpoint
     return download(base_url, step, dest_dir, **kwargs)
 
+
+def model_checkpoint_dir(layout: str, model, cache_dir: str | os.PathLike, preset: Callable[[str, str], Path],
+                         settings_only: bool = False) -> Path:
+    """The checkpoint dir of a run's ``model`` node in ``layout`` (``olmo2`` / ``olmo_core``): the tiny preset
+    ``preset(model.asset, cache_dir)``, ``<model.url>/step<model.checkpoint_step>[-unsharded]/`` downloaded into
+    ``<cache_dir>/models/<model.name>/`` (:func:`download_checkpoint`, ``settings_only`` as there), or
+    ``model.path``.
+
+    :raises CheckpointError: if ``model.path`` lacks the layout's config file (``config.yaml`` / ``config.json``).
+    """
+    if model.asset is not None:
+        return preset(model.asset, str(cache_dir))
+    if model.url is not None:
+        return download_checkpoint(layout, model.url, model.checkpoint_step, Path(cache_dir) / "models" / model.name,
+                                   settings_only)
+    path, config = Path(model.path), SETTINGS_FILES[layout][1][0]
+    if not (path / config).is_file():
+        what = "an OLMo-2 step<N>-unsharded" if layout == "olmo2" else "an OLMo-core step<N>"
+        raise CheckpointError(f"model.path={path}: not {what} checkpoint (no {config})")
+    return path
+
+
 # ------------------------------------------------------------------------------------------------ CLI
 
 

@@ -34,7 +34,7 @@ import numpy as np
 
 from frameworks.olmo_core.framework import OlmoCoreFramework
 from pretrain_exp.core.config import ModelConf, RunConfig
-from pretrain_exp.core.errors import CheckpointError, ConfigError
+from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.data.assets import build_once
 
 log = logging.getLogger(__name__)
@@ -47,20 +47,10 @@ def olmo2_checkpoint_dir(model: ModelConf, cache_dir: str, settings_only: bool =
         :meth:`Olmo2Framework.checkpoint_settings` reads), not the weights.
     :raises CheckpointError: if ``model.path`` has no ``config.yaml``.
     """
-    from frameworks.download import download_checkpoint
+    from frameworks.download import model_checkpoint_dir
     from frameworks.olmo2.presets import tiny_checkpoint
 
-    m = model
-    if m.asset is not None:
-        return tiny_checkpoint(m.asset, cache_dir)
-    if m.url is not None:
-        return download_checkpoint("olmo2", m.url, m.checkpoint_step, Path(cache_dir) / "models" / m.name,
-                                   settings_only)
-    path = Path(m.path)
-    if not (path / "config.yaml").is_file():
-        raise CheckpointError(f"model.path={path}: not an OLMo-2 checkpoint (no config.yaml; expected a "
-                              "step<N>-unsharded/ folder)")
-    return path
+    return model_checkpoint_dir("olmo2", model, cache_dir, tiny_checkpoint, settings_only)
 
 
 def check_continuation(cfg: RunConfig, source: Path) -> None:

@@ -266,19 +266,10 @@ class OlmoCoreFramework(Framework):
         """The OLMo-core checkpoint dir of ``model``: a tiny preset (``model.asset``), ``model.path``, or
         ``<model.url>/step<model.checkpoint_step>/`` downloaded into ``<cache_dir>/models/<model.name>/`` (with
         ``settings_only``, only its ``config.json`` and ``train/rank0.pt``)."""
-        from frameworks.download import download_checkpoint
+        from frameworks.download import model_checkpoint_dir
         from frameworks.olmo_core.presets import tiny_checkpoint
 
-        m = model
-        if m.asset is not None:
-            return tiny_checkpoint(m.asset, cache_dir)
-        if m.url is not None:
-            return download_checkpoint("olmo_core", m.url, m.checkpoint_step, Path(cache_dir) / "models" / m.name,
-                                       settings_only)
-        path = Path(m.path)
-        if not (path / "config.json").is_file():
-            raise CheckpointError(f"model.path={path}: not an OLMo-core checkpoint (no config.json)")
-        return path
+        return model_checkpoint_dir("olmo_core", model, cache_dir, tiny_checkpoint, settings_only)
 
     @property
     def tokenizer_path(self) -> str:

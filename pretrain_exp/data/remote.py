@@ -266,7 +266,7 @@ class RemoteReader:
             return getattr(olmo_io, name)(url, *args)
         except FileNotFoundError:
             raise DataError(f"{redact(url)}: token file not found") from None
-        except (PermissionError, NotImplementedError, ValueError) as e:
+        except (PermissionError, ValueError) as e:  # e.g. a missing R2 endpoint or profile setting
             raise DataError(f"{redact(url)}: {type(e).__name__}: {redact(str(e))}") from None
         except Exception as e:  # the cloud clients' own network errors
             if "NoCredentials" in type(e).__name__ or "AccessDenied" in str(e) or "403" in str(e):
