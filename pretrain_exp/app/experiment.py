@@ -41,15 +41,17 @@ from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.app.tracking import NullTracker, Tracker, config_dict
 from pretrain_exp.core.config import Cleanup
 from pretrain_exp.core.distributed import barrier, is_main_process, world_size
-from pretrain_exp.core.errors import ConfigError, PretrainExpError, TrainingError
+from pretrain_exp.core.errors import ConfigError, InsertionError, PretrainExpError, TrainingError
 from pretrain_exp.core.io import write_json, write_text
 from pretrain_exp.data.order import DataOrder, step_window
 from pretrain_exp.data.prefetch import prefetch_window, resolve_prefetch
 from pretrain_exp.data.rows import TrainingRows
 from pretrain_exp.data.token_files import TokenFiles, dtype_for_vocab
 from pretrain_exp.data.tokenize import load_tokenizer, tokenize_source
+from pretrain_exp.insertion.audit import AuditResult, audit_plan
 from pretrain_exp.insertion.items import LoadContext
 from pretrain_exp.insertion.plan import Plan, build_plan
+from pretrain_exp.insertion.schema import AuditMode
 from pretrain_exp.insertion.types import load_items, reserved_rows
 from pretrain_exp.insertion.verify import verify_batches
 from pretrain_exp.report.plots import plot_loss_vs_step, plot_per_dup
@@ -98,20 +100,11 @@ class Experiment:
         t = cfg.training
         self.L, self.B = t.sequence_length, t.global_batch_size
         self.start_step, self.num_steps = cfg.model.checkpoint_step, t.num_steps
-        framework_class = get_framework_class(cfg.framework.name)
-        self.model_dir = framework_class.resolve_model(cfg)
-        self.framework = framework_class(cfg, self.model_dir)
-        self.tokenizer = load_tokenizer(self.framework.tokenizer_path, cfg.cache_dir)
-        self.vocab_size = self.framework.vocab_size or len(self.tokenizer)
-        paths = cfg.data.paths or tokenize_source(cfg.data.text, self.tokenizer, cfg.data.token_dir,
-                                                  cfg.cache_dir, cfg.data.text_key)
-        # one token-file dtype for the order, the plan and the framework's reader: the data config's (an OLMo
-        # checkpoint's data.memmap_dtype / dataset.dtype), else the vocabulary's
-        files = TokenFiles(paths, cfg.data.dtype or dtype_for_vocab(max(self.vocab_size, len(self.tokenizer))),
-                           cache_dir=cfg.cache_dir, prefixes=cfg.data.path_prefixes, progress=self.main)
-        self.order = DataOrder(files, self.L, self.B, cfg.data.seed, cfg.data.first_epoch, cache_dir=cfg.cache_dir,
-                               chunk=(cfg.data.max_target_sequence_length or self.L) // self.L)
+        self.framework, self.tokenizer, self.vocab_size, self.order = run_data(cfg, progress=self.main)
+        self.model_dir = self.framework.model_dir
+        files = self.order.files
         self.window = step_window(self.start_step, self.num_steps, self.L, self.B)
+        self.window_fetched = resolve_prefetch(cfg.data.prefetch, files) == "window" or not any(files.remote)
         if resolve_prefetch(cfg.data.prefetch, files) == "window":  # remote rows of the run, fetched once
             prefetch_window(self.order, self.start_step * self.B, self.num_steps * self.B, progress=self.main)
         self._check_held_out()
@@ -140,12 +133,15 @@ class Experiment:
             plan = plan.without(cfg.insertion.withheld)
             items = {name: s for name, s in items.items() if name not in cfg.insertion.withheld}
         path = self.run_dir / "plan.npz"
-        if path.is_file():
-            if Plan.load(path).digest() != plan.digest():
-                raise ConfigError("insertion", f"{path} holds the plan of a different config; use a new run dir "
-                                  "(hydra.run.dir=...) or restore the original config")
-        elif self.main:
-            plan.write_manifest(self.run_dir / "manifest.jsonl", items)
+        exists = path.is_file()
+        if exists and Plan.load(path).digest() != plan.digest():
+            raise ConfigError("insertion", f"{path} holds the plan of a different config; use a new run dir "
+                              "(hydra.run.dir=...) or restore the original config")
+        self.audit, fresh = self._audit(plan, items) if self.main else (None, False)
+        if self.main and (not exists or fresh):  # items.jsonl carries the audit's counts
+            plan.write_manifest(self.run_dir / "manifest.jsonl", items,
+                                self.audit.item_records(plan) if self.audit is not None else None)
+        if self.main and not exists:
             plan.save(path)
         log.info("plan: %d items, %d insertions, %d tokens (%.2f%% of the %d-token window)", plan.num_items,
                  plan.num_insertions, int(plan.lengths.sum()),
@@ -153,6 +149,48 @@ class Experiment:
         if plan.noise_rows.size:
             log.info("plan: %d rows with gaussian noise (%s)", plan.noise_rows.size, plan.noise_sigma)
         return plan
+
+    def _audit(self, plan: Plan, items) -> tuple[Optional[AuditResult], bool]:
+        """The natural-duplicate audit of ``plan`` (:mod:`~pretrain_exp.insertion.audit`): read from
+        ``audit.json`` when it audited this plan with this n, else computed and saved; ``strict`` raises for a
+        control found in the window.
+
+        :returns: ``(result or None when off or skipped, whether it was computed now)``.
+        :raises InsertionError: ``insertion.audit=strict`` and a dup-0 control occurs in the window, naming the
+            item and where (step, row, offset).
+        """
+        ins = self.cfg.insertion
+        if ins.audit == AuditMode.off or not plan.num_items:
+            return None, False
+        if ins.audit == AuditMode.on and not self.window_fetched:
+            log.warning("audit skipped: the window's token files are remote and not prefetched "
+                        "(data.prefetch=window or insertion.audit=strict runs it)")
+            return None, False
+        path = self.run_dir / "audit.json"
+        res, fresh = None, False
+        if path.is_file():
+            old = AuditResult.load(path)
+            if old.plan_digest == plan.digest() and old.n == ins.audit_ngram:
+                res = old
+        if res is None:
+            res = audit_plan(plan, self.order.row_tokens, np.arange(self.window[0] // self.L, self.window[1] // self.L),
+                             self.order.held_out_rows(self.cfg.data.held_out_rows), ins.audit_ngram,
+                             strip=self.tokenizer.eos_token_id)
+            fresh = True
+        labels = [f"{it.experiment}[{it.index}] {it.source}" for name in plan.experiments for it in items[name]]
+        bad = res.contaminated_controls(plan)
+        if bad and ins.audit == AuditMode.strict:
+            more = f"; {len(bad) - 1} more control(s) in audit.json" if len(bad) > 1 else ""
+            raise InsertionError(f"insertion.audit=strict: control {res.describe(plan, bad[0], labels)}{more}")
+        for i in bad[:10]:
+            log.warning("audit: control %s", res.describe(plan, i, labels))
+        held = [i for i in range(plan.num_items) if res.held_out.exact[i]]
+        if held:
+            log.warning("audit: %d item(s) occur in the held-out rows (perplexity), e.g. %s", len(held),
+                        labels[held[0]])
+        if fresh:
+            res.save(path, plan, ins.audit.value)
+        return res, fresh
 
     # --- evaluation -------------------------------------------------------------------------------------
     @functools.cached_property
@@ -219,8 +257,9 @@ class Experiment:
                 evaluated[ckpt.step] = self._evaluate_on_main(ckpt, tracker)
             if not self.main:
                 return {}
-            results = summarize(cfg, self.plan, evaluated, self._all_evaluated(),
-                                time.perf_counter() - t_start)
+            audit = self.run_dir / "audit.json"
+            results = summarize(cfg, self.plan, evaluated, self._all_evaluated(), time.perf_counter() - t_start,
+                                json.loads(audit.read_text()) if self.audit is not None and audit.is_file() else None)
             write_json(self.run_dir / "results.json", results)
             plots = {"loss_vs_dup": plot_per_dup, "loss_vs_step": plot_loss_vs_step}
             for name, plot in plots.items():
@@ -278,6 +317,28 @@ def held_out_collision(n: int, first_row: int, end_row: int, rows_per_epoch: int
     return None
 
 
+def run_data(cfg: ExperimentConfig, progress: bool = True):
+    """The framework, tokenizer, vocabulary size and data order of a run (what :class:`Experiment` and
+    :mod:`~pretrain_exp.app.inspect` build from a config; the corpus is tokenized once into the cache).
+
+    :returns: ``(framework, tokenizer, vocab_size, DataOrder)``.
+    """
+    framework_class = get_framework_class(cfg.framework.name)
+    framework = framework_class(cfg, framework_class.resolve_model(cfg))
+    tokenizer = load_tokenizer(framework.tokenizer_path, cfg.cache_dir)
+    vocab_size = framework.vocab_size or len(tokenizer)
+    paths = cfg.data.paths or tokenize_source(cfg.data.text, tokenizer, cfg.data.token_dir, cfg.cache_dir,
+                                              cfg.data.text_key)
+    # one token-file dtype for the order, the plan and the framework's reader: the data config's (an OLMo
+    # checkpoint's data.memmap_dtype / dataset.dtype), else the vocabulary's
+    files = TokenFiles(paths, cfg.data.dtype or dtype_for_vocab(max(vocab_size, len(tokenizer))),
+                       cache_dir=cfg.cache_dir, prefixes=cfg.data.path_prefixes, progress=progress)
+    L = cfg.training.sequence_length
+    order = DataOrder(files, L, cfg.training.global_batch_size, cfg.data.seed, cfg.data.first_epoch,
+                      cache_dir=cfg.cache_dir, chunk=(cfg.data.max_target_sequence_length or L) // L)
+    return framework, tokenizer, vocab_size, order
+
+
 def _wandb_image(path: Path):
     import wandb
 
@@ -293,6 +354,7 @@ def save_resolved_config(cfg: ExperimentConfig, run_dir: Path) -> Path:
 
 #: config keys that may change between invocations on the same run dir (they don't change what is trained)
 MUTABLE_KEYS = ("eval.", "wandb.", "run_dir", "cache_dir", "name", "run_name", "data.token_dir", "insertion.verify",
+                "insertion.audit",
                 "training.max_retries", "training.retry_base_delay_s", "training.num_threads", "training.cleanup",
                 "training.keep_last_checkpoints")
 

@@ -67,6 +67,9 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     if cfg.framework.may_use_run_lr_schedule() and t.lr_scheduler not in framework.lr_schedulers:
         raise ConfigError("training.lr_scheduler", f"unknown scheduler {t.lr_scheduler!r} for framework "
                           f"{cfg.framework.name!r}; allowed: {sorted(framework.lr_schedulers)}")
+    if not 1 <= cfg.insertion.audit_ngram <= t.sequence_length:
+        raise ConfigError("insertion.audit_ngram", f"must be in [1, training.sequence_length = {t.sequence_length}] "
+                          f"tokens, got {cfg.insertion.audit_ngram}")
     cfg.insertion.experiments = parse_experiments(cfg.insertion.experiments)
     for name, exp in cfg.insertion.experiments.items():
         exp.validate(f"insertion.experiments.{name}")

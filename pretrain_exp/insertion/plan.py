@@ -220,11 +220,14 @@ class Plan:
         except (OSError, KeyError, ValueError, TypeError, IndexError, zipfile.BadZipFile) as e:
             raise CheckpointError(f"{path}: not a readable plan ({e})") from None
 
-    def write_manifest(self, path: str | Path, items: Dict[str, ItemSet]) -> None:
+    def write_manifest(self, path: str | Path, items: Dict[str, ItemSet],
+                       natural: Optional[List[dict]] = None) -> None:
         """Write ``manifest.jsonl`` (one line per span, by position) and, beside it, ``items.jsonl`` (one per
         item).
 
         :param items: the item sets the plan was built from (for sources and texts).
+        :param natural: per item, extra columns of ``items.jsonl`` (the natural-duplicate audit's counts,
+            :meth:`AuditResult.item_records <pretrain_exp.insertion.audit.AuditResult.item_records>`).
         """
         path = Path(path)
         L, B = self.sequence_length, self.global_batch_size
@@ -249,6 +252,8 @@ class Plan:
                 rec = {"item_id": i, "experiment": spec.experiment, "index": spec.index,
                        "dup_count": int(self.item_dup_count[i]), "length": int(spec.tokens.size),
                        "sha256": item_sha[i], "source": spec.source}
+                if natural is not None:
+                    rec.update(natural[i])
                 if spec.text is not None:
                     rec["text"] = spec.text
                 if noised[i]:

@@ -45,6 +45,15 @@ class EosPolicy(str, Enum):
     none = "none"
 
 
+class AuditMode(str, Enum):
+    """The natural-duplicate audit (:mod:`pretrain_exp.insertion.audit`): ``off``; ``on`` (count, record, warn
+    about controls found in the training window); ``strict`` (a control found in the window is an error)."""
+
+    off = "off"
+    on = "on"
+    strict = "strict"
+
+
 @dataclass
 class PlacementConf:
     """Placement of one insertion experiment (see :class:`PlacementKind`)."""
@@ -97,6 +106,8 @@ class InsertionConf:
     #: name -> experiment config (one schema per type: :func:`pretrain_exp.insertion.types.parse_experiments`)
     experiments: Dict[str, Any] = field(default_factory=dict)
     withheld: List[str] = field(default_factory=list)  #: placed like the others but not inserted nor evaluated
+    audit: AuditMode = AuditMode.on  #: natural-duplicate audit of the items in the window and held-out rows
+    audit_ngram: int = 13  #: n-gram length (tokens) of the audit's overlap count
 
 
 def validate_placement(key: str, exp: InsertionExperimentConf) -> None:

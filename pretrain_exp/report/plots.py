@@ -53,7 +53,9 @@ def plot_loss_vs_step(results: dict, path: Path) -> None:
 
 
 def plot_effect_vs_dup(rows: Sequence[dict], labels: Dict[str, str], path: Path, title: str) -> None:
-    """PNG of mean loss vs dup count (95% CI bars), one line per job (and experiment); written atomically."""
+    """PNG of mean loss vs dup count (95% CI bars), one line per job (and experiment); written atomically. A point
+    whose group has items that also occur naturally in the window (``natural_items`` of the audit) is annotated
+    with their number and the group's mean effective dup count."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -73,6 +75,11 @@ def plot_effect_vs_dup(rows: Sequence[dict], labels: Dict[str, str], path: Path,
         if len(experiments) > 1 and exp != label:
             label += f" / {exp}"
         ax.errorbar([r["dup_count"] for r in rs], y, yerr=[lo, hi], marker="o", capsize=3, label=label, alpha=0.85)
+        for r in rs:  # the natural-duplicate audit: groups whose items also occur in the window
+            if r.get("natural_items"):
+                ax.annotate(f"{r['natural_items']} natural, eff. {r['effective_dup_mean']:.2f}",
+                            (r["dup_count"], r["mean_loss"]), textcoords="offset points", xytext=(4, 4), fontsize=6,
+                            color="crimson")
     ax.set_xscale("symlog", linthresh=1)
     ax.set_xlabel("dup count (0 = never-inserted control)")
     ax.set_ylabel("mean loss per token (nats)")
