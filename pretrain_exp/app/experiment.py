@@ -177,6 +177,8 @@ class Experiment:
                              self.order.held_out_rows(self.cfg.data.held_out_rows), ins.audit_ngram,
                              strip=self.tokenizer.eos_token_id)
             fresh = True
+        if fresh:  # also when strict refuses: the full table of what was found
+            res.save(path, plan, ins.audit.value)
         labels = [f"{it.experiment}[{it.index}] {it.source}" for name in plan.experiments for it in items[name]]
         bad = res.contaminated_controls(plan)
         if bad and ins.audit == AuditMode.strict:
@@ -188,8 +190,6 @@ class Experiment:
         if held:
             log.warning("audit: %d item(s) occur in the held-out rows (perplexity), e.g. %s", len(held),
                         labels[held[0]])
-        if fresh:
-            res.save(path, plan, ins.audit.value)
         return res, fresh
 
     # --- evaluation -------------------------------------------------------------------------------------

@@ -58,12 +58,16 @@ def ngram_hashes(rows: np.ndarray, n: int, multiplier: np.uint64 = HASH_MULTIPLI
     :param n: n-gram length, ``1 <= n <= L``.
     :returns: ``uint64`` array ``(R, L - n + 1)``: entry ``[r, o]`` hashes ``rows[r, o:o + n]``.
     """
-    t = np.asarray(rows).astype(np.uint64, copy=False)
-    width = t.shape[1] - n + 1
-    h = t[:, :width].copy()
+    t = np.ascontiguousarray(rows).astype(np.uint64, copy=False)
+    R, W = t.shape
+    width = W - n + 1
+    flat = t.ravel()  # hash the rows as one stream (contiguous slices), then drop the n-grams crossing rows
+    m = flat.size - n + 1
+    h = flat[:m].copy()
     for j in range(1, n):
         h *= multiplier
-        h += t[:, j:j + width]
+        h += flat[j:j + m]
+    h = np.concatenate([h, np.zeros(n - 1, np.uint64)]).reshape(R, W)[:, :width]
     return h
 
 
@@ -174,11 +178,12 @@ class ScanCounts:
 
 
 def scan_rows(index: ItemIndex, blocks: Iterator[tuple[np.ndarray, np.ndarray]], sequence_length: int,
-              progress: Optional[Callable[[int], None]] = None) -> ScanCounts:
+              progress: Optional[Callable[[int], None]] = None, max_locations: int = MAX_LOCATIONS) -> ScanCounts:
     """Count the items of ``index`` in row blocks (module docstring).
 
     :param blocks: ``(q int64 (R,), tokens int64 (R, L))`` per block: training-order rows and their tokens.
     :param progress: called with the rows of each finished block.
+    :param max_locations: occurrence positions kept per item (exact and n-gram each).
     """
     k, n, L = index.lengths.size, index.n, sequence_length
     exact = np.zeros(k, np.int64)
@@ -202,7 +207,7 @@ def scan_rows(index: ItemIndex, blocks: Iterator[tuple[np.ndarray, np.ndarray]],
             if m == n:
                 occ += np.bincount(item, minlength=k)
                 seen[m][entry] = True
-                _remember(ngram_at, item, pos)
+                _remember(ngram_at, item, pos, max_locations)
                 first = io == 0  # an exact occurrence starts with the item's first n-gram
                 cand = np.flatnonzero(first & (o + index.lengths[item] <= L))
                 full = np.array([np.array_equal(tokens[r[c], o[c]:o[c] + index.lengths[item[c]]],
@@ -212,7 +217,7 @@ def scan_rows(index: ItemIndex, blocks: Iterator[tuple[np.ndarray, np.ndarray]],
                 hit = np.arange(r.size)
                 hit = hit[~long_len[item[hit]]]
             exact += np.bincount(item[hit], minlength=k)
-            _remember(exact_at, item[hit], pos[hit])
+            _remember(exact_at, item[hit], pos[hit], max_locations)
         if progress is not None:
             progress(tokens.shape[0])
     if n in index.keys:
@@ -226,10 +231,10 @@ def scan_rows(index: ItemIndex, blocks: Iterator[tuple[np.ndarray, np.ndarray]],
     return out
 
 
-def _remember(where: Dict[int, List[int]], items: np.ndarray, positions: np.ndarray) -> None:
+def _remember(where: Dict[int, List[int]], items: np.ndarray, positions: np.ndarray, cap: int) -> None:
     for i, p in zip(items.tolist(), positions.tolist()):
         lst = where.setdefault(i, [])
-        if len(lst) < MAX_LOCATIONS:
+        if len(lst) < cap:
             lst.append(int(p))
 
 

@@ -24,6 +24,7 @@ LAYERS = [
     ("pretrain_exp.report", 4),
     ("pretrain_exp.app", 5),
     ("pretrain_exp.__main__", 5),
+    ("pretrain_exp.inspect", 5),  # python -m pretrain_exp.inspect (pretrain_exp.app.inspect)
     ("pretrain_exp", 0),  # the package itself (its __init__ holds only the version)
 ]
 

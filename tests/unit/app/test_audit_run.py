@@ -1,0 +1,79 @@
+"""The audit in a run: ARC-Easy questions (the benchmark insertion type, real asset) planted in the natural corpus
+are flagged with the counts a naive search finds; ``insertion.audit=strict`` refuses a planted clean control."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from pretrain_exp.app.experiment import Experiment
+from pretrain_exp.core.errors import InsertionError
+from pretrain_exp.data.tokenize import load_tokenizer
+from pretrain_exp.insertion.audit import item_contents
+from pretrain_exp.insertion.types import load_items
+from tests.conftest import CACHE_DIR, make_config
+
+pytestmark = pytest.mark.slow  # tokenizes a corpus and builds two real plans: ~20 s on 2 cores
+
+WORDS = "the a of and to in is was that for on with as by at from this be or are an which his her it".split()
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory, tiny_model_dir):
+    """A jsonl corpus of random-word documents with 6 clean and 6 contaminated ARC-Easy items planted 3 times."""
+    d = tmp_path_factory.mktemp("audit_run")
+    cfg = make_config("experiment=tiny", "insertion=benchmark", run_dir=d / "probe")
+    tok = load_tokenizer(str(tiny_model_dir), str(CACHE_DIR))
+    exp = cfg.insertion.experiments["benchmark"]
+    items = load_items("benchmark", exp, tokenizer=tok, vocab_size=len(tok), sequence_length=128,
+                       seed=cfg.insertion.seed, cache_dir=str(CACHE_DIR))
+    clean = [i for i in range(len(items)) if items.dup_counts[i] == 0][:6]
+    dirty = [i for i in range(len(items)) if items.dup_counts[i] > 0][:6]
+    rng = np.random.default_rng(0)
+    docs = [" ".join(rng.choice(WORDS, size=120)) for _ in range(100)]
+    for k, i in enumerate(3 * (clean + dirty)):
+        docs.insert(int(rng.integers(0, len(docs))), items.texts[i])
+    corpus = d / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    overrides = ["experiment=tiny", "insertion=benchmark", "data=text", f"data.text={corpus}",
+                 f"data.token_dir={d / 'tokens'}"]
+    return d, overrides, clean, dirty
+
+
+def test_planted_benchmark_items_are_flagged(planted):
+    d, overrides, clean, dirty = planted
+    exp = Experiment(make_config(*overrides, run_dir=d / "on"))
+    plan, res = exp.plan, exp.audit
+    rows = np.stack([exp.order.row_tokens(q) for q in range(exp.window[0] // 128, exp.window[1] // 128)])
+    eos = exp.tokenizer.eos_token_id
+    naive = [sum(int(np.array_equal(r[o:o + c.size], c)) for r in rows for o in range(129 - c.size))
+             for c in item_contents(plan, eos)]
+    assert res.window.exact.tolist() == naive
+    found = {i for i in range(plan.num_items) if naive[i]}
+    assert found <= set(clean) | set(dirty) and found & set(clean) and found & set(dirty)
+    controls = res.contaminated_controls(plan)  # exact occurrences, or 13-grams of a copy cut by a row boundary
+    assert found & set(clean) <= set(controls) <= set(clean)
+    assert all(res.window.ngram_hits[i] for i in controls)
+    table = [json.loads(line) for line in (d / "on" / "items.jsonl").read_text().splitlines()]
+    assert [r["natural_exact"] for r in table] == naive
+    assert [r["effective_dup_count"] for r in table] == [int(plan.item_dup_count[i]) + naive[i] for i in
+                                                          range(plan.num_items)]
+    assert json.loads((d / "on" / "audit.json").read_text())["contaminated_controls"] == controls
+
+
+def test_strict_refuses_a_clean_control_in_the_window(planted):
+    d, overrides, clean, _ = planted
+    with pytest.raises(InsertionError) as e:
+        Experiment(make_config(*overrides, "insertion.audit=strict", run_dir=d / "strict"))
+    msg = str(e.value)
+    assert msg.startswith("insertion.audit=strict: control item ") and "benchmark[" in msg
+    assert re.search(r"\): (exact occurrence|13-gram overlap) at step \d+, row \d+, offset \d+ \(position \d+\)", msg)
+    assert (d / "strict" / "audit.json").is_file()  # the full table of what was found
+    assert not (d / "strict" / "plan.npz").exists()  # nothing half-written
+    # off: no audit, no counts
+    Experiment(make_config(*overrides, "insertion.audit=off", run_dir=d / "off"))
+    assert not (d / "off" / "audit.json").exists()
+    assert "natural_exact" not in (d / "off" / "items.jsonl").read_text()

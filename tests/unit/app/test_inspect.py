@@ -1,0 +1,89 @@
+"""``python -m pretrain_exp.inspect`` on a run dir whose plan is built (no training): the tiny preset's random
+biographies plus two explicit token items in one row, one of them at offset 0."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pretrain_exp.app.experiment import Experiment, save_resolved_config
+from pretrain_exp.app.inspect import RunView, main, search, show_step
+from tests.conftest import make_config
+
+pytestmark = pytest.mark.slow  # builds a real plan (tokenizer, corpus, verifier): ~25 s on 2 cores
+
+L, B = 128, 8
+A = list(range(3001, 3011))  # explicit item 0: training-order row 10 (step 2, row 2), offset 0
+A_POS = 10 * L
+C = list(range(4001, 4009))  # explicit item 1: the same row, offset 50
+C_POS = 10 * L + 50
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, tiny_model_dir):
+    d = tmp_path_factory.mktemp("inspect")
+    items = d / "probe.jsonl"
+    items.write_text(json.dumps({"ids": A, "position": A_POS}) + "\n" + json.dumps({"ids": C, "position": C_POS}) + "\n")
+    cfg = make_config("experiment=tiny", "insertion=[fictional_bios,tokens]", f"insertion.experiments.tokens.file={items}",
+                      "insertion.experiments.tokens.key=ids", "insertion.experiments.tokens.eos=none",
+                      "insertion.experiments.tokens.placement.kind=explicit", run_dir=d / "run")
+    Experiment(cfg)  # builds, audits and saves the plan; nothing is trained
+    save_resolved_config(cfg, d / "run")
+    return d / "run"
+
+
+@pytest.fixture(scope="module")
+def view(run_dir):
+    return RunView.open(run_dir)
+
+
+def test_a_row_with_two_insertions_one_at_offset_0(view):
+    plan = view.plan
+    assert plan.experiments == ["fictional_bios", "tokens"]
+    ids = {tuple(plan.item_tokens(i).tolist()): i for i in range(plan.num_items)}
+    a, c = ids[tuple(A)], ids[tuple(C)]
+    q = 10
+    row = view.rows.row(q)
+    assert row[:10].tolist() == A and row[50:58].tolist() == C  # what the framework trains
+    text = show_step(view, step=2, row=2)[0].renderable
+    assert text.plain.startswith(f"⟦tokens:0 (item {a}) copy 1 of 1⟧")
+    assert f"⟦tokens:1 (item {c}) copy 1 of 1⟧" in text.plain
+    highlighted = [text.plain[s.start:s.end] for s in text.spans if str(s.style).startswith("black on")]
+    assert highlighted[0] == view.decode(A) and view.decode(C) in highlighted
+    # every row of the batch, each with its own count of insertions
+    panels = show_step(view, step=2)
+    assert len(panels) == B
+    counts = [int(p.title.split(": ")[1].split()[0]) for p in panels]
+    assert counts == [len(range(*plan.spans_in_row((2 - 1) * B + r))) for r in range(B)] and counts[2] >= 2
+
+
+def test_item_placements_and_search(view, capsys, run_dir):
+    plan = view.plan
+    bio = int(np.flatnonzero(plan.item_dup_count == 16)[0])
+    assert main([str(run_dir), f"item={bio}"]) == 0
+    out = capsys.readouterr().out
+    spans = plan.span_positions[plan.span_item_ids == bio]
+    assert len(spans) == 16 and all(f" {int(p)} │" in out for p in spans)
+    assert "no evals in the run dir yet" in out and "effective dup count 16" in out
+    # the inserted explicit item is found where the plan put it, and labelled
+    hits = search(view, ",".join(map(str, A)))
+    assert [(h["step"], h["row"], h["offset"], h["kind"]) for h in hits] == [(2, 2, 0, "inserted")]
+    # a natural snippet (base tokens of a row outside every span) is found as natural
+    q = next(int(q) for q in range(0, 96) if plan.spans_in_row(q)[0] == plan.spans_in_row(q)[1])
+    snippet = view.rows.row(q)[20:28].tolist()
+    hits = search(view, str(snippet))
+    assert any(h["position"] == q * L + 20 and h["kind"] == "natural" for h in hits)
+
+
+def test_cli_html_and_errors(run_dir, tmp_path, capsys):
+    out = tmp_path / "view.html"
+    assert main([str(run_dir), "step=2", "row=2", "--html", str(out)]) == 0
+    page = out.read_text()
+    assert page.startswith("<!DOCTYPE html>") and "tokens:0" in page
+    assert main([str(run_dir), "step=99"]) == 2
+    assert "step: step 99 is outside the run's steps [1, 12]" in capsys.readouterr().err
+    assert main([str(run_dir), "item=nope:3"]) == 2
+    assert main([str(tmp_path), "step=1"]) == 2
+    assert "not a run dir" in capsys.readouterr().err
