@@ -19,6 +19,7 @@ asserted; the planted counts are checked.
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import sys
 import tempfile
@@ -91,6 +92,8 @@ def main(argv=None) -> int:
     rate = tokens / dt
     full = FULL_STEPS * B * L
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"machine: {os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} during the run "
+          "(one process, numpy single-threaded)")
     print(f"scaled window: {args.steps} steps x {B} rows x {L} tokens = {res.window.tokens:,} tokens "
           f"(+ {res.held_out.tokens:,} held-out), {args.items:,} items ({int(lengths.sum()):,} tokens), "
           f"{args.ngram}-grams, blocks of {args.block_tokens:,} tokens")

@@ -66,7 +66,7 @@ class RunView:
         cfg = load_resolved(run_dir / "config.resolved.yaml")
         plan = Plan.load(run_dir / "plan.npz")
         _, tokenizer, _, order = run_data(cfg, progress=False)
-        L, B = plan.sequence_length, plan.global_batch_size
+        L = plan.sequence_length
         first, end = plan.window[0] // L, plan.window[1] // L
         return cls(run_dir, cfg, plan, tokenizer, TrainingRows(order, plan, first, end - first))
 

@@ -16,12 +16,12 @@ trailing ``strip`` tokens (the EOS delimiters of the EOS policy) are dropped fir
 tokens has no n-grams; its overlap is its exact occurrence. Occurrences crossing a row boundary are not counted
 (consecutive rows are unrelated instances of the shuffled data order).
 
-Method: a polynomial hash of every n-gram of a block of rows (``h = sum_j t[o + j] * P^(n-1-j) mod 2^64``, ``n``
-vectorized multiply-adds over the block), a direct-mapped bit table of the items' n-gram hashes as a prefilter,
-``searchsorted`` in the items' sorted hashes for the survivors, and exact token comparison of every candidate, so a
-hash collision never counts. Items shorter than ``n`` get the same treatment at their own length. Memory is
-``O(block)`` plus ``O(item tokens)``; throughput and the cost at OLMo scale are measured by
-``benchmarks/audit.py``.
+Method: a polynomial hash of every n-gram of a block of rows (``h = sum_j t[o + j] * P^(n-1-j) mod 2^64``, in
+``O(log n)`` vectorized passes by doubling: ``h_{a+b}[o] = h_a[o] P^b + h_b[o + a]``), a direct-mapped table of the
+items' n-gram hashes as a prefilter, ``searchsorted`` in the items' sorted hashes for the survivors, and exact
+token comparison of every candidate, so a hash collision never counts. Items shorter than ``n`` get the same
+treatment at their own length. Memory is ``O(block)`` plus ``O(item tokens)``; throughput and the cost at OLMo
+scale are measured by ``benchmarks/audit.py``.
 """
 
 from __future__ import annotations
@@ -62,12 +62,28 @@ def ngram_hashes(rows: np.ndarray, n: int, multiplier: np.uint64 = HASH_MULTIPLI
     R, W = t.shape
     width = W - n + 1
     flat = t.ravel()  # hash the rows as one stream (contiguous slices), then drop the n-grams crossing rows
-    m = flat.size - n + 1
-    h = flat[:m].copy()
-    for j in range(1, n):
-        h *= multiplier
-        h += flat[j:j + m]
+    h = _stream_hashes(flat, n, int(multiplier))
     h = np.concatenate([h, np.zeros(n - 1, np.uint64)]).reshape(R, W)[:, :width]
+    return h
+
+
+def _stream_hashes(flat: np.ndarray, n: int, mult: int) -> np.ndarray:
+    """Hashes of the ``flat.size - n + 1`` n-grams of a ``uint64`` stream, by doubling: the hash of an
+    ``(a + b)``-gram is ``h_a[o] * P^b + h_b[o + a]`` (mod 2^64), so ``n`` takes ``O(log n)`` passes."""
+    if n == 1:
+        return flat.copy()
+    half = _stream_hashes(flat, n // 2, mult)  # (n//2)-grams
+    m = flat.size - n + 1
+    pw = np.uint64(pow(mult, n - n // 2, 1 << 64))
+    if n % 2 == 0:  # h_n[o] = h_{n/2}[o] * P^{n/2} + h_{n/2}[o + n/2]
+        h = half[:m] * pw
+        h += half[n // 2:n // 2 + m]
+    else:  # h_n[o] = h_{n-1}[o] * P + t[o + n - 1], h_{n-1} from the halves
+        k = n // 2
+        h = half[:m] * np.uint64(pow(mult, k, 1 << 64))
+        h += half[k:k + m]
+        h *= np.uint64(mult)
+        h += flat[n - 1:n - 1 + m]
     return h
 
 

@@ -120,7 +120,7 @@ def print_table(results: dict) -> None:
         if audited:
             cells += [f"{r.get('natural_items', 0)}/{r['n_items']}", fmt(r.get("effective_dup_mean"), ".2f")]
         table.add_row(*cells)
-    console = Console(width=max(110, Console().width))
+    console = Console(width=max(130 if audited else 110, Console().width))
     console.print(table)
     audit = results.get("audit")
     if audit:

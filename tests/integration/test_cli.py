@@ -57,8 +57,23 @@ def test_tiny_run_writes_everything_and_resumes(tmp_path, tiny_model_dir):
     rows = res["per_dup"]
     assert [r["dup_count"] for r in rows] == [0, 1, 4, 16]
     for r in rows:
-        assert set(r) == {"experiment", "dup_count", "n_items", "mean_loss", "ci_low", "ci_high"}
+        assert set(r) == {"experiment", "dup_count", "n_items", "mean_loss", "ci_low", "ci_high", "natural_items",
+                          "natural_exact", "effective_dup_mean"}
         assert r["ci_low"] <= r["mean_loss"] <= r["ci_high"] and r["n_items"] == 4
+        assert r["natural_items"] == r["natural_exact"] == 0 and r["effective_dup_mean"] == r["dup_count"]
+    assert res["audit"]["ngram"] == 13 and res["audit"]["window_tokens"] == 12 * 8 * 128
+    assert res["audit"]["contaminated_controls"] == [] and "natural-duplicate audit (13-grams" in proc.stdout
+
+    # inspect: an item's placements and its loss at every evaluated step, from the run's eval outputs
+    view = subprocess.run([sys.executable, "-m", "pretrain_exp.inspect", str(run_dir), "item=fictional_bios:0"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=os.environ | {"PRETRAIN_EXP_CACHE": str(CACHE_DIR)})
+    assert view.returncode == 0, view.stderr
+    for step in (4, 8, 12):
+        rec = json.loads((run_dir / "evals" / f"step{step}" / "insertion_loss.json").read_text())
+        loss = next(r["loss"] for r in rec["rows"] if r["item_id"] == 0)
+        assert any(line.split("│")[1:3] == [f" {step:>4} ", f" {loss:>17.3f} "] for line in view.stdout.splitlines()
+                   if line.count("│") >= 4), view.stdout
 
     manifest = [json.loads(line) for line in (run_dir / "manifest.jsonl").read_text().splitlines()]
     assert len(manifest) == res["plan"]["num_insertions"] == 4 * (1 + 4 + 16)

@@ -59,8 +59,8 @@ def test_planted_benchmark_items_are_flagged(planted):
     assert all(res.window.ngram_hits[i] for i in controls)
     table = [json.loads(line) for line in (d / "on" / "items.jsonl").read_text().splitlines()]
     assert [r["natural_exact"] for r in table] == naive
-    assert [r["effective_dup_count"] for r in table] == [int(plan.item_dup_count[i]) + naive[i] for i in
-                                                          range(plan.num_items)]
+    effective = [int(plan.item_dup_count[i]) + naive[i] for i in range(plan.num_items)]
+    assert [r["effective_dup_count"] for r in table] == effective
     assert json.loads((d / "on" / "audit.json").read_text())["contaminated_controls"] == controls
 
 

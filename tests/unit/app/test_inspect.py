@@ -25,9 +25,10 @@ C_POS = 10 * L + 50
 def run_dir(tmp_path_factory, tiny_model_dir):
     d = tmp_path_factory.mktemp("inspect")
     items = d / "probe.jsonl"
-    items.write_text(json.dumps({"ids": A, "position": A_POS}) + "\n" + json.dumps({"ids": C, "position": C_POS}) + "\n")
-    cfg = make_config("experiment=tiny", "insertion=[fictional_bios,tokens]", f"insertion.experiments.tokens.file={items}",
-                      "insertion.experiments.tokens.key=ids", "insertion.experiments.tokens.eos=none",
+    items.write_text("".join(json.dumps({"ids": t, "position": p}) + "\n" for t, p in ((A, A_POS), (C, C_POS))))
+    cfg = make_config("experiment=tiny", "insertion=[fictional_bios,tokens]",
+                      f"insertion.experiments.tokens.file={items}", "insertion.experiments.tokens.key=ids",
+                      "insertion.experiments.tokens.eos=none",
                       "insertion.experiments.tokens.placement.kind=explicit", run_dir=d / "run")
     Experiment(cfg)  # builds, audits and saves the plan; nothing is trained
     save_resolved_config(cfg, d / "run")
