@@ -117,16 +117,13 @@ class ItemIndex:
         #: per item: number of distinct n-grams (items shorter than n: 0)
         self.ngrams = np.zeros(self.lengths.size, dtype=np.int64)
         long_items = np.flatnonzero(self.lengths >= n)
-        if long_items.size:
-            parts_h, parts_i, parts_o = [], [], []
-            for i in long_items:
-                c = self.contents[i]
-                h = ngram_hashes(c[None, :], n, self.multiplier)[0]
-                parts_h.append(h)
-                parts_i.append(np.full(h.size, i, np.int64))
-                parts_o.append(np.arange(h.size, dtype=np.int64))
-            self._add(n, np.concatenate(parts_h), np.concatenate(parts_i), np.concatenate(parts_o))
-            self.ngrams[long_items] = [np.unique(self.keys[n][0][self.keys[n][1] == i]).size for i in long_items]
+        if long_items.size:  # every n-gram of every item: one hash pass over the items' tokens back to back
+            h_all = _stream_hashes(self.flat.astype(np.uint64), n, int(self.multiplier))
+            per = self.lengths[long_items] - n + 1
+            item = np.repeat(long_items.astype(np.int64), per)
+            off = np.arange(int(per.sum()), dtype=np.int64) - np.repeat(np.cumsum(per) - per, per)
+            self._add(n, h_all[self.starts[item] + off], item, off)
+            self.ngrams = distinct_per_item(item, h_all[self.starts[item] + off], self.lengths.size)
         for m in np.unique(self.lengths[(self.lengths > 0) & (self.lengths < n)]):
             short = np.flatnonzero(self.lengths == m)
             h = ngram_hashes(np.stack([self.contents[i] for i in short]), int(m), self.multiplier)[:, 0]
@@ -236,22 +233,37 @@ def scan_rows(index: ItemIndex, blocks: Iterator[tuple[np.ndarray, np.ndarray]],
             _remember(exact_at, item[hit], pos[hit], max_locations)
         if progress is not None:
             progress(tokens.shape[0])
-    if n in index.keys:
-        _, items_sorted, offs_sorted = index.keys[n][:3]
+    if n in index.keys:  # distinct n-grams found: an n-gram repeated inside an item counts once
+        h_sorted, items_sorted = index.keys[n][:2]
         found = seen[n]
-        # distinct n-grams: an n-gram repeated inside an item counts once (unique by item and hash)
-        h_sorted = index.keys[n][0]
-        pairs = np.unique(np.stack([items_sorted[found], h_sorted[found].view(np.int64)], axis=1), axis=0)
-        out.ngram_hits = np.bincount(pairs[:, 0], minlength=k).astype(np.int64) if pairs.size else out.ngram_hits
+        out.ngram_hits = distinct_per_item(items_sorted[found], h_sorted[found], k)
     out.seconds = time.perf_counter() - t0
     return out
 
 
+def distinct_per_item(item: np.ndarray, h: np.ndarray, k: int) -> np.ndarray:
+    """Number of distinct hashes ``h`` per item (``item``, ``h``: equal-length arrays): int64 ``(k,)``."""
+    if item.size == 0:
+        return np.zeros(k, np.int64)
+    order = np.lexsort((h, item))
+    i, v = item[order], h[order]
+    new = np.ones(i.size, dtype=bool)
+    new[1:] = (i[1:] != i[:-1]) | (v[1:] != v[:-1])
+    return np.bincount(i[new], minlength=k).astype(np.int64)
+
+
 def _remember(where: Dict[int, List[int]], items: np.ndarray, positions: np.ndarray, cap: int) -> None:
-    for i, p in zip(items.tolist(), positions.tolist()):
-        lst = where.setdefault(i, [])
+    """Append to ``where[item]`` the smallest positions of each item, up to ``cap`` per item."""
+    if items.size == 0:
+        return
+    order = np.lexsort((positions, items))
+    i, p = items[order], positions[order]
+    rank = np.arange(i.size) - np.searchsorted(i, i, side="left")
+    keep = rank < cap
+    for item, pos in zip(i[keep].tolist(), p[keep].tolist()):
+        lst = where.setdefault(item, [])
         if len(lst) < cap:
-            lst.append(int(p))
+            lst.append(int(pos))
 
 
 def item_contents(plan, strip: Optional[int]) -> List[np.ndarray]:
