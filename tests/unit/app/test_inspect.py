@@ -1,5 +1,6 @@
-"""``python -m pretrain_exp.inspect`` on a run dir whose plan is built (no training): the tiny preset's random
-biographies plus two explicit token items in one row, one of them at offset 0."""
+"""``python -m pretrain_exp.inspect`` on a run dir whose plan is built without training: the demo config's (the
+embedded default: SmolLM2, Shakespeare, random biographies) plus two explicit token items in one row, one of them
+at offset 0. The tiny run's plan is inspected after training in ``tests/integration/test_cli.py``."""
 
 from __future__ import annotations
 
@@ -22,11 +23,11 @@ C_POS = 10 * L + 50
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, tiny_model_dir):
+def run_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("inspect")
     items = d / "probe.jsonl"
     items.write_text("".join(json.dumps({"ids": t, "position": p}) + "\n" for t, p in ((A, A_POS), (C, C_POS))))
-    cfg = make_config("experiment=tiny", "insertion=[fictional_bios,tokens]",
+    cfg = make_config("insertion=[fictional_bios,tokens]",
                       f"insertion.experiments.tokens.file={items}", "insertion.experiments.tokens.key=ids",
                       "insertion.experiments.tokens.eos=none",
                       "insertion.experiments.tokens.placement.kind=explicit", run_dir=d / "run")
