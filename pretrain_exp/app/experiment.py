@@ -7,6 +7,8 @@
    :class:`~pretrain_exp.insertion.plan.Plan`; save ``plan.npz`` + ``manifest.jsonl`` (or check that the plan
    already in the run dir is identical) and verify it on the batches the framework will train (its
    ``peek_rows`` for every affected step and DP rank, :func:`~pretrain_exp.insertion.verify.verify_batches`);
+   audit the items' natural duplicates in the window and the held-out rows (``insertion.audit``,
+   :mod:`~pretrain_exp.insertion.audit`; ``audit.json`` and the counts in ``items.jsonl``);
 3. evaluate the initial checkpoint if ``eval.on_load`` (or if ``training.num_steps=0``);
 4. train segment by segment (``training.checkpoint_interval`` steps each), retrying failed segments with
    exponential backoff and jitter (config and data errors are not retried), and evaluate every segment's

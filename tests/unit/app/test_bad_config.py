@@ -55,6 +55,7 @@ BAD_CONFIGS = {
     "micro batch does not divide global batch": (["training.micro_batch_size=3"],
                                                  ["training.global_batch_size", "micro_batch_size", "3"]),
     "negative checkpoint step": (["model.checkpoint_step=-5"], ["model.checkpoint_step", "-5"]),
+    "audit n-gram of 0 tokens": (["insertion.audit_ngram=0"], ["insertion.audit_ngram", "[1,", "got 0"]),
     "range fractions outside [0, 1]": (["insertion.experiments.fictional_bios.placement.kind=range",
                                         "insertion.experiments.fictional_bios.placement.start=0.5",
                                         "insertion.experiments.fictional_bios.placement.end=1.5"],
