@@ -75,9 +75,12 @@ def write_json(path: str | Path, obj) -> Path:
 
 
 def read_jsonl(path: str | Path) -> Iterator[tuple[int, object]]:
-    """``(line number, parsed object)`` of each non-blank line of a jsonl file (1-based line numbers).
+    """``(line number, parsed object)`` of each non-blank line of a jsonl file (1-based line numbers). A UTF-8
+    byte-order mark at the start of the file is skipped (``utf-8-sig``, as Windows tools write it); ``\\r\\n``
+    line ends are accepted.
 
-    :raises DataError: for a missing file, non-UTF-8 bytes or malformed JSON, naming the file and line.
+    :raises DataError: for a missing file, non-UTF-8 bytes or malformed JSON (a syntax error, an integer of more
+        digits than Python converts, nesting too deep to parse), naming the file and line.
     """
     path = Path(path)
     if not path.is_file():
@@ -86,7 +89,7 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, object]]:
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
             except UnicodeDecodeError as e:
                 raise DataError(f"{path}:{lineno}: not valid UTF-8 (byte {e.start})") from None
             if not line.strip():
@@ -95,6 +98,26 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, object]]:
                 yield lineno, json.loads(line)
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
+            except ValueError as e:  # an integer beyond sys.get_int_max_str_digits()
+                raise DataError(f"{path}:{lineno}: malformed JSON ({str(e).split(';')[0]})") from None
+            except RecursionError:
+                raise DataError(f"{path}:{lineno}: malformed JSON (nested too deeply to parse)") from None
+
+
+def check_text(where: str, key: str, text: str) -> str:
+    """``text`` if it is valid Unicode (encodable as UTF-8), for a text read from a user file.
+
+    JSON's ``\\ud800`` escapes decode to lone surrogates, which no tokenizer accepts.
+
+    :param where: ``file:line`` of the text; ``key``: its field name, both for the message.
+    :raises DataError: for a lone surrogate, naming ``where``, ``key``, the character index and its code.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise DataError(f"{where}: {key!r} holds a lone surrogate {text[e.start]!r} at character {e.start} "
+                        "(not valid Unicode text)") from None
+    return text
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from pretrain_exp.core.errors import DataError
-from pretrain_exp.core.io import file_lock, read_jsonl, sha256_file
+from pretrain_exp.core.io import check_text, file_lock, read_jsonl, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +265,7 @@ def iter_texts(source: str, cache_dir: str | Path, text_key: str = "text") -> It
         for f in files:
             raw = f.read_bytes()
             try:
-                text = raw.decode("utf-8")
+                text = raw.decode("utf-8-sig")  # a leading byte-order mark is not text
             except UnicodeDecodeError as e:
                 line = raw.count(b"\n", 0, e.start) + 1
                 raise DataError(f"{f}:{line}: not valid UTF-8 (byte {e.start} of the file)") from None
@@ -277,7 +277,7 @@ def iter_texts(source: str, cache_dir: str | Path, text_key: str = "text") -> It
             text = obj[text_key]
             if not isinstance(text, str):
                 raise DataError(f"{path}:{lineno}: {text_key!r} must be a string, got {type(text).__name__}")
-            yield f"{path.name}:{lineno}", text
+            yield f"{path.name}:{lineno}", check_text(f"{path}:{lineno}", text_key, text)
     else:
         what = "is not a folder or a .jsonl file" if path.exists() else "not found"
         raise DataError(f"text source {source!r} {what}: give a text asset {sorted(TEXT_ASSETS)}, "

@@ -157,7 +157,11 @@ def _write_files(docs, tokenizer, out: Path, dtype, eos: int, progress: bool, so
         task = bar.add_task(f"tokenizing {source}", total=len(docs))
         for i in range(0, len(docs), 16):
             chunk = [text for _, text in docs[i:i + 16]]
-            for ids in tokenizer(chunk, add_special_tokens=False, verbose=False)["input_ids"]:
+            try:
+                encoded = tokenizer(chunk, add_special_tokens=False, verbose=False)["input_ids"]
+            except Exception as e:
+                raise _tokenizer_error(docs, i, tokenizer, source, e) from None
+            for ids in encoded:
                 batch.append(ids)
                 batch_tokens += len(ids) + 1
                 if batch_tokens >= MAX_TOKENS_PER_FILE:
@@ -166,6 +170,21 @@ def _write_files(docs, tokenizer, out: Path, dtype, eos: int, progress: bool, so
     if batch:
         flush()
     return files, total
+
+
+def _tokenizer_error(docs, start: int, tokenizer, source: str, error: Exception) -> DataError:
+    """The error naming the first document of ``docs[start:start + 16]`` the tokenizer raises on."""
+    for name, text in docs[start:start + 16]:
+        try:
+            tokenizer([text], add_special_tokens=False, verbose=False)
+        except Exception as e:
+            error = e
+            break
+    else:
+        name, text = docs[start]
+    first = (str(error).strip().splitlines() or [""])[0]
+    return DataError(f"text source {source!r}, document {name}: the tokenizer fails on {text[:40]!r}: "
+                     f"{type(error).__name__}: {first[:200]}")
 
 
 def main(argv: List[str] | None = None) -> int:

@@ -178,13 +178,16 @@ def apply_eos_csr(ids: np.ndarray, lengths: np.ndarray, eos: int, policy: EosPol
     return out, new_len
 
 
-def encode_texts(texts: Sequence[str], tokenizer, what: str,
-                 batch: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
+def encode_texts(texts: Sequence[str], tokenizer, what: str, batch: Optional[int] = None,
+                 sources: Optional[Sequence[str]] = None) -> tuple[np.ndarray, np.ndarray]:
     """Token ids of ``texts`` (no special tokens), ``batch`` texts per tokenizer call (default
     :data:`ENCODE_BATCH`), with a progress bar on a
     terminal; logs tokens/s.
 
+    :param sources: provenance per text (``file:line``) for the error message.
     :returns: ``(ids int64 (total,), lengths int64 (len(texts),))``, CSR.
+    :raises DataError: if the tokenizer raises on a text, naming its source (or index), a prefix of the text and
+        the tokenizer's error.
     """
     from rich.progress import Progress
 
@@ -195,7 +198,10 @@ def encode_texts(texts: Sequence[str], tokenizer, what: str,
     with Progress(transient=True, disable=not sys.stderr.isatty()) as bar:
         task = bar.add_task(f"tokenizing {what}", total=len(texts))
         for a in range(0, len(texts), batch):
-            enc = tokenizer(list(texts[a:a + batch]), add_special_tokens=False, verbose=False)["input_ids"]
+            try:
+                enc = tokenizer(list(texts[a:a + batch]), add_special_tokens=False, verbose=False)["input_ids"]
+            except Exception as e:
+                raise _encode_error(texts, tokenizer, a, batch, sources, what, e) from None
             lengths[a:a + len(enc)] = [len(e) for e in enc]
             parts.append(np.fromiter(itertools.chain.from_iterable(enc), dtype=np.int64,
                                      count=int(lengths[a:a + len(enc)].sum())))
@@ -205,6 +211,23 @@ def encode_texts(texts: Sequence[str], tokenizer, what: str,
     log.info(f"{what}: tokenized {len(texts):,} texts, {ids.size:,} tokens in {dt:.1f} s "
              f"({ids.size / max(dt, 1e-9):,.0f} tokens/s)")
     return ids, lengths
+
+
+def _encode_error(texts: Sequence[str], tokenizer, a: int, batch: int, sources: Optional[Sequence[str]], what: str,
+                  batch_error: Exception) -> DataError:
+    """The error naming the first text of ``texts[a:a + batch]`` the tokenizer raises on (one call per text)."""
+    for i in range(a, min(a + batch, len(texts))):
+        try:
+            tokenizer([texts[i]], add_special_tokens=False, verbose=False)
+        except Exception as e:
+            batch_error = e
+            break
+    else:
+        i = a
+    where = sources[i] if sources is not None else f"{what} text {i}"
+    first = str(batch_error).strip().splitlines()[0] if str(batch_error).strip() else ""
+    return DataError(f"{where}: the tokenizer fails on item {i} ({str(texts[i])[:40]!r}): "
+                     f"{type(batch_error).__name__}: {first[:200]}")
 
 
 @dataclass
@@ -284,8 +307,8 @@ def tokenized_items(name: str, exp: InsertionExperimentConf, raw: List[RawItem],
     eos = int(ctx.tokenizer.eos_token_id) if ctx.tokenizer is not None else None
     explicit = exp.placement.kind == PlacementKind.explicit
     if text:
-        ids, lengths = encoded if encoded is not None else encode_texts([r[1] for r in raw], ctx.tokenizer,
-                                                                        what or exp.file or name)
+        ids, lengths = encoded if encoded is not None else encode_texts(
+            [r[1] for r in raw], ctx.tokenizer, what or exp.file or name, sources=[r[0] for r in raw])
         L = ctx.sequence_length
         if (lengths.size and lengths.min() >= 1 and lengths.max() <= L and
                 (ids.size == 0 or 0 <= ids.min() and ids.max() < ctx.vocab_size) and

@@ -2,7 +2,7 @@
 by block with array operations straight into CSR arrays, EOS policy applied and checked as arrays.
 
 The fast path accepts exactly the lines ``[d(,d)*]`` (digits, commas, brackets, optional spaces, tabs and ``\\r``
-around them; blank lines skipped) whose ids have at most 8 digits and no leading zero. Any other line (a dict, a
+around them; blank lines and a leading UTF-8 byte-order mark skipped) whose ids have at most 8 digits and no leading zero. Any other line (a dict, a
 float, a string, a negative id, malformed JSON, an empty list) and any failed check (an id outside the vocabulary,
 an item longer than the sequence length, too few items) makes :func:`read_token_items` return None, and the caller
 runs the exact per-item path, which raises the usual error naming ``file:line`` and the item. Peak memory is the
@@ -171,9 +171,11 @@ def _new_buffer(cap: int) -> np.ndarray:
 
 def _raw_blocks(path: Path, block_bytes: int) -> Iterator[np.ndarray]:
     """Blocks of whole lines of ``path`` as :func:`_decode` takes them (each in its own buffer; a missing final
-    newline added; a line longer than the block grows it)."""
+    newline added; a line longer than the block grows it; a leading UTF-8 byte-order mark skipped)."""
     cap, carry = block_bytes, b""
     with open(path, "rb", buffering=0) as f:
+        if f.read(3) != b"\xef\xbb\xbf":  # a UTF-8 byte-order mark is skipped, as in read_jsonl
+            f.seek(0)
         while True:
             buf = _new_buffer(cap)
             buf[_PAD:_PAD + len(carry)] = np.frombuffer(carry, np.uint8)

@@ -11,13 +11,16 @@ module, one line in :data:`TYPES`, one ``conf/insertion/<name>.yaml`` (``default
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, Dict, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from pretrain_exp.core.config import in_schema
-from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.core.errors import ConfigError, InsertionError, PretrainExpError
 from pretrain_exp.core.registry import lookup
+
+log = logging.getLogger(__name__)
 
 TYPES: Dict[str, str] = {
     "texts": "pretrain_exp.insertion.types.texts:TYPE",
@@ -123,14 +126,25 @@ def load_items(name: str, exp: Any, ctx=None, **context):
     ``vocab_size``, ``sequence_length``, ``seed``, ``cache_dir``, ``order``, ``held_out_rows``).
 
     :raises ConfigError: for a bad config; :class:`~pretrain_exp.core.errors.DataError` for file problems (naming
-        file and line); :class:`~pretrain_exp.core.errors.InsertionError` for a bad item (naming it).
+        file and line); :class:`~pretrain_exp.core.errors.InsertionError` for a bad item (naming it), and for any
+        other exception of the type's loader (naming the experiment and its file; the traceback is logged at
+        debug level).
     """
     from pretrain_exp.insertion.items import LoadContext
 
     ctx = ctx if ctx is not None else LoadContext(**context)
     key = f"insertion.experiments.{name}"
     exp = parse_experiment(key, exp)
-    return get_type(exp.type, f"{key}.type").load_items(name, exp, ctx)
+    spec = get_type(exp.type, f"{key}.type")
+    try:
+        return spec.load_items(name, exp, ctx)
+    except (PretrainExpError, MemoryError):
+        raise
+    except Exception as e:  # a failure the type did not foresee still names the experiment and its file
+        log.debug("loading the items of %s failed", key, exc_info=True)
+        source = f" from {exp.file}" if getattr(exp, "file", None) else ""
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise InsertionError(f"{key}: loading its items{source} failed: {type(e).__name__}: {first[:200]}") from e
 
 
 def effect(exp: Any):

