@@ -2,11 +2,12 @@
 by block with array operations straight into CSR arrays, EOS policy applied and checked as arrays.
 
 The fast path accepts exactly the lines ``[d(,d)*]`` (digits, commas, brackets, optional spaces, tabs and ``\\r``
-around them; blank lines and a leading UTF-8 byte-order mark skipped) whose ids have at most 8 digits and no leading zero. Any other line (a dict, a
-float, a string, a negative id, malformed JSON, an empty list) and any failed check (an id outside the vocabulary,
-an item longer than the sequence length, too few items) makes :func:`read_token_items` return None, and the caller
-runs the exact per-item path, which raises the usual error naming ``file:line`` and the item. Peak memory is the
-CSR arrays plus one block (:data:`BLOCK_BYTES`) of work arrays.
+around them; blank lines and a leading UTF-8 byte-order mark skipped) whose ids have at most 8 digits and no leading
+zero. Any other line (a dict, a float, a string, a negative id, malformed JSON, an empty list) and any failed check
+(an id outside the vocabulary, an item longer than the sequence length, too few items) makes
+:func:`read_token_items` return None, and the caller runs the exact per-item path, which raises the usual error
+naming ``file:line`` and the item. Peak memory is the CSR arrays plus one block (:data:`BLOCK_BYTES`) of work
+arrays.
 """
 
 from __future__ import annotations
