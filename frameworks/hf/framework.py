@@ -39,6 +39,7 @@ from frameworks.noise_feed import NoiseFeed
 from pretrain_exp.core.config import Precision
 from pretrain_exp.core.distributed import world_size
 from pretrain_exp.core.errors import CheckpointError
+from pretrain_exp.core.io import apply_default_modes
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,10 @@ class _Segment(TrainerCallback):
         if state.global_step >= self.stop_at:
             control.should_save = True
             control.should_training_stop = True
+
+    def on_save(self, args, state, control, **kw):
+        if state.is_world_process_zero:  # safetensors writes model.safetensors with mode 0600
+            apply_default_modes(Path(args.output_dir) / f"checkpoint-{state.global_step}")
 
     def on_log(self, args, state, control, logs=None, **kw):
         now = time.perf_counter()

@@ -38,6 +38,7 @@ import torch
 from frameworks.olmo2.checkpoint import read_checkpoint
 from frameworks.olmo2.data_order import DataOrderParams, TrainPosition, data_order, train_position
 from pretrain_exp.core.errors import CheckpointError, ConfigError
+from pretrain_exp.core.io import apply_default_modes, default_mode
 
 #: OLMo ``ModelConfig`` defaults (allenai/OLMo ``olmo/config.py``) for the keys read here, used when a
 #: ``config.yaml`` leaves one out (checkpoints normally carry the full dump).
@@ -410,6 +411,8 @@ def export_hf(model, out_dir: str | Path, config: Dict[str, Any]) -> Path:
     hf_config.eos_token_id = config["model"].get("eos_token_id")
     hf_config.pad_token_id = config["model"].get("pad_token_id")
     hf_config.save_pretrained(tmp)
+    apply_default_modes(tmp)  # safetensors writes 0600 files
+    os.chmod(tmp, default_mode(directory=True))
     os.replace(tmp, out_dir)
     tmp.parent.rmdir()
     return out_dir

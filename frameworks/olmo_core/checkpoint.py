@@ -19,6 +19,7 @@ import torch
 
 from frameworks.base import TRAIN_STATE_SAFE_GLOBALS, Checkpoint
 from pretrain_exp.core.errors import CheckpointError
+from pretrain_exp.core.io import apply_default_modes
 
 
 def model_config(ckpt_dir: Path, cuda: Optional[bool] = None):
@@ -110,6 +111,7 @@ def save_hf(model, tokenizer, out_dir: Path) -> Path:
         config["max_position_embeddings"] = 65536
     config_path.write_text(json.dumps(config, indent=2))
     tokenizer.save_pretrained(str(out_dir))
+    apply_default_modes(out_dir)  # safetensors writes 0600 files
     return out_dir
 
 

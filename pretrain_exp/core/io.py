@@ -20,9 +20,37 @@ from pretrain_exp.core.errors import DataError
 
 
 def _umask() -> int:
+    """The process's umask, read from ``/proc/self/status`` where it is listed (setting it to read it back, the
+    fallback, briefly changes it for every thread)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def default_mode(directory: bool = False) -> int:
+    """The permission bits a plain ``open(path, "w")`` (``0o666``) or ``os.mkdir`` (``0o777``) gives under the
+    current umask: what files and folders made by ``mkstemp``/``mkdtemp`` (``0o600``/``0o700``) get before they
+    are renamed into place, so that a run's group can read its results and a shared cache."""
+    return (0o777 if directory else 0o666) & ~_umask()
+
+
+def apply_default_modes(root: str | Path) -> None:
+    """Give every file under ``root`` (a folder, recursively, or one file) :func:`default_mode`: for outputs of
+    libraries that write ``0o600`` files (``safetensors`` does), so a run's group can read them. Symlinks are
+    left alone."""
+    root = Path(root)
+    files = [root] if root.is_file() else [p for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
+    mode = default_mode()
+    for p in files:
+        if p.stat().st_mode & 0o777 != mode:
+            os.chmod(p, mode)
 
 
 @contextlib.contextmanager
@@ -35,7 +63,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, default_mode())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

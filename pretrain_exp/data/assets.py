@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from pretrain_exp.core.errors import DataError
-from pretrain_exp.core.io import check_text, file_lock, read_jsonl, sha256_file
+from pretrain_exp.core.io import check_text, default_mode, file_lock, read_jsonl, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ def build_once(out: str | Path, build: Callable[[Path], dict],
         try:
             marker = build(tmp)
             (tmp / ".complete.json").write_text(json.dumps(marker))
-            os.chmod(tmp, 0o755)
+            os.chmod(tmp, default_mode(directory=True))
             os.replace(tmp, out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

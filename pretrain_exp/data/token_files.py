@@ -17,6 +17,7 @@ from typing import Iterable, List, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from pretrain_exp.core.errors import ConfigError, DataError
+from pretrain_exp.core.io import default_mode
 from pretrain_exp.data.remote import DEFAULT_THREADS, RemoteReader, fetch_sizes, is_remote, map_prefixes, redact
 from pretrain_exp.data.window import WindowCache, covers
 
@@ -66,6 +67,8 @@ def write_token_file(path: Path, documents: Iterable[Sequence[int]], dtype: np.d
                 n += arr.size
             with gzip.open(f_csv, "wt", newline="") as g:  # does not close f_csv: the outer `with` does
                 csv.writer(g).writerows(offsets)
+        for t in (tmp, tmp_csv):
+            os.chmod(t, default_mode())
         os.replace(tmp_csv, str(path) + ".csv.gz")
         os.replace(tmp, path)
     except BaseException:

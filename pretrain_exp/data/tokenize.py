@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import List
 
 from pretrain_exp.core.errors import DataError, PretrainExpError
+from pretrain_exp.core.io import default_mode
 from pretrain_exp.data.assets import (
     ASSETS,
     GGUF_MEMBERS,
@@ -113,7 +114,7 @@ def tokenize_source(source: str, tokenizer, out_root: str | Path, cache_dir: str
         raise DataError(f"text source {source!r} holds no documents")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
-    os.chmod(tmp, 0o755)
+    os.chmod(tmp, default_mode(directory=True))
     try:
         files, total = _write_files(docs, tokenizer, tmp, dtype, eos, progress, source)
         if total == 0:
