@@ -27,8 +27,12 @@ from omegaconf import DictConfig
 from pretrain_exp.app.config import register_configs
 from pretrain_exp.app.validate import to_config
 from pretrain_exp.core.errors import PretrainExpError
+from pretrain_exp.core.io import write_text
+from pretrain_exp.core.runlock import RunDirLock
+from pretrain_exp.core.secrets import install_log_redaction, redact, redact_obj
 
 log = logging.getLogger("pretrain_exp")
+install_log_redaction()  # before Hydra logs the overrides
 #: the Hydra config groups (``conf/`` at the top of the checkout)
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 register_configs()
@@ -38,6 +42,24 @@ register_configs()
 #: re-run in the same dir does not meet a stale plan
 _SCAFFOLD = {".hydra", "pretrain_exp.log", "config.resolved.yaml",
              "plan.npz", "manifest.jsonl", "items.jsonl"}
+
+
+def save_hydra_files(cfg: DictConfig, run_dir: Path) -> None:
+    """Write ``<run_dir>/.hydra/{config,hydra,overrides}.yaml`` as Hydra writes them, with credentials redacted.
+
+    ``conf/config.yaml`` sets ``hydra.output_subdir: null``, so Hydra writes no ``.hydra/`` before the job starts;
+    this runs once the run dir is locked and the config accepted, so a refused re-run (a changed config, a run dir
+    in use) leaves the run's ``.hydra/`` as it was.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    hc = HydraConfig.get()
+    out = Path(run_dir) / ".hydra"
+    for name, node in (("config.yaml", OmegaConf.to_container(cfg, resolve=False)),
+                       ("hydra.yaml", {"hydra": OmegaConf.to_container(hc, resolve=False)}),
+                       ("overrides.yaml", list(hc.overrides.task))):
+        write_text(out / name, OmegaConf.to_yaml(OmegaConf.create(redact_obj(node))))
 
 
 def _one_line(e: BaseException) -> str:
@@ -53,6 +75,7 @@ def main(cfg: DictConfig) -> None:
     from hydra.types import RunMode
 
     from pretrain_exp.app.cpdt import run_cpdt
+    from pretrain_exp.app.experiment import check_same_run
     from pretrain_exp.app.launch import launch
 
     run_dir = Path(cfg.run_dir).resolve()
@@ -60,17 +83,20 @@ def main(cfg: DictConfig) -> None:
     sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         exp = to_config(cfg)
-        if exp.cpdt.experiments:  # dependence testing: one ordinary launch per arm, then the interaction table
-            run_cpdt(exp)
-        else:
-            launch(exp)
+        with RunDirLock(run_dir):  # one process per run dir (core.runlock); torchrun ranks run under this one
+            check_same_run(exp, run_dir)  # a refused config changes nothing in the run dir
+            save_hydra_files(cfg, run_dir)
+            if exp.cpdt.experiments:  # dependence testing: one ordinary launch per arm, then the interaction table
+                run_cpdt(exp)
+            else:
+                launch(exp)
     except PretrainExpError as e:
         log.debug("failed", exc_info=True)
         if sweep:  # keep the job dir and its log, so the sweep report can say why this job failed
             log.error("error: %s", _one_line(e))
         elif fresh and run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= _SCAFFOLD:
             shutil.rmtree(run_dir, ignore_errors=True)
-        print(f"error: {_one_line(e)}", file=sys.stderr)
+        print(f"error: {redact(_one_line(e))}", file=sys.stderr)
         sys.exit(2)
     print(f"run dir: {run_dir}")
 

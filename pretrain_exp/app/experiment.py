@@ -45,6 +45,7 @@ from pretrain_exp.core.config import Cleanup
 from pretrain_exp.core.distributed import barrier, is_main_process, world_size
 from pretrain_exp.core.errors import ConfigError, InsertionError, PretrainExpError, TrainingError
 from pretrain_exp.core.io import write_json, write_text
+from pretrain_exp.core.secrets import redact_obj
 from pretrain_exp.data.order import DataOrder, step_window
 from pretrain_exp.data.prefetch import prefetch_window, resolve_prefetch
 from pretrain_exp.data.rows import TrainingRows
@@ -348,10 +349,18 @@ def _wandb_image(path: Path):
 
 
 def save_resolved_config(cfg: ExperimentConfig, run_dir: Path) -> Path:
-    """Write ``config.resolved.yaml`` (what workers and re-runs read; no Hydra interpolations left)."""
+    """Write ``config.resolved.yaml`` (what re-runs compare with and workers read; no Hydra interpolations left),
+    credentials redacted (:func:`~pretrain_exp.core.secrets.redact_obj`: a URL's userinfo and query string, the
+    values of secret environment variables)."""
     path = Path(run_dir) / "config.resolved.yaml"
-    write_text(path, OmegaConf.to_yaml(OmegaConf.create(config_dict(cfg))))
+    write_text(path, OmegaConf.to_yaml(OmegaConf.create(redact_obj(config_dict(cfg)))))
     return path
+
+
+def holds_credentials(cfg: ExperimentConfig) -> bool:
+    """Whether redaction changes the config (then ``config.resolved.yaml`` cannot stand in for it)."""
+    plain = config_dict(cfg)
+    return redact_obj(plain) != plain
 
 
 #: config keys that may change between invocations on the same run dir (they don't change what is trained)
@@ -380,7 +389,7 @@ def check_same_run(cfg: ExperimentConfig, run_dir: Path) -> None:
     if not path.is_file():
         return
     old = _flatten(OmegaConf.to_container(OmegaConf.load(path)))
-    new = _flatten(config_dict(cfg))
+    new = _flatten(redact_obj(config_dict(cfg)))  # as the file holds it
     diff = [k for k in sorted(set(old) | set(new))
             if not k.startswith(MUTABLE_KEYS) and old.get(k) != new.get(k)]
     if diff:

@@ -13,14 +13,17 @@ which resumes from the run's newest checkpoint (see :mod:`pretrain_exp.app.exper
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
-from typing import List
+from typing import Iterator, List
 
 import torch
+from omegaconf import OmegaConf
 
 from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.core.errors import LaunchError, TrainingError
@@ -59,6 +62,26 @@ def torchrun_argv(nproc: int, config_path: Path, log_dir: Path) -> List[str]:
             f"--log-dir={log_dir}", "--redirects=3", "--tee=3", "-m", "pretrain_exp.app.worker", str(config_path)]
 
 
+@contextlib.contextmanager
+def _worker_config(cfg: ExperimentConfig, resolved: Path) -> Iterator[Path]:
+    """The config file the workers read: ``config.resolved.yaml``, or, when the config holds credentials (which
+    that file has redacted), an unredacted copy readable by this user only, outside the run dir, removed when
+    the workers are done."""
+    from pretrain_exp.app.experiment import holds_credentials
+    from pretrain_exp.app.tracking import config_dict
+
+    if not holds_credentials(cfg):
+        yield resolved
+        return
+    fd, tmp = tempfile.mkstemp(prefix="pretrain_exp-config-", suffix=".yaml")  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(OmegaConf.to_yaml(OmegaConf.create(config_dict(cfg))))
+        yield Path(tmp)
+    finally:
+        os.unlink(tmp)
+
+
 def launch(cfg: ExperimentConfig) -> dict | None:
     """Run the experiment of ``cfg`` (module docstring); returns ``results.json``'s content when run in-process.
 
@@ -75,9 +98,10 @@ def launch(cfg: ExperimentConfig) -> dict | None:
     check_same_run(cfg, run_dir)
     config_path = save_resolved_config(cfg, run_dir)
     Experiment(cfg)  # assets, tokens, plan + verification here, so config and data errors surface before torchrun
-    argv = torchrun_argv(cfg.training.nproc_per_node, config_path, run_dir / "torchrun")
-    log.info("starting %d ranks: %s", cfg.training.nproc_per_node, " ".join(argv))
-    proc = subprocess.run(argv)
+    with _worker_config(cfg, config_path) as worker_config:
+        argv = torchrun_argv(cfg.training.nproc_per_node, worker_config, run_dir / "torchrun")
+        log.info("starting %d ranks: %s", cfg.training.nproc_per_node, " ".join(argv))
+        proc = subprocess.run(argv)
     if proc.returncode != 0:
         raise TrainingError(f"torchrun with {cfg.training.nproc_per_node} ranks exited with status "
                             f"{proc.returncode}; rank logs: {run_dir / 'torchrun'}")

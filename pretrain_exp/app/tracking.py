@@ -20,6 +20,7 @@ from typing import Any, Dict
 
 from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.core.config import WandbMode
+from pretrain_exp.core.secrets import redact_obj
 from pretrain_exp.report.wandb_log import has_wandb_key
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,8 @@ class Tracker:
         os.environ.setdefault("WANDB_SILENT", "true")
         self.run = wandb.init(project=w.project, entity=w.entity, name=name, id=run_id, dir=str(self.run_dir),
                               mode=mode.value, resume="must" if w.resume_id else "allow",
-                              config=config_dict(cfg))
+                              config=redact_obj(config_dict(cfg)),
+                              settings=wandb.Settings(x_disable_meta=True))  # no command line (it may hold URLs)
         if mode != WandbMode.disabled:
             id_file.write_text(run_id)
         self.wandb_dir = None if mode == WandbMode.disabled else Path(self.run.dir).parent

@@ -14,6 +14,7 @@ from typing import List, Optional
 from pretrain_exp.app.validate import load_resolved
 from pretrain_exp.core.distributed import is_main_process, rank
 from pretrain_exp.core.errors import PretrainExpError
+from pretrain_exp.core.secrets import install_log_redaction, redact
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -22,6 +23,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if len(argv) != 1:
         print("usage: python -m pretrain_exp.app.worker <config.resolved.yaml>", file=sys.stderr)
         return 2
+    install_log_redaction()
     logging.basicConfig(level=logging.INFO if is_main_process() else logging.WARNING,
                         format=f"[%(asctime)s][rank {rank()}][%(name)s][%(levelname)s] - %(message)s")
     from pretrain_exp.app.experiment import run
@@ -29,7 +31,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         run(load_resolved(argv[0]))
     except PretrainExpError as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        print(f"error: {redact(' '.join(str(e).split()))}", file=sys.stderr)
         return 2
     return 0
 

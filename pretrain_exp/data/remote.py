@@ -18,7 +18,8 @@ Transport (:class:`RemoteReader`):
 Sizes of remote files are fetched once, in parallel (bounded by ``threads``), into a **size index**
 ``<cache_dir>/size_index/<sha256 of the mapped path list>.json`` written atomically (:func:`fetch_sizes`). A
 remote file whose size differs from its index entry fails every read with one :class:`DataError` naming it.
-Messages never carry credentials: :func:`redact` drops userinfo and query strings from URLs.
+Messages never carry credentials: :func:`redact` (:func:`pretrain_exp.core.secrets.redact_url`) drops userinfo and
+query strings from URLs.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import logging
 import re
 import threading
 import time
-import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
@@ -37,6 +37,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 from pretrain_exp.core.errors import DataError
 from pretrain_exp.core.io import write_json
 from pretrain_exp.core.retry import RetryPolicy, TransientError
+from pretrain_exp.core.secrets import redact_url as redact
 
 log = logging.getLogger(__name__)
 
@@ -72,17 +73,6 @@ def map_prefixes(paths: Sequence[str | Path], prefixes: Optional[Mapping[str, st
                 break
         out.append(s)
     return out
-
-
-def redact(url: str) -> str:
-    """``url`` without userinfo (``user:secret@``), query string and fragment, for messages and logs."""
-    if "://" not in url:
-        return url
-    parts = urllib.parse.urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 def _content_range(value: Optional[str]) -> tuple[Optional[int], Optional[int]]:

@@ -30,6 +30,7 @@ import numpy as np
 
 from pretrain_exp.core.errors import CheckpointError, InsertionError
 from pretrain_exp.core.io import atomic_write
+from pretrain_exp.core.secrets import redact
 from pretrain_exp.data.order import step_row_offset
 from pretrain_exp.data.token_files import dtype_for_vocab
 from pretrain_exp.insertion.items import ItemSet, experiment_rng, sha256_tokens
@@ -251,7 +252,7 @@ class Plan:
             for i, spec in enumerate(it for name in self.experiments for it in items[name]):
                 rec = {"item_id": i, "experiment": spec.experiment, "index": spec.index,
                        "dup_count": int(self.item_dup_count[i]), "length": int(spec.tokens.size),
-                       "sha256": item_sha[i], "source": spec.source}
+                       "sha256": item_sha[i], "source": redact(spec.source)}
                 if natural is not None:
                     rec.update(natural[i])
                 if spec.text is not None:

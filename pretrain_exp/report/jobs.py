@@ -77,8 +77,19 @@ def _override_key(override: str) -> Tuple[str, str]:
     return key.lstrip("+~"), value
 
 
+def _lookup(config: dict, key: str):
+    """The value at dotted ``key`` of a nested dict, None where there is none."""
+    node = config
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
 def load_job(path: Path, root: Path) -> Job:
-    """Read one job dir: overrides, Hydra job id/num, resolved config and ``results.json`` (if any)."""
+    """Read one job dir: overrides, Hydra job id/num, resolved config and ``results.json`` (if any). An override
+    of a key the resolved config holds as a scalar shows the resolved config's value."""
     path = Path(path)
     name = path.name if path == Path(root) else str(path.relative_to(root))
     job = Job(path=path, name=name)
@@ -88,6 +99,10 @@ def load_job(path: Path, root: Path) -> Job:
     params = (hydra_cfg.get("sweeper", {}) or {}).get("params") or {}
     job.sweeper_keys = [_override_key(str(k))[0] for k in params]
     job.config = _read_yaml(path / "config.resolved.yaml") or {}
+    for key in job.overrides:  # the value the run used: a refused re-run cannot have changed the resolved config
+        value = _lookup(job.config, key)
+        if value is not None and not isinstance(value, (dict, list)):
+            job.overrides[key] = str(value).lower() if isinstance(value, bool) else str(value)
     res = path / "results.json"
     if res.is_file():
         try:
