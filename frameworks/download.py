@@ -56,7 +56,9 @@ from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
 from pretrain_exp.core.errors import CheckpointError
+from pretrain_exp.core.io import file_lock
 from pretrain_exp.core.retry import MAX_DELAY_S, RetryPolicy, TransientError, backoff_delay  # noqa: F401
+from pretrain_exp.core.secrets import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +236,7 @@ def _read_marker(ckpt_dir: Path) -> bool:
 def _write_marker(ckpt_dir: Path, url: str, rels: Sequence[str]) -> None:
     files = {rel: (ckpt_dir / rel).stat().st_size for rel in rels}
     tmp = ckpt_dir / (MARKER + ".tmp")
-    tmp.write_text(json.dumps({"url": url, "files": files}, indent=1, sort_keys=True) + "\n")
+    tmp.write_text(json.dumps({"url": redact_url(url), "files": files}, indent=1, sort_keys=True) + "\n")
     os.replace(tmp, ckpt_dir / MARKER)
 
 
@@ -286,10 +288,12 @@ def _download_checkpoint(url: str, ckpt_dir: Path, fetch_files: Callable[[_Fetch
     """The skeleton of both checkpoint downloads: nothing to do if ``ckpt_dir``'s completion marker says it is
     complete; else ``fetch_files`` fetches the layout's files (raising :class:`CheckpointError` for a missing
     required one) and the marker listing them is written. ``kwargs`` go to :func:`download_file`."""
-    fetch = _Fetcher.unless_complete(url, ckpt_dir, **kwargs)
-    if fetch is not None:
-        fetch_files(fetch)
-        _write_marker(ckpt_dir, url, fetch.files)
+    ckpt_dir.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(ckpt_dir.parent / f".{ckpt_dir.name}.lock"):  # concurrent jobs: one downloads, the others wait
+        fetch = _Fetcher.unless_complete(url, ckpt_dir, **kwargs)
+        if fetch is not None:
+            fetch_files(fetch)
+            _write_marker(ckpt_dir, url, fetch.files)
     return ckpt_dir
 
 
@@ -381,9 +385,11 @@ def download_checkpoint_files(checkpoint_url: str, ckpt_dir: str | os.PathLike, 
     :raises CheckpointError: naming the URL of a file that answers 404 or cannot be fetched after retries.
     """
     ckpt_dir = Path(ckpt_dir)
-    for rel in rels:
-        if not (ckpt_dir / rel).is_file():
-            download_file(f"{checkpoint_url}/{rel}", ckpt_dir / rel, **kwargs)
+    ckpt_dir.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(ckpt_dir.parent / f".{ckpt_dir.name}.lock"):  # never two writers of one .part file
+        for rel in rels:
+            if not (ckpt_dir / rel).is_file():
+                download_file(f"{checkpoint_url}/{rel}", ckpt_dir / rel, **kwargs)
     return ckpt_dir
 
 

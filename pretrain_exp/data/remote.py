@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from pretrain_exp.core.errors import DataError
-from pretrain_exp.core.io import write_json
+from pretrain_exp.core.io import file_lock, write_json
 from pretrain_exp.core.retry import RetryPolicy, TransientError
 from pretrain_exp.core.secrets import redact_url as redact
 
@@ -279,7 +279,8 @@ def fetch_sizes(paths: Sequence[str], cache_dir: str | Path, reader: Optional[Re
 
     The index of a path list (:func:`size_index_path`) is read when present; else every remote size is fetched
     in parallel (at most ``threads`` requests at a time, a progress bar when ``progress``) and the index is written
-    atomically. Local entries are not indexed (their size is a ``stat``).
+    atomically, under a file lock (concurrent jobs on one path list: one fetches, the others read its index). Local
+    entries are not indexed (their size is a ``stat``).
 
     :param paths: mapped paths (:func:`map_prefixes`), local and remote, in run order.
     :param cache_dir: the project cache (``cache_dir``).
@@ -292,6 +293,12 @@ def fetch_sizes(paths: Sequence[str], cache_dir: str | Path, reader: Optional[Re
     if not urls:
         return {}
     index = size_index_path(cache_dir, list(paths))
+    with file_lock(index.with_name(f".{index.name}.lock")):  # the jobs of a sweep index a path list once
+        return _indexed_sizes(index, urls, reader, threads, progress)
+
+
+def _indexed_sizes(index: Path, urls: List[str], reader: Optional[RemoteReader], threads: int,
+                   progress: bool) -> Dict[str, int]:
     if index.is_file():
         try:
             sizes = json.loads(index.read_text())["sizes"]

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import List
 
 from pretrain_exp.core.errors import DataError, PretrainExpError
-from pretrain_exp.core.io import default_mode
+from pretrain_exp.core.io import default_mode, file_lock
 from pretrain_exp.data.assets import (
     ASSETS,
     GGUF_MEMBERS,
@@ -95,7 +95,8 @@ def tokenize_source(source: str, tokenizer, out_root: str | Path, cache_dir: str
     """Token files of ``source`` (see :func:`pretrain_exp.data.assets.iter_texts`) under ``out_root``.
 
     :param tokenizer: an HF tokenizer (its EOS separates documents; vocab size picks the dtype).
-    :returns: the token-file paths, in order.
+    :returns: the token-file paths, in order. Concurrent calls for one source and tokenizer (the jobs of a sweep)
+        take turns on a file lock (``<out_root>/.<folder>.lock``): the first tokenizes, the others reuse its folder.
     :raises DataError: for a bad source (see ``iter_texts``) or a source with no tokens.
     """
     vocab_json = (tokenizer.backend_tokenizer.to_str() if hasattr(tokenizer, "backend_tokenizer")
@@ -107,6 +108,15 @@ def tokenize_source(source: str, tokenizer, out_root: str | Path, cache_dir: str
     meta_path = out / "tokens.json"
     if meta_path.is_file():
         return [out / f for f in json.loads(meta_path.read_text())["files"]]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(out.parent / f".{out.name}.lock"):  # the jobs of a sweep tokenize a source once
+        if not meta_path.is_file():
+            _tokenize_into(out, source, tokenizer, cache_dir, text_key, progress)
+    return [out / f for f in json.loads(meta_path.read_text())["files"]]
+
+
+def _tokenize_into(out: Path, source: str, tokenizer, cache_dir, text_key: str, progress: bool) -> None:
+    meta_path = out / "tokens.json"
     dtype = dtype_for_vocab(len(tokenizer))
     eos = int(tokenizer.eos_token_id)
     docs = list(iter_texts(source, cache_dir, text_key))  # a bad source fails before anything is written
@@ -137,7 +147,6 @@ def tokenize_source(source: str, tokenizer, out_root: str | Path, cache_dir: str
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return [out / f for f in json.loads(meta_path.read_text())["files"]]
 
 
 def _write_files(docs, tokenizer, out: Path, dtype, eos: int, progress: bool, source: str):

@@ -16,7 +16,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 from pretrain_exp.core.errors import ConfigError, DataError
-from pretrain_exp.core.io import check_text
+from pretrain_exp.core.io import check_text, file_lock
 from pretrain_exp.insertion import text_cache
 from pretrain_exp.insertion.items import (
     ItemSet,
@@ -128,15 +128,17 @@ def load_items(name: str, exp: TextsConf, ctx: LoadContext) -> ItemSet:
     path = (text_cache.cache_path(ctx.cache_dir, exp.file, ctx.tokenizer, exp.eos.value, exp.num_items)
             if exp.file is not None and ctx.cache_dir and raw else None)
     if path is not None:
-        t0 = time.perf_counter()
-        encoded = text_cache.load(path, len(raw))
-        if encoded is not None:
-            log.info(f"{exp.file}: token ids of {len(raw):,} texts from the cache {path} "
-                     f"({time.perf_counter() - t0:.2f} s)")
-        else:
-            encoded = encode_texts([r[1] for r in raw], ctx.tokenizer, exp.file, sources=[r[0] for r in raw])
-            text_cache.save(path, *encoded, {"file": str(exp.file), "eos": exp.eos.value,
-                                             "num_items": exp.num_items})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with file_lock(path.with_suffix(".lock")):  # the jobs of a sweep tokenize one file once
+            t0 = time.perf_counter()
+            encoded = text_cache.load(path, len(raw))
+            if encoded is not None:
+                log.info(f"{exp.file}: token ids of {len(raw):,} texts from the cache {path} "
+                         f"({time.perf_counter() - t0:.2f} s)")
+            else:
+                encoded = encode_texts([r[1] for r in raw], ctx.tokenizer, exp.file, sources=[r[0] for r in raw])
+                text_cache.save(path, *encoded, {"file": str(exp.file), "eos": exp.eos.value,
+                                                 "num_items": exp.num_items})
     return tokenized_items(name, exp, raw, ctx, text=True, what=exp.file or exp.generator, encoded=encoded)
 
 
