@@ -12,6 +12,8 @@ Errors of the user's making print one line (``error: <dotted key or file:line>: 
 and a fresh run dir that holds nothing but the failed attempt's Hydra files, resolved config and insertion
 plan is removed (in a sweep the job dir is kept and the error logged to its ``pretrain_exp.log`` for
 ``python -m pretrain_exp.report``). The last line of a successful run is ``run dir: <absolute path>``.
+A run dir in use by another process is refused (:mod:`pretrain_exp.core.runlock`), and no credential reaches a log
+line or a file of the run dir (:mod:`pretrain_exp.core.secrets`).
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ def save_hydra_files(cfg: DictConfig, run_dir: Path) -> None:
     """Write ``<run_dir>/.hydra/{config,hydra,overrides}.yaml`` as Hydra writes them, with credentials redacted.
 
     ``conf/config.yaml`` sets ``hydra.output_subdir: null``, so Hydra writes no ``.hydra/`` before the job starts;
-    this runs once the run dir is locked and the config accepted, so a refused re-run (a changed config, a run dir
-    in use) leaves the run's ``.hydra/`` as it was.
+    in a run dir that already holds a run this runs once the run dir is locked and the config accepted, so a
+    refused re-run (a changed config, a run dir in use) leaves the run's ``.hydra/`` as it was.
     """
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
@@ -81,11 +83,14 @@ def main(cfg: DictConfig) -> None:
     run_dir = Path(cfg.run_dir).resolve()
     fresh = not (run_dir / "config.resolved.yaml").exists()
     sweep = HydraConfig.get().mode == RunMode.MULTIRUN
+    if fresh:  # a new run dir has nothing to protect; its .hydra/ lets the sweep report list a job that fails
+        save_hydra_files(cfg, run_dir)
     try:
         exp = to_config(cfg)
         with RunDirLock(run_dir):  # one process per run dir (core.runlock); torchrun ranks run under this one
             check_same_run(exp, run_dir)  # a refused config changes nothing in the run dir
-            save_hydra_files(cfg, run_dir)
+            if not fresh:
+                save_hydra_files(cfg, run_dir)
             if exp.cpdt.experiments:  # dependence testing: one ordinary launch per arm, then the interaction table
                 run_cpdt(exp)
             else:
