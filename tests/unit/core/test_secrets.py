@@ -4,6 +4,7 @@ and known token shapes are replaced; every log record of the process is redacted
 from __future__ import annotations
 
 import logging
+import stat
 
 import pytest
 
@@ -65,3 +66,12 @@ def test_resolved_config_is_redacted_and_a_rerun_still_matches(tmp_path, secret_
     text = save_resolved_config(cfg, tmp_path).read_text()
     assert "https://data.example.org/tokens/part-0.npy" in text and "t0ken" not in text and "5ig" not in text
     check_same_run(cfg, tmp_path)  # the same config with its credentials matches its redacted record
+    from pretrain_exp.app.launch import _worker_config
+
+    with _worker_config(cfg, tmp_path / "config.resolved.yaml") as private:  # what torchrun workers read
+        assert tmp_path not in private.parents and stat.S_IMODE(private.stat().st_mode) == 0o600
+        assert url in private.read_text()
+    assert not private.exists()
+    plain = make_config("experiment=tiny", run_dir=tmp_path)
+    with _worker_config(plain, tmp_path / "config.resolved.yaml") as path:
+        assert path == tmp_path / "config.resolved.yaml"
