@@ -195,7 +195,7 @@ def test_tokenize_source(kind, tokenizer, txt_folder, jsonl_file, tmp_path, monk
     check_token_files(paths, texts, tokenizer)
     folder = paths[0].parent
     assert folder.parent == out and folder.name.startswith(source.stem + "-")
-    assert [p.name for p in out.iterdir()] == [folder.name]  # no temp folders left
+    assert sorted(p.name for p in out.iterdir()) == [f".{folder.name}.lock", folder.name]  # no temp folders left
     assert sorted(p.name for p in folder.iterdir()) == ["part-00000.npy", "part-00000.npy.csv.gz",
                                                         "tokens.json"]
 
