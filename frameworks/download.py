@@ -58,7 +58,7 @@ from typing import Callable, List, Optional, Sequence
 from pretrain_exp.core.errors import CheckpointError
 from pretrain_exp.core.io import file_lock
 from pretrain_exp.core.retry import MAX_DELAY_S, RetryPolicy, TransientError, backoff_delay  # noqa: F401
-from pretrain_exp.core.secrets import redact_url
+from pretrain_exp.core.secrets import install_log_redaction, redact, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -458,6 +458,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--train-ranks", type=int, default=None,
                     help="olmo_core: fetch only train/rank0..N-1.pt (default: all, probed until a 404)")
     args = ap.parse_args(argv)
+    install_log_redaction()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     kwargs = dict(max_retries=args.max_retries, base_delay_s=args.base_delay, timeout_s=args.timeout)
     try:
@@ -465,7 +466,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             kwargs["train_ranks"] = args.train_ranks
         path = download_checkpoint(args.layout, args.base_url, args.step, args.dest, **kwargs)
     except CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {redact(str(e))}", file=sys.stderr)
         return 2
     print(path)
     return 0

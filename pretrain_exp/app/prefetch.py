@@ -27,6 +27,7 @@ from typing import Optional, Sequence
 from pretrain_exp.app.config import ExperimentConfig, register_configs
 from pretrain_exp.app.validate import to_config
 from pretrain_exp.core.errors import ConfigError, PretrainExpError
+from pretrain_exp.core.secrets import install_log_redaction, redact
 from pretrain_exp.data.prefetch import PREFETCH_MODES, PrefetchStats, prefetch
 from pretrain_exp.data.token_files import dtype_for_vocab
 
@@ -82,6 +83,7 @@ def prefetch_run(cfg: ExperimentConfig, progress: bool = True) -> Optional[Prefe
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point (module docstring); returns the exit status."""
+    install_log_redaction()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     argv = list(sys.argv[1:] if argv is None else argv)
     from hydra.errors import HydraException
@@ -91,7 +93,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cfg = compose_run_config(argv)
         stats = prefetch_run(cfg)
     except (PretrainExpError, HydraException, OmegaConfBaseException) as e:
-        print("error: " + " | ".join(line.strip() for line in str(e).splitlines() if line.strip()), file=sys.stderr)
+        print("error: " + redact(" | ".join(line.strip() for line in str(e).splitlines() if line.strip())),
+              file=sys.stderr)
         return 2
     if stats is not None:
         print(f"window: {stats.needed_bytes} B ({stats.cached_bytes} B were cached, {stats.fetched_bytes} B "

@@ -26,6 +26,7 @@ from typing import List
 
 from pretrain_exp.core.errors import DataError, PretrainExpError
 from pretrain_exp.core.io import default_mode, file_lock
+from pretrain_exp.core.secrets import install_log_redaction, redact
 from pretrain_exp.data.assets import (
     ASSETS,
     GGUF_MEMBERS,
@@ -208,12 +209,13 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--cache-dir", default=os.environ.get("PRETRAIN_EXP_CACHE",
                                                           str(Path.home() / ".cache" / "pretrain_exp")))
     args = ap.parse_args(argv)
+    install_log_redaction()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         tok = load_tokenizer(args.tokenizer, args.cache_dir)
         paths = tokenize_source(args.source, tok, args.out, args.cache_dir, args.text_key)
     except PretrainExpError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {redact(str(e))}", file=sys.stderr)
         return 2
     for p in paths:
         print(p)

@@ -10,8 +10,8 @@ import pretrain_exp.insertion.types.tokens as tokens_type
 from pretrain_exp.core.errors import DataError, InsertionError
 from pretrain_exp.core.io import read_jsonl
 from pretrain_exp.insertion.items import encode_texts
-from pretrain_exp.insertion.token_jsonl import read_token_items
 from pretrain_exp.insertion.schema import EosPolicy
+from pretrain_exp.insertion.token_jsonl import read_token_items
 from pretrain_exp.insertion.types import load_items, schema
 from tests.bad_input import TOK, VOCAB, L, assert_error, items_of
 
