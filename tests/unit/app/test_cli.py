@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from hydra.core.global_hydra import GlobalHydra
 
+from pretrain_exp.app.experiment import save_resolved_config
 from pretrain_exp.core.errors import ConfigError, InsertionError
+from tests.conftest import make_config
 
 
 def _main_in_process(monkeypatch, tmp_path, argv, fake_run):
@@ -48,7 +50,7 @@ def test_fresh_run_failing_after_planning_is_removed(monkeypatch, tmp_path, caps
 def test_failed_rerun_keeps_existing_run_dir(monkeypatch, tmp_path, capsys):
     run_dir = tmp_path / "runs" / "r"
     run_dir.mkdir(parents=True)
-    (run_dir / "config.resolved.yaml").write_text("x: 1\n")  # a run that started before
+    save_resolved_config(make_config("experiment=tiny", run_dir=run_dir), run_dir)  # a run that started before
     (run_dir / "plan.npz").write_bytes(b"")
 
     def fake_run(cfg):
