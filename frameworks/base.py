@@ -22,7 +22,7 @@ from typing import Any, Callable, ClassVar, Dict, Iterator, Optional, Tuple
 import numpy as np
 
 from pretrain_exp.core.config import ModelConf, RunConfig
-from pretrain_exp.core.errors import CheckpointError
+from pretrain_exp.core.errors import CheckpointError, ConfigError
 
 _multiarray = (np._core if hasattr(np, "_core") else np.core).multiarray
 #: the non-tensor types a trainer state (OLMo-2 ``train.pt``, OLMo-core ``train/rank<r>.pt``) may hold for
@@ -87,6 +87,9 @@ class Framework(ABC):
     #: the ``training.lr_scheduler`` values :meth:`train` supports (checked when the config is validated)
     lr_schedulers: ClassVar[Tuple[str, ...]] = ()
 
+    #: whether :meth:`resolve_model` loads HF Hub model ids (``model.path=<org>/<name>``, ``model.revision``)
+    loads_hub_models: ClassVar[bool] = True
+
     #: dotted config keys :meth:`checkpoint_settings` may supply (``${checkpoint:<key>}`` in the framework's YAML)
     SETTINGS: ClassVar[Tuple[str, ...]] = ()
 
@@ -99,9 +102,15 @@ class Framework(ABC):
     def resolve_model(cls, cfg: RunConfig) -> Path:
         """The initial checkpoint's dir (an asset is fetched and converted once into the cache).
 
-        :raises CheckpointError: if ``model.path`` is not an HF model dir, or ``model.url`` is set (HF
-            checkpoints are not downloaded by URL).
+        ``model.path`` is a local HF model dir or a Hub model id (with ``model.revision``), resolved to its
+        snapshot in the HF cache by :func:`frameworks.hub.hub_snapshot` (which honours ``HF_HOME``,
+        ``HF_HUB_OFFLINE`` and ``HF_TOKEN``).
+
+        :raises CheckpointError: if ``model.path`` is neither an HF model dir nor a Hub model that can be found, or
+            ``model.url`` is set (HF checkpoints are not downloaded by URL).
+        :raises ConfigError: (``model.revision``) for a revision the Hub model lacks, or one set with a local dir.
         """
+        from frameworks.hub import hub_snapshot, is_hub_id
         from pretrain_exp.data.assets import hf_model_dir
 
         if cfg.model.asset is not None:
@@ -109,7 +118,12 @@ class Framework(ABC):
         if cfg.model.url is not None:
             raise CheckpointError(f"model.url={cfg.model.url}: the {cfg.framework.name} framework loads HF model "
                                   "dirs (model.path or model.asset); URLs are for OLMo checkpoints")
-        path = Path(cfg.model.path)
+        path = Path(cfg.model.path).expanduser()
+        if not path.exists() and is_hub_id(cfg.model.path):
+            return hub_snapshot(cfg.model.path, cfg.model.revision)
+        if cfg.model.revision is not None:
+            raise ConfigError("model.revision", f"{cfg.model.revision!r}: revisions select a Hub model's version; "
+                              f"model.path={cfg.model.path} is a local path")
         if not (path / "config.json").is_file():
             raise CheckpointError(f"model.path={path}: missing checkpoint (no config.json in that directory)")
         return path

@@ -181,6 +181,7 @@ class OlmoCoreFramework(Framework):
 
     DEFAULT_TOKENIZER = "dolma2"
     applies_embedding_noise = True
+    loads_hub_models = False  # OLMo-core checkpoints come from model.path dirs or model.url
     lr_schedulers = SCHEDULERS  #: mapped onto OLMo-core schedulers by :func:`run_scheduler`
 
     def __init__(self, cfg: RunConfig, model_dir: Path):

@@ -31,6 +31,9 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     framework = get_framework_class(cfg.framework.name)  # ConfigError listing the frameworks, or the install hint
     if sum(x is not None for x in (cfg.model.asset, cfg.model.path, cfg.model.url)) != 1:
         raise ConfigError("model", "set exactly one of model.asset, model.path and model.url")
+    if cfg.model.revision is not None and (cfg.model.path is None or not framework.loads_hub_models):
+        raise ConfigError("model.revision", f"{cfg.model.revision!r}: a revision selects the version of a Hub model "
+                          "id given as model.path, which only the hf framework loads")
     if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError("model.dtype", f"unknown dtype {cfg.model.dtype!r}; allowed: float32, bfloat16, float16")
     cfg.framework.validate("framework")  # the framework's own checks

@@ -82,7 +82,9 @@ class ModelConf:
 
     name: str = MISSING  #: short name used in run names
     asset: Optional[str] = None  #: registry asset (see ASSETS in :mod:`pretrain_exp.data.assets`)
-    path: Optional[str] = None  #: local checkpoint dir in the framework's format (exclusive with ``asset``, ``url``)
+    path: Optional[str] = None  #: local checkpoint dir in the framework's format, or (``hf``) a Hub model id
+    #: (exclusive with ``asset``, ``url``)
+    revision: Optional[str] = None  #: Hub branch, tag or commit of a Hub id ``path`` (default: ``main``)
     checkpoint_step: int = 0  #: step the checkpoint is at; training continues at positions from S*B*L
     dtype: str = "float32"  #: dtype the weights are loaded in (master weights)
     url: Optional[str] = None  #: base URL holding ``step<N>[-unsharded]/`` checkpoint folders (olmo_core, olmo2)

@@ -43,6 +43,7 @@ def summarize(cfg: RunConfig, plan, evaluated_now: Dict[int, dict], evaluated_al
         "run_dir": str(Path(cfg.run_dir).resolve()),
         "framework": cfg.framework.name,
         "model": {"name": cfg.model.name, "asset": cfg.model.asset, "path": cfg.model.path,
+                  "revision": cfg.model.revision,
                   "checkpoint_step": cfg.model.checkpoint_step},
         "seed": cfg.seed,
         "step": last,
