@@ -59,6 +59,7 @@ def test_unknown_revision_or_model_is_one_clear_error(tmp_path, hf_home, tiny_mo
                                           r"model.path=.* is a local path"):
         HFFramework.resolve_model(_cfg(tmp_path, f"model.path={tiny_model_dir}", "model.revision=main"))
 
+
 def test_revision_needs_a_framework_that_loads_hub_models(tmp_path, monkeypatch):
     monkeypatch.setattr(HFFramework, "loads_hub_models", False)  # as the olmo_core and olmo2 frameworks
     with pytest.raises(ConfigError, match=r"^model\.revision: 'main': .*only the hf framework loads"):
@@ -87,8 +88,8 @@ def test_a_run_on_a_hub_id_and_revision_trains_offline(tmp_path, tiny_model_dir)
     assert (run_dir / "checkpoints" / "checkpoint-2" / "model.safetensors").is_file()
     assert f"snapshots/{commit}" in (run_dir / "pretrain_exp.log").read_text()
 
-    bad = subprocess.run([*args, "model.revision=stage9", f"hydra.run.dir={tmp_path / 'bad'}"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=600)
+    bad = subprocess.run([*args, "model.revision=stage9", f"hydra.run.dir={tmp_path / 'bad'}"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines()[-1].startswith("error: model.revision: 'stage9' of Hub model "
                                                           "'acme/tiny-llama' is not in the HF cache")
