@@ -46,6 +46,7 @@ from pretrain_exp.core.distributed import barrier, is_main_process, world_size
 from pretrain_exp.core.errors import ConfigError, InsertionError, PretrainExpError, TrainingError
 from pretrain_exp.core.io import write_json, write_text
 from pretrain_exp.core.secrets import redact_obj
+from pretrain_exp.data.hf_dataset import tokenize_dataset
 from pretrain_exp.data.order import DataOrder, step_window
 from pretrain_exp.data.prefetch import prefetch_window, resolve_prefetch
 from pretrain_exp.data.rows import TrainingRows
@@ -330,8 +331,10 @@ def run_data(cfg: ExperimentConfig, progress: bool = True):
     framework = framework_class(cfg, framework_class.resolve_model(cfg))
     tokenizer = load_tokenizer(framework.tokenizer_path, cfg.cache_dir)
     vocab_size = framework.vocab_size or len(tokenizer)
-    paths = cfg.data.paths or tokenize_source(cfg.data.text, tokenizer, cfg.data.token_dir, cfg.cache_dir,
-                                              cfg.data.text_key)
+    d = cfg.data
+    paths = d.paths or (tokenize_dataset(d.dataset, tokenizer, d.token_dir, d.split, d.subset, d.text_key, d.num_proc,
+                                         progress=progress) if d.dataset else
+                        tokenize_source(d.text, tokenizer, d.token_dir, cfg.cache_dir, d.text_key))
     # one token-file dtype for the order, the plan and the framework's reader: the data config's (an OLMo
     # checkpoint's data.memmap_dtype / dataset.dtype), else the vocabulary's
     files = TokenFiles(paths, cfg.data.dtype or dtype_for_vocab(max(vocab_size, len(tokenizer))),

@@ -44,8 +44,13 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError("run_dir", "not set (Hydra sets it to the run's output dir)")
     if cfg.model.checkpoint_step < 0:
         raise ConfigError("model.checkpoint_step", f"must be >= 0, got {cfg.model.checkpoint_step}")
-    if not cfg.data.paths and not cfg.data.text:
-        raise ConfigError("data", "set data.paths (token files) or data.text (a text source to tokenize)")
+    if not cfg.data.paths and not cfg.data.text and not cfg.data.dataset:
+        raise ConfigError("data", "set data.paths (token files), data.text (a text source to tokenize) or "
+                          "data.dataset (a datasets corpus to tokenize)")
+    if cfg.data.dataset and (cfg.data.paths or cfg.data.text):
+        raise ConfigError("data.dataset", "set either data.dataset or data.paths / data.text, not both")
+    if cfg.data.num_proc < 1:
+        raise ConfigError("data.num_proc", f"must be >= 1, got {cfg.data.num_proc}")
     if cfg.data.held_out_rows < 0:
         raise ConfigError("data.held_out_rows", f"must be >= 0, got {cfg.data.held_out_rows}")
     t = cfg.training

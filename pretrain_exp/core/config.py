@@ -96,13 +96,18 @@ class DataConf:
     """The training corpus and its order (``data=`` option).
 
     Either ``paths`` lists OLMo token files, or ``text`` names a text source (a registry asset such as
-    ``shakespeare``, a folder of ``.txt`` files, or a ``.jsonl`` file with ``text_key``) that is tokenized with
-    the model's tokenizer into token files under ``token_dir``.
+    ``shakespeare``, a folder of ``.txt`` files, or a ``.jsonl`` file with ``text_key``), or ``dataset`` a
+    ``datasets`` corpus (:mod:`pretrain_exp.data.hf_dataset`); the last two are tokenized with the model's
+    tokenizer into token files under ``token_dir``.
     """
 
     name: str = MISSING
     text: Optional[str] = None
-    text_key: str = "text"
+    text_key: str = "text"  #: the document text's key (``.jsonl`` of ``text``) or column (``dataset``)
+    dataset: Optional[str] = None  #: a ``datasets`` corpus: Hub id, data file(s) or folder (``data=hf_dataset``)
+    subset: Optional[str] = None  #: the ``dataset``'s config name on the Hub (``load_dataset(id, subset)``)
+    split: str = "train"  #: the ``dataset``'s split
+    num_proc: int = 1  #: processes tokenizing the ``dataset`` (``Dataset.map(num_proc=...)``)
     paths: List[str] = field(default_factory=list)
     token_dir: str = II("cache_dir") + "/tokens"  # type: ignore[assignment]
     seed: int = II("seed")  # type: ignore[assignment]  #: data-order seed (PCG64(seed + epoch))

@@ -59,7 +59,7 @@ def write_token_file(path: Path, documents: Iterable[Sequence[int]], dtype: np.d
     try:
         with os.fdopen(fd, "wb") as f, os.fdopen(fd_csv, "wb") as f_csv:  # both closed on any error
             for doc in documents:
-                arr = np.asarray(list(doc) + [eos_id], dtype=np.int64)
+                arr = np.append(np.asarray(doc, dtype=np.int64), np.int64(eos_id))
                 if arr.size and (arr.min() < 0 or arr.max() > limit):
                     raise DataError(f"{path}: token id out of range for {dtype} (max {limit})")
                 f.write(arr.astype(dtype.newbyteorder("<")).tobytes())
