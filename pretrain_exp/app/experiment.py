@@ -60,6 +60,7 @@ from pretrain_exp.insertion.types import load_items, reserved_rows
 from pretrain_exp.insertion.verify import verify_batches
 from pretrain_exp.report.plots import plot_loss_vs_step, plot_per_dup
 from pretrain_exp.report.summary import print_table, summarize
+from pretrain_exp.report.tables import write_run_tables
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -265,6 +266,7 @@ class Experiment:
             results = summarize(cfg, self.plan, evaluated, self._all_evaluated(), time.perf_counter() - t_start,
                                 json.loads(audit.read_text()) if self.audit is not None and audit.is_file() else None)
             write_json(self.run_dir / "results.json", results)
+            write_run_tables(self.run_dir)  # manifest, items and per-item eval rows as Parquet (load_run)
             plots = {"loss_vs_dup": plot_per_dup, "loss_vs_step": plot_loss_vs_step}
             for name, plot in plots.items():
                 plot(results, self.run_dir / "plots" / f"{name}.png")

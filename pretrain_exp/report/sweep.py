@@ -1,12 +1,13 @@
 """The sweep report: one table row per job, experiment and dup count, written as ``report.csv`` / ``report.md``.
 
 :func:`write_report` finds every job dir under a dir, reads each job's ``results.json``, ``config.resolved.yaml``
-and ``.hydra/overrides.yaml``, and writes ``report.csv`` / ``report.md`` (one row per job, experiment and dup count,
-with ``effect = mean_loss(dup 0) - mean_loss(dup)``; the failed jobs with the last error line of their logs) and
-``effect_vs_dup.png`` (one line per job); with a ``benchmark`` eval also ``benchmark.csv`` / ``benchmark.png``
-(acc clean vs contaminated, the contamination effect with its CI), and for jobs evaluated at several steps the
-forgetting curves ``forgetting/<job>.png`` (insertion loss by step). For a CPDT run dir the jobs are its arms, and
-its interaction table (:mod:`pretrain_exp.report.cpdt`) is rewritten too.
+and ``.hydra/overrides.yaml`` into one DataFrame row per job (:func:`pretrain_exp.report.tables.sweep_frame`,
+the table :func:`pretrain_exp.load_sweep` returns), and writes ``report.csv`` / ``report.md`` (one row per job,
+experiment and dup count, with ``effect = mean_loss(dup 0) - mean_loss(dup)``; the failed jobs with the last error
+line of their logs) and ``effect_vs_dup.png`` (one line per job); with a ``benchmark`` eval also ``benchmark.csv`` /
+``benchmark.png`` (acc clean vs contaminated, the contamination effect with its CI), and for jobs evaluated at
+several steps the forgetting curves ``forgetting/<job>.png`` (insertion loss by step). For a CPDT run dir the jobs
+are its arms, and its interaction table (:mod:`pretrain_exp.report.cpdt`) is rewritten too.
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ import re
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+import pandas as pd
+
 from pretrain_exp.core.io import write_text
 from pretrain_exp.report import cpdt
 from pretrain_exp.report.failures import collect
 from pretrain_exp.report.jobs import Job
 from pretrain_exp.report.plots import plot_benchmark, plot_effect_vs_dup, plot_loss_vs_step
+from pretrain_exp.report.tables import OVERRIDE_PREFIX, py, sweep_frame
 from pretrain_exp.report.text import csv_text, md_cell
 
 #: the fixed columns of ``report.csv`` (the swept override keys come between ``job`` and ``seed``)
@@ -56,21 +60,18 @@ def job_label(job: Job, keys: Sequence[str]) -> str:
     return " ".join(parts) or job.name
 
 
-def report_rows(jobs: Sequence[Job], keys: Sequence[str]) -> List[dict]:
-    """One row per (job, experiment, dup count) of the jobs with results (:data:`REPORT_COLUMNS`)."""
+def report_rows(frame: pd.DataFrame, keys: Sequence[str]) -> List[dict]:
+    """One row per (job, experiment, dup count) of the finished jobs of a :func:`~pretrain_exp.report.tables.
+    sweep_frame` (:data:`REPORT_COLUMNS`)."""
     rows = []
-    for j in jobs:
-        res = j.results
-        if res is None:
-            continue
-        step0 = (res.get("model") or {}).get("checkpoint_step", (j.config.get("model") or {}).get("checkpoint_step"))
-        base = {r["experiment"]: r.get("mean_loss") for r in res.get("per_dup", []) if r.get("dup_count") == 0}
-        for r in res.get("per_dup", []):
+    for j in frame[frame["status"] == "done"].to_dict("records"):
+        base = {r["experiment"]: r.get("mean_loss") for r in j["per_dup"] if r.get("dup_count") == 0}
+        for r in j["per_dup"]:
             dup0, loss = base.get(r["experiment"]), r.get("mean_loss")
-            row = {"job": j.name, **{column_name(k): j.overrides.get(k, "") for k in keys},
-                   "seed": res.get("seed", j.config.get("seed")),
-                   "checkpoint_step": step0,
-                   "step": res.get("step"), "experiment": r["experiment"], "dup_count": r["dup_count"],
+            row = {"job": j["job"],
+                   **{column_name(k): py(j.get(OVERRIDE_PREFIX + k)) or "" for k in keys},
+                   "seed": py(j["seed"]), "checkpoint_step": py(j["checkpoint_step"]), "step": py(j["step"]),
+                   "experiment": r["experiment"], "dup_count": r["dup_count"],
                    "n_items": r.get("n_items"), "mean_loss": loss, "ci_low": r.get("ci_low"),
                    "ci_high": r.get("ci_high"),
                    "effect": None if dup0 is None or loss is None else dup0 - loss}
@@ -78,38 +79,38 @@ def report_rows(jobs: Sequence[Job], keys: Sequence[str]) -> List[dict]:
     return rows
 
 
-_BENCH_EFFECT = re.compile(r"^(?P<exp>.+)/contamination_effect_acc$")
-_BENCH_ACC = re.compile(r"^(?P<exp>.+)/dup(?P<dup>\d+)/acc$")
+#: metric columns of a sweep frame: ``<eval>/<experiment>/contamination_effect_acc``, ``<eval>/<exp>/dup<d>/acc``
+_BENCH_EFFECT = re.compile(r"^(?P<task>[^/]+)/(?P<exp>.+)/contamination_effect_acc$")
+_BENCH_ACC = re.compile(r"^(?P<task>[^/]+)/(?P<exp>.+)/dup(?P<dup>\d+)/acc$")
 
 #: the columns of ``benchmark.csv``
 BENCHMARK_COLUMNS = ("job", "seed", "step", "experiment", "acc_clean", "acc_contaminated", "effect", "ci_low",
                      "ci_high")
 
 
-def benchmark_rows(jobs: Sequence[Job]) -> List[dict]:
-    """One row per (job, benchmark experiment) of the jobs with a ``benchmark`` eval at their last step
-    (:data:`BENCHMARK_COLUMNS`): acc of the clean (dup 0) items, of the contaminated ones (dup > 0, the items'
-    mean over the dup groups weighted equally) and the contamination effect acc(dup > 0) - acc(dup 0) with its
-    bootstrap 95% CI (from :mod:`evals.benchmark`)."""
+def benchmark_rows(frame: pd.DataFrame) -> List[dict]:
+    """One row per (job, benchmark experiment) of the jobs of a :func:`~pretrain_exp.report.tables.sweep_frame`
+    with a ``benchmark`` eval at their last step (:data:`BENCHMARK_COLUMNS`): acc of the clean (dup 0) items, of the
+    contaminated ones (dup > 0, the items' mean over the dup groups weighted equally) and the contamination effect
+    acc(dup > 0) - acc(dup 0) with its bootstrap 95% CI (from :mod:`evals.benchmark`)."""
     rows = []
-    for j in jobs:
-        for task, m in ((j.results or {}).get("metrics") or {}).items():
-            accs: Dict[str, Dict[int, float]] = {}
-            for key, v in m.items():
-                a = _BENCH_ACC.match(key)
-                if a and v is not None:
-                    accs.setdefault(a["exp"], {})[int(a["dup"])] = v
-            for key, v in m.items():
-                e = _BENCH_EFFECT.match(key)
-                if not e:
-                    continue
-                by_dup = accs.get(e["exp"], {})
-                hot = [a for d, a in by_dup.items() if d > 0]
-                rows.append({"job": j.name, "seed": j.results.get("seed"), "step": j.results.get("step"),
-                             "experiment": e["exp"], "acc_clean": by_dup.get(0),
-                             "acc_contaminated": sum(hot) / len(hot) if hot else None, "effect": v,
-                             "ci_low": m.get(f"{e['exp']}/contamination_effect_acc_ci_low"),
-                             "ci_high": m.get(f"{e['exp']}/contamination_effect_acc_ci_high")})
+    for j in frame[frame["status"] == "done"].to_dict("records"):
+        accs: Dict[tuple, Dict[int, float]] = {}
+        for key, v in j.items():
+            a = _BENCH_ACC.match(key)
+            if a and py(v) is not None:
+                accs.setdefault((a["task"], a["exp"]), {})[int(a["dup"])] = py(v)
+        for key, v in j.items():
+            e = _BENCH_EFFECT.match(key)
+            if not e or py(v) is None:  # NaN: a job without this benchmark
+                continue
+            by_dup = accs.get((e["task"], e["exp"]), {})
+            hot = [a for d, a in by_dup.items() if d > 0]
+            prefix = f"{e['task']}/{e['exp']}/contamination_effect_acc"
+            rows.append({"job": j["job"], "seed": py(j["seed"]), "step": py(j["step"]), "experiment": e["exp"],
+                         "acc_clean": by_dup.get(0), "acc_contaminated": sum(hot) / len(hot) if hot else None,
+                         "effect": py(v), "ci_low": py(j.get(f"{prefix}_ci_low")),
+                         "ci_high": py(j.get(f"{prefix}_ci_high"))})
     return rows
 
 
@@ -150,14 +151,15 @@ def write_report(root: Path, out_dir: Optional[Path] = None) -> dict:
     done = [j for j in jobs if j.results is not None]
     keys = swept_keys(done or jobs)
     columns = ["job", *(column_name(k) for k in keys), *REPORT_COLUMNS]
-    rows = report_rows(done, keys)
+    frame = sweep_frame(jobs)
+    rows = report_rows(frame, keys)
     failed = [{"job": j.name, "overrides": " ".join(f"{k}={v}" for k, v in j.overrides.items()),
                "reason": j.reason} for j in jobs if j.results is None] + orphans
     out_dir = Path(out_dir).resolve() if out_dir is not None else root
     paths = {"csv": out_dir / "report.csv", "md": out_dir / "report.md", "png": out_dir / "effect_vs_dup.png"}
     write_text(paths["csv"], csv_text(rows, columns))
     title = f"{root.name}: mean insertion loss by dup count (95% CI)"
-    bench = benchmark_rows(done)
+    bench = benchmark_rows(frame)
     write_text(paths["md"], report_markdown(title, rows, columns, failed, bench))
     labels = {j.name: job_label(j, keys) for j in done}
     plot_effect_vs_dup(rows, labels, paths["png"], title)
@@ -166,14 +168,15 @@ def write_report(root: Path, out_dir: Optional[Path] = None) -> dict:
         write_text(paths["benchmark_csv"], csv_text(bench, BENCHMARK_COLUMNS))
         plot_benchmark(bench, labels, paths["benchmark_png"], f"{root.name}: benchmark acc, clean vs contaminated "
                        "(contamination effect, 95% CI)")
-    for j in done:  # forgetting curves: insertion loss by step, one figure per job
-        if len(j.results.get("by_step", {})) > 1:
-            name = re.sub(r"[^\w.-]+", "_", j.name)
+    for j in frame[frame["status"] == "done"].to_dict("records"):  # forgetting curves: insertion loss by step
+        if len(j["by_step"]) > 1:
+            name = re.sub(r"[^\w.-]+", "_", j["job"])
             paths[f"forgetting_{name}"] = out_dir / "forgetting" / f"{name}.png"
-            plot_loss_vs_step(j.results, paths[f"forgetting_{name}"])
+            plot_loss_vs_step({"run_name": py(j["run_name"]) or j["job"], "by_step": j["by_step"]},
+                              paths[f"forgetting_{name}"])
     table = None
     if cpdt.is_cpdt_run(root):  # a CPDT run: its interactions
         table = cpdt.write_cpdt_report(root, out_dir=out_dir)
         paths |= {f"cpdt_{k}": Path(v) for k, v in table["paths"].items()}
-    return {"jobs": jobs, "keys": keys, "rows": rows, "columns": columns, "failed": failed, "paths": paths,
-            "cpdt": table}
+    return {"jobs": jobs, "frame": frame, "keys": keys, "rows": rows, "columns": columns, "failed": failed,
+            "paths": paths, "cpdt": table}

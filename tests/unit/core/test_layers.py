@@ -25,7 +25,7 @@ LAYERS = [
     ("pretrain_exp.app", 5),
     ("pretrain_exp.__main__", 5),
     ("pretrain_exp.inspect", 5),  # python -m pretrain_exp.inspect (pretrain_exp.app.inspect)
-    ("pretrain_exp", 0),  # the package itself (its __init__ holds only the version)
+    ("pretrain_exp", 4),  # the package itself: its __init__ holds the version and re-exports load_run/load_sweep
 ]
 
 

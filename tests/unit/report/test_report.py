@@ -165,6 +165,31 @@ def test_report_of_a_real_sweep_with_a_failed_job(tmp_path, tiny_model_dir):
     assert "seed=2" in failed_rows[0] or failed_rows[0].startswith("| submitit job ")
     assert "failed" in proc.stdout and "beta" in proc.stdout
 
+    # the tidy tables: Parquet copies of the JSONL files, and the DataFrames the report is built on
+    import pandas as pd
+
+    import pretrain_exp
+
+    for job in ("0", "1"):
+        for name in ("manifest", "items"):
+            want = [json.loads(line) for line in (sweep / job / f"{name}.jsonl").read_text().splitlines()]
+            assert pd.read_parquet(sweep / job / f"{name}.parquet").to_dict("records") == want
+    run = pretrain_exp.load_run(sweep / "0")
+    assert list(run.columns[:6]) == ["item_id", "step", "eval", "eval_type", "experiment", "dup_count"]
+    assert len(run) == 16 * 2 and sorted(run["eval"].unique()) == ["insertion_loss", "memorization"]
+    assert set(run["step"]) == {4} and not run.duplicated(["item_id", "step", "eval"]).any()
+    items = pd.read_parquet(sweep / "0" / "items.parquet").set_index("item_id")
+    assert (run.set_index("item_id")["sha256"] == items["sha256"].reindex(run["item_id"])).all()
+    loss = run[run["eval"] == "insertion_loss"].groupby("dup_count")["loss"].mean()  # per-item rows -> per dup
+    res0 = json.loads((sweep / "0" / "results.json").read_text())
+    assert loss.to_dict() == pytest.approx({r["dup_count"]: r["mean_loss"] for r in res0["per_dup"]}, rel=1e-9)
+    frame = pretrain_exp.load_sweep(sweep)
+    assert len(frame) == 3 and list(frame["job"]) == ["0", "1", "2"]
+    assert list(frame["status"]) == ["done", "done", "failed"] and "beta" in frame["reason"].iloc[2]
+    assert frame["seed"].tolist() == [0, 1, 2] and frame["step"].iloc[:2].tolist() == [4, 4]
+    assert frame["insertion_loss/fictional_bios/dup4/mean_loss"].iloc[0] == res0["metrics"]["insertion_loss"][
+        "fictional_bios/dup4/mean_loss"]
+
     # a single run dir is a report root too (here: --out elsewhere leaves the run dir as it was)
     one = _run(["-m", "pretrain_exp.report", str(sweep / "1"), "--out", str(tmp_path / "one")], ROOT, env)
     assert "failed" not in one.stdout
@@ -204,6 +229,9 @@ def test_base_series_checkpoints_are_continued(tmp_path, tiny_model_dir):
 def test_report_of_benchmark_and_forgetting_results(tmp_path):
     """A job with a benchmark eval gets its clean vs contaminated row (benchmark.csv / .png, report.md) and a job
     evaluated at several steps its forgetting curve; the values are those of its results.json."""
+    import pandas as pd
+
+    from pretrain_exp import load_sweep
     from pretrain_exp.report import write_report
 
     metrics = {"arc/dup0/acc": 0.25, "arc/dup4/acc": 0.75, "arc/dup8/acc": 0.5,
@@ -218,6 +246,11 @@ def test_report_of_benchmark_and_forgetting_results(tmp_path):
                "by_step": {"4": {"insertion_loss": loss}, "8": {"insertion_loss": loss}}}
         (d / "results.json").write_text(json.dumps(res))
     rep = write_report(tmp_path)
+    frame = rep["frame"]  # the report's own table: load_sweep's
+    assert frame.drop(columns=["path"]).equals(load_sweep(tmp_path).drop(columns=["path"]))
+    assert list(frame["job"]) == ["0", "1"] and frame["seed"].tolist() == [0, 1]
+    assert frame["benchmark/arc/dup4/acc"].iloc[0] == 0.75 and pd.isna(frame["benchmark/arc/dup4/acc"].iloc[1])
+    assert frame["by_step"].iloc[1] == {"4": {"insertion_loss": loss}, "8": {"insertion_loss": loss}}
     with open(rep["paths"]["benchmark_csv"], newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 1 and rows[0]["job"] == "0" and rows[0]["experiment"] == "arc"

@@ -1,0 +1,149 @@
+"""Tidy tables of runs and sweeps as pandas DataFrames, and their Parquet copies in a run dir.
+
+A finished run dir holds, beside its JSONL files (which stay the source of record), ``manifest.parquet`` (one row
+per inserted span, the columns of ``manifest.jsonl``), ``items.parquet`` (one row per item, ``items.jsonl``) and
+``evals.parquet`` (one row per item, step and eval: the per-item rows of every ``evals/step<N>/<eval>.json``),
+written with pyarrow by :func:`write_run_tables`.
+
+- :func:`load_run` returns the per-item eval rows of a run joined with its items: columns ``item_id``, ``step``,
+  ``eval`` (the ``eval.tasks`` name), ``eval_type``, ``experiment``, ``dup_count``, the eval's own columns
+  (``loss``, ``n_tokens``, ``exact_match``, ``matched_length``, ``acc``, ...; missing where an eval has none) and
+  the item's (``index``, ``length``, ``sha256``, ``source``, ``text``).
+- :func:`load_sweep` returns one row per job of a sweep (or of one run dir): ``job``, ``path``, ``status``
+  (``done`` / ``failed``), ``reason``, ``run_name``, ``seed``, ``checkpoint_step``, ``step``, one column per
+  override of the job's command line (:data:`OVERRIDE_PREFIX` + key), one per metric of the last evaluated step
+  (``<eval>/<metric>``), and the ``per_dup`` and ``by_step`` records of its ``results.json``.
+
+The sweep report (:mod:`pretrain_exp.report.sweep`) is built on :func:`sweep_frame`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+import pandas as pd
+
+from pretrain_exp.core.io import atomic_path, read_jsonl
+from pretrain_exp.report.failures import collect
+from pretrain_exp.report.jobs import Job
+
+#: prefix of the override columns of :func:`load_sweep`
+OVERRIDE_PREFIX = "override:"
+#: the JSONL files of a run dir and their Parquet copies
+JSONL_TABLES = {"manifest.jsonl": "manifest.parquet", "items.jsonl": "items.parquet"}
+#: the leading columns of :func:`load_run`
+RUN_COLUMNS = ["item_id", "step", "eval", "eval_type", "experiment", "dup_count"]
+
+
+def _jsonl_frame(path: Path) -> pd.DataFrame:
+    return pd.DataFrame([obj for _, obj in read_jsonl(path)]) if path.is_file() else pd.DataFrame()
+
+
+def eval_rows_frame(run_dir: str | Path) -> pd.DataFrame:
+    """The per-item rows of every ``evals/step<N>/<eval>.json`` of a run, with ``step``, ``eval`` and
+    ``eval_type`` columns; sorted by step, eval and item. Empty (with the leading columns) if there are none."""
+    frames = []
+    for f in sorted(Path(run_dir).glob("evals/step*/*.json")):
+        rec = json.loads(f.read_text())
+        if rec.get("rows"):
+            df = pd.DataFrame(rec["rows"])
+            df.insert(0, "step", int(rec.get("step", f.parent.name[4:])))
+            df.insert(1, "eval", rec.get("task", f.stem))
+            df.insert(2, "eval_type", rec.get("type"))
+            frames.append(df)
+    if not frames:
+        return pd.DataFrame(columns=RUN_COLUMNS[1:4])
+    out = pd.concat(frames, ignore_index=True)
+    return out.sort_values(["step", "eval", "item_id"], kind="stable", ignore_index=True)
+
+
+def write_run_tables(run_dir: str | Path) -> Dict[str, Path]:
+    """Write ``manifest.parquet``, ``items.parquet`` and ``evals.parquet`` of a run dir (module docstring), each
+    atomically (temp file + rename); a table whose JSON source is missing is skipped.
+
+    :returns: table name (file stem) -> path written.
+    """
+    run_dir = Path(run_dir)
+    out = {}
+    tables = {pq: _jsonl_frame(run_dir / src) for src, pq in JSONL_TABLES.items() if (run_dir / src).is_file()}
+    tables["evals.parquet"] = eval_rows_frame(run_dir)
+    for name, df in tables.items():
+        with atomic_path(run_dir / name) as tmp:
+            df.to_parquet(tmp, index=False, engine="pyarrow")
+        out[name.split(".")[0]] = run_dir / name
+    return out
+
+
+def _fresh_parquet(run_dir: Path, name: str, sources: Sequence[Path]) -> bool:
+    p = run_dir / name
+    return p.is_file() and all(s.stat().st_mtime <= p.stat().st_mtime for s in sources)
+
+
+def load_run(run_dir: str | Path) -> pd.DataFrame:
+    """One row per item x step x eval of a run (module docstring), from its Parquet tables where they are current,
+    else from its JSON files (a run still in progress).
+
+    :raises FileNotFoundError: if ``run_dir`` is not a directory.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: no such directory")
+    evals_json = list(run_dir.glob("evals/step*/*.json"))
+    rows = (pd.read_parquet(run_dir / "evals.parquet") if _fresh_parquet(run_dir, "evals.parquet", evals_json)
+            else eval_rows_frame(run_dir))
+    items = (pd.read_parquet(run_dir / "items.parquet")
+             if _fresh_parquet(run_dir, "items.parquet", [run_dir / "items.jsonl"])
+             else _jsonl_frame(run_dir / "items.jsonl"))
+    if len(rows) and len(items) and "item_id" in rows:
+        extra = ["item_id"] + [c for c in items.columns if c not in rows.columns]
+        rows = rows.merge(items[extra], on="item_id", how="left", validate="many_to_one")
+    first = [c for c in RUN_COLUMNS if c in rows.columns]
+    return rows[first + [c for c in rows.columns if c not in first]]
+
+
+def sweep_frame(jobs: Sequence[Job]) -> pd.DataFrame:
+    """One row per job (module docstring) of jobs read by :func:`pretrain_exp.report.jobs.load_job`."""
+    records: List[dict] = []
+    for j in jobs:
+        res = j.results or {}
+        model = res.get("model") or j.config.get("model") or {}
+        rec = {"job": j.name, "path": str(j.path), "status": "done" if j.results is not None else "failed",
+               "reason": j.reason or None, "run_name": res.get("run_name", j.config.get("run_name")),
+               "seed": res.get("seed", j.config.get("seed")),
+               "checkpoint_step": model.get("checkpoint_step"), "step": res.get("step"),
+               **{OVERRIDE_PREFIX + k: v for k, v in j.overrides.items()}}
+        for task, metrics in (res.get("metrics") or {}).items():
+            rec.update({f"{task}/{k}": v for k, v in metrics.items()})
+        rec["per_dup"] = res.get("per_dup") or []
+        rec["by_step"] = res.get("by_step") or {}
+        records.append(rec)
+    if not records:
+        return pd.DataFrame(columns=["job", "path", "status", "reason", "run_name", "seed", "checkpoint_step", "step",
+                                     "per_dup", "by_step"])
+    df = pd.DataFrame(records)
+    for c in ("seed", "checkpoint_step", "step"):  # integers, missing where a job has no results (nullable Int64)
+        df[c] = df[c].astype("Int64")
+    return df
+
+
+def py(value):
+    """A DataFrame cell as a plain Python value: ``None`` for a missing one (``NaN``, ``pd.NA``), numpy scalars as
+    Python numbers; lists and dicts as they are."""
+    if isinstance(value, (list, dict, str)) or value is None:
+        return value
+    if pd.isna(value):
+        return None
+    return value.item() if hasattr(value, "item") else value
+
+
+def load_sweep(root: str | Path) -> pd.DataFrame:
+    """One row per job dir under ``root`` (a sweep dir, a CPDT run dir or one run dir), finished or not.
+
+    :raises FileNotFoundError: if ``root`` is not a directory.
+    """
+    root = Path(root).resolve()
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: no such directory")
+    return sweep_frame(collect(root)[0])
