@@ -37,6 +37,7 @@ from pretrain_exp.core.io import write_json, write_text
 from pretrain_exp.insertion.types import TYPES, get_type
 from pretrain_exp.insertion.types.base import EffectSpec
 from pretrain_exp.report.plots import save_png
+from pretrain_exp.report.tables import load_run
 from pretrain_exp.report.text import csv_text, fmt
 
 
@@ -111,11 +112,16 @@ def arm_values(path: Path, experiment: str, task: str, value: str) -> Tuple[int,
     """
     from pretrain_exp.insertion.plan import Plan
 
-    step, rec = _last_eval(path, task)
+    step, _ = _last_eval(path, task)
     plan = Plan.load(path / "plan.npz")
     first = int(np.flatnonzero(plan.item_experiment == plan.experiments.index(experiment))[0])
-    return step, {int(r["item_id"]) - first: (int(r["dup_count"]), float(r[value]))
-                  for r in rec.get("rows", []) if r["experiment"] == experiment and r.get(value) is not None}
+    run = load_run(path)  # the arm's per-item eval rows
+    if value not in run.columns:
+        return step, {}
+    rows = run[(run["eval"] == task) & (run["step"] == step) & (run["experiment"] == experiment)
+               & run[value].notna()]
+    triples = zip(rows["item_id"], rows["dup_count"], rows[value])
+    return step, {int(i) - first: (int(d), float(v)) for i, d, v in triples}
 
 
 # --- the table ----------------------------------------------------------------------------------------------------

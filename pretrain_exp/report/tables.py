@@ -78,7 +78,7 @@ def write_run_tables(run_dir: str | Path) -> Dict[str, Path]:
 
 def _fresh_parquet(run_dir: Path, name: str, sources: Sequence[Path]) -> bool:
     p = run_dir / name
-    return p.is_file() and all(s.stat().st_mtime <= p.stat().st_mtime for s in sources)
+    return p.is_file() and all(s.stat().st_mtime_ns < p.stat().st_mtime_ns for s in sources)
 
 
 def load_run(run_dir: str | Path) -> pd.DataFrame:
