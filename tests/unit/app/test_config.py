@@ -13,6 +13,8 @@ from tests.conftest import CONF_DIR, compose, make_config
 #: mandatory values (???) that options leave to the user
 REQUIRED = {
     ("model", "local"): ["model.path=/models/x"],
+    ("model", "hf"): ["model.path=allenai/OLMo-2-0425-1B", "model.revision=stage1-step100000-tokens210B"],
+    ("data", "hf_dataset"): ["data.dataset=/data/docs.parquet"],
     ("data", "text"): ["data.text=/data/docs"],
     ("data", "token_files"): ["data.paths=[/data/part-0.npy]"],
     ("data", "checkpoint"): ["framework=olmo_core"],  # the checkpoint records its token files
