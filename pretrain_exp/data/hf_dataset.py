@@ -85,11 +85,14 @@ def tokenize_dataset(spec: str, tokenizer, out_root: str | Path, split: str = "t
 
     :param tokenizer: an HF fast tokenizer (its EOS separates documents; the vocab size picks the dtype).
     :param num_proc: processes of the tokenizing ``map`` (1: in this process).
+    :param progress: show ``datasets``' progress bar of the ``map``.
     :returns: the token-file paths, in order (documents in dataset order).
     :raises DataError: as :func:`load_text_dataset`; also for a missing or non-string ``text_key`` column, or a
         dataset without tokens.
     :raises ConfigError: (``data.num_proc``) for ``num_proc < 1``.
     """
+    import datasets
+
     if num_proc < 1:
         raise ConfigError("data.num_proc", f"must be >= 1, got {num_proc}")
     ds = load_text_dataset(spec, split, subset)
@@ -120,9 +123,16 @@ def tokenize_dataset(spec: str, tokenizer, out_root: str | Path, split: str = "t
             return {"input_ids": [np.asarray(x, dtype=np.int64) for x in ids]}  # numpy: a fast Arrow conversion
 
         (tmp / "map").mkdir()
-        tokenized = ds.map(encode, batched=True, batch_size=256, num_proc=num_proc if num_proc > 1 else None,
-                           remove_columns=ds.column_names, cache_file_name=str(tmp / "map" / "tokens.arrow"),
-                           desc=f"tokenizing {spec}")
+        quiet = not progress and not datasets.utils.are_progress_bars_disabled()
+        if quiet:
+            datasets.utils.disable_progress_bars()
+        try:
+            tokenized = ds.map(encode, batched=True, batch_size=256, num_proc=num_proc if num_proc > 1 else None,
+                               remove_columns=ds.column_names, cache_file_name=str(tmp / "map" / "tokens.arrow"),
+                               desc=f"tokenizing {spec}")
+        finally:
+            if quiet:
+                datasets.utils.enable_progress_bars()
         files, total = _write(tokenized, tmp, dtype, eos)
         shutil.rmtree(tmp / "map", ignore_errors=True)
         del tokenized
