@@ -23,14 +23,21 @@ from tests.hub_mirror import HubMirror
 REPO, REV = "acme/tiny-llama", "stage1-step4"
 
 
+def _fill_cache(home, model_dir, monkeypatch):
+    """Download ``acme/tiny-llama`` at ``stage1-step4`` from a local Hub endpoint into ``<home>/hub`` with the Hub
+    library (online for the download, whatever ``HF_HUB_OFFLINE`` the tests run under); ``(commit, snapshot)``."""
+    with monkeypatch.context() as m, HubMirror() as hub:
+        m.setattr(constants, "HF_HUB_OFFLINE", False)
+        commit = hub.add(REPO, REV, model_dir)
+        return commit, snapshot_download(REPO, revision=REV, cache_dir=home / "hub", endpoint=hub.base)
+
+
 @pytest.fixture
 def hf_home(tmp_path, tiny_model_dir, monkeypatch):
     """An HF home whose cache holds ``acme/tiny-llama`` at ``stage1-step4`` (downloaded by the Hub library), as
     the offline Hub library of this process sees it; yields ``(hf_home, snapshot dir, commit)``."""
     home = tmp_path / "hf_home"
-    with HubMirror() as hub:
-        commit = hub.add(REPO, REV, tiny_model_dir)
-        snap = snapshot_download(REPO, revision=REV, cache_dir=home / "hub", endpoint=hub.base)
+    commit, snap = _fill_cache(home, tiny_model_dir, monkeypatch)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     return home, snap, commit
@@ -67,11 +74,9 @@ def test_revision_needs_a_framework_that_loads_hub_models(tmp_path, monkeypatch)
 
 
 @pytest.mark.slow
-def test_a_run_on_a_hub_id_and_revision_trains_offline(tmp_path, tiny_model_dir):
+def test_a_run_on_a_hub_id_and_revision_trains_offline(tmp_path, tiny_model_dir, monkeypatch):
     home = tmp_path / "hf_home"
-    with HubMirror() as hub:
-        commit = hub.add(REPO, REV, tiny_model_dir)
-        snapshot_download(REPO, revision=REV, cache_dir=home / "hub", endpoint=hub.base)
+    commit, _ = _fill_cache(home, tiny_model_dir, monkeypatch)
     env = {**os.environ, "PRETRAIN_EXP_CACHE": str(CACHE_DIR), "HF_HOME": str(home), "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": str(ROOT), "PRETRAIN_EXP_RUNS": str(tmp_path / "runs")}
     env.pop("HF_HUB_CACHE", None)
