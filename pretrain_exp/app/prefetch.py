@@ -71,7 +71,8 @@ def prefetch_run(cfg: ExperimentConfig, progress: bool = True) -> Optional[Prefe
     if cfg.data.prefetch not in PREFETCH_MODES:  # checked as a run checks it; this command always fetches
         raise ConfigError("data.prefetch", f"unknown mode {cfg.data.prefetch!r}; allowed: {', '.join(PREFETCH_MODES)}")
     if not cfg.data.paths:
-        log.info("data.paths is empty (the run tokenizes %s locally): nothing to prefetch", cfg.data.text)
+        log.info("data.paths is empty (the run tokenizes %s locally): nothing to prefetch",
+                 cfg.data.text or cfg.data.dataset)
         return None
     t, B = cfg.training, cfg.training.global_batch_size
     _, _, stats = prefetch(cfg.data.paths, token_dtype(cfg), t.sequence_length, B, cfg.data.seed,
