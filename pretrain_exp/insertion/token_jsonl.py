@@ -112,16 +112,15 @@ def _decode(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         the block, bytes of the block)``.
     :raises _Irregular: for any line outside the grammar (module docstring).
     """
-    digit = (b - np.uint8(48)) < np.uint8(10)
-    if (digit[2:] & (b[1:-1] == 48) & ~digit[:-2]).any():  # a leading zero ("01" is not JSON)
-        raise _Irregular
-    p = np.flatnonzero(~digit)
+    p = np.flatnonzero((b - np.uint8(48)) >= np.uint8(10))  # the non-digits
     c = b[p]
     gap = np.diff(p)
     has_num = gap > 1
     ends = p[1:][has_num]
     ndig = gap[has_num] - 1
     if ndig.size and int(ndig.max()) > MAX_DIGITS:
+        raise _Irregular
+    if ((b[ends - ndig] == 48) & (ndig > 1)).any():  # a leading zero ("01" is not JSON)
         raise _Irregular
     is_open, is_close, is_nl = c == 91, c == 93, c == 10
     is_comma = c == 44
@@ -139,7 +138,7 @@ def _decode(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     # ids: the 8 bytes ending at each number as one little-endian word, XOR '0' (bytewise digit values), the
     # bytes before the number masked off, then the digits combined pairwise (SWAR)
     words = np.ndarray((b.size - 7,), dtype=np.uint64, buffer=b, strides=(1,))
-    x = words[np.subtract(ends, 8, out=ends)]
+    x = words.take(np.subtract(ends, 8, out=ends))
     x ^= np.uint64(0x3030303030303030)
     x &= _HI[ndig]
     for mask, mul, shift in _SWAR:
