@@ -72,8 +72,8 @@ def main() -> None:
     lm = HFLM(pretrained=model, tokenizer=tok, batch_size=bs)
     ll_requests = [Instance("loglikelihood", {}, (tok.decode(t[:1]), tok.decode(t[1:])), i)
                    for i, t in enumerate(items)]
-    gen_requests = [Instance("generate_until", {}, (tok.decode(t[:P]), {"until": [], "max_gen_toks": new,
-                                                                         "do_sample": False}), i)
+    greedy = {"until": [], "max_gen_toks": new, "do_sample": False}
+    gen_requests = [Instance("generate_until", {}, (tok.decode(t[:P]), dict(greedy)), i)
                     for i, t in enumerate(mem_items)]
     reencoded = sum(len(lm.tok_encode(r.args[0])) + len(lm.tok_encode(r.args[1])) for r in ll_requests)
 
