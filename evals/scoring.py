@@ -3,6 +3,7 @@ plan item labels."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, List, Sequence
 
 import numpy as np
@@ -68,8 +69,10 @@ def token_losses(model: Any, sequences: Sequence[np.ndarray], batch_size: int) -
 def greedy_decode(model: Any, prompts: torch.Tensor, steps: int) -> torch.Tensor:
     """Greedy (argmax) continuation of equal-length prompts, with the model's KV cache.
 
-    A plain loop rather than ``model.generate``: no stopping criteria (EOS does not end decoding), no
-    sampling, ties broken towards the lowest token id, so it is deterministic for a given model.
+    The prompt goes through the LM head at its last position only (``logits_to_keep=1`` where the model's
+    ``forward`` takes it, as ``generate`` does). A plain loop rather than ``model.generate``: no stopping
+    criteria (EOS does not end decoding), no sampling, ties broken towards the lowest token id, so it is
+    deterministic for a given model.
 
     :param prompts: int64 ``(batch, prefix_length)`` token ids, no padding.
     :param steps: tokens to generate (``>= 1``).
@@ -78,7 +81,10 @@ def greedy_decode(model: Any, prompts: torch.Tensor, steps: int) -> torch.Tensor
     device = model_device(model)
     ids = prompts.to(device)
     mask = torch.ones_like(ids)
-    out = model(input_ids=ids, attention_mask=mask, use_cache=True)
+    # the prompt's last position only through the LM head, as ``generate`` does (``logits_to_keep``, where the
+    # model takes it): the other prompt positions' logits are never read
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    out = model(input_ids=ids, attention_mask=mask, use_cache=True, **keep)
     generated = [out.logits[:, -1].argmax(dim=-1)]
     for _ in range(steps - 1):
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
