@@ -23,31 +23,33 @@ def plan_item_rows(plan: Any) -> List[dict]:
 
 
 def _padded_batches(model: Any, seqs: List[np.ndarray], batch_size: int, min_length: int):
-    """Forward ``seqs`` (int64 arrays) in batches of ``batch_size``, longest first, right-padded with an
-    ``attention_mask``; sequences shorter than ``min_length`` are skipped. Yields ``(indices into seqs,
-    ids (b, width) on the model's device, logits (b, width, vocab))`` per batch."""
+    """Forward ``seqs`` (int64 arrays) in batches of ``batch_size``, longest first, right-padded; sequences shorter
+    than ``min_length`` are skipped. Yields ``(indices into seqs, ids (b, width) on the model's device, logits
+    (b, width, vocab))`` per batch; only the logits of real (unpadded) positions are meaningful.
+
+    No ``attention_mask``: under causal attention a real token never sees the padding to its right, and the
+    positions of real tokens are ``0..n-1`` either way, so their logits are those of the unpadded sequence (and
+    the model takes its plain causal path, as lm-eval's ``HFLM`` scores)."""
     device = model_device(model)
     order = [i for i in sorted(range(len(seqs)), key=lambda i: -seqs[i].size) if seqs[i].size >= min_length]
     for b in range(0, len(order), batch_size):
         idx = order[b:b + batch_size]
         width = seqs[idx[0]].size
         ids = torch.zeros((len(idx), width), dtype=torch.long)
-        mask = torch.zeros((len(idx), width), dtype=torch.long)
         for r, i in enumerate(idx):
             ids[r, :seqs[i].size] = torch.from_numpy(seqs[i])
-            mask[r, :seqs[i].size] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        yield idx, ids, model(input_ids=ids, attention_mask=mask).logits
+        ids = ids.to(device)
+        yield idx, ids, model(input_ids=ids).logits
 
 
 @torch.no_grad()
 def token_losses(model: Any, sequences: Sequence[np.ndarray], batch_size: int) -> List[np.ndarray]:
     """Per-token cross-entropy of each sequence under a causal LM (teacher forcing).
 
-    Sequences are sorted by length, batched ``batch_size`` at a time with right padding and an
-    ``attention_mask`` (causal attention means real tokens never see the padding), and scored with
-    ``model(input_ids=..., attention_mask=...).logits``. The loss is taken one row at a time on float32
-    logits, so no full-vocabulary log-softmax of the whole batch is materialized beyond the model's logits.
+    Sequences are sorted by length, batched ``batch_size`` at a time with right padding (causal attention means
+    real tokens never see the padding, so no ``attention_mask``), and scored with ``model(input_ids=...).logits``.
+    The loss is taken one row at a time on float32 logits, so no full-vocabulary log-softmax of the whole batch is
+    materialized beyond the model's logits.
 
     :param sequences: token ids, each an integer array of shape ``(n_i,)``.
     :returns: for each sequence (input order) a float32 array of shape ``(max(n_i - 1, 0),)``: entry ``t`` is
@@ -100,8 +102,8 @@ def continuation_scores(model: Any, contexts: Sequence[Sequence[int]], continuat
     """Log-probabilities of each continuation after its context, and whether greedy decoding from the context
     would produce it (teacher forcing, one forward pass per batch).
 
-    ``context + continuation`` is scored like :func:`token_losses` (length-sorted batches, right padding with an
-    ``attention_mask``, float32 log-softmax one row at a time). Greedy decoding from the context starts with the
+    ``context + continuation`` is scored like :func:`token_losses` (length-sorted batches, right padding,
+    float32 log-softmax one row at a time). Greedy decoding from the context starts with the
     continuation exactly when, at every continuation position, the argmax of the logits given the context and
     the continuation so far is the next continuation token; so ``greedy`` is that argmax test, with ties
     broken towards the lowest token id as in :func:`greedy_decode`.
