@@ -75,11 +75,24 @@ class LmEvalConf:
             raise ConfigError(f"{KEY}.limit", f"must be >= 1, got {self.limit}")
 
 
-@functools.lru_cache(maxsize=1)
-def _stock_index() -> Dict[str, Any]:
+#: the folder of the installed lm_eval package's ``tasks/`` that holds a stock task's YAML (indexing only that
+#: folder takes a fraction of a second; lm-eval's full index takes tens of seconds)
+_TASK_FOLDERS = {"social_iqa": "siqa", "copa": "super_glue/copa", "arc_challenge": "arc", "arc_easy": "arc"}
+
+
+def _task_folder(name: str) -> str:
+    if name.startswith("mmlu_"):
+        return "mmlu/continuation" if name.endswith("_continuation") else "mmlu/default"
+    return _TASK_FOLDERS.get(name, name)
+
+
+@functools.lru_cache(maxsize=None)
+def _stock_index(folder: str) -> Dict[str, Any]:
+    import lm_eval.tasks
     from lm_eval.tasks import TaskManager
 
-    return TaskManager().task_index
+    root = Path(lm_eval.tasks.__file__).parent
+    return TaskManager(include_defaults=False, include_path=str(root / folder)).task_index
 
 
 def stock_task_config(name: str, cache_dir: str | Path | None = None) -> Dict[str, Any]:
@@ -93,7 +106,7 @@ def stock_task_config(name: str, cache_dir: str | Path | None = None) -> Dict[st
 
     if name not in LOCAL_DATA:
         raise ConfigError(f"{KEY}.tasks", f"no local data for lm-eval task {name!r}; allowed: {ALLOWED}")
-    entry = _stock_index().get(name)
+    entry = _stock_index(_task_folder(name)).get(name)
     if entry is None or entry.yaml_path is None:
         raise ConfigError(f"{KEY}.tasks", f"lm-eval has no task {name!r}")
     folder, split = LOCAL_DATA[name]

@@ -58,13 +58,21 @@ def print_report(rep: dict) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m pretrain_exp.report <run or sweep dir> [--out DIR]``; returns the exit status: 0 if at least
+    """``python -m pretrain_exp.report <run or sweep dir> [--out DIR]`` (or ``export-lm-eval ...``,
+    :func:`pretrain_exp.report.lm_eval_export.main`); returns the exit status: 0 if at least
     one job has results, 1 if none has (the report of the failures is still written), 2 if the dir holds no
     jobs (one ``error: ...`` line)."""
     import argparse
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["export-lm-eval"]:
+        from pretrain_exp.report.lm_eval_export import main as export_main
+
+        return export_main(argv[1:])
     parser = argparse.ArgumentParser(
         prog="python -m pretrain_exp.report",
+        epilog="python -m pretrain_exp.report export-lm-eval <run dir> <out dir>: the run's inserted items as an "
+               "lm-eval task directory (see --help there).",
         description="Tables and plots of every job of a sweep (or of one run): report.csv, report.md and "
                     "effect_vs_dup.png, plus the failed jobs with the last error line of their logs.")
     parser.add_argument("dir", type=Path, help="a sweep dir (hydra.sweep.dir) or a run dir")
