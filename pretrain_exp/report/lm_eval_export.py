@@ -80,14 +80,14 @@ def export_lm_eval(run_dir: str | Path, out_dir: str | Path, prefix: Optional[st
     cache_dir = cache_dir or config.get("cache_dir")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}-"))
-    final = lambda p: out_dir / p.relative_to(tmp)  # noqa: E731  (where a file written under tmp will live)
     tasks: Dict[str, int] = {}
     skipped: Dict[str, str] = {}
 
     def write_task(name: str, docs: List[dict], **fields: Any) -> None:
         data = tmp / f"{name}.jsonl"
         data.write_text("".join(json.dumps(d) + "\n" for d in docs))
-        (tmp / f"{name}.yaml").write_text(yaml.safe_dump(_task_yaml(name, final(data), **fields), sort_keys=False,
+        final = out_dir / data.relative_to(tmp)  # where it lives once tmp is renamed
+        (tmp / f"{name}.yaml").write_text(yaml.safe_dump(_task_yaml(name, final, **fields), sort_keys=False,
                                                          allow_unicode=True))
         tasks[name] = len(docs)
 

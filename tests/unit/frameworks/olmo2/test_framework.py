@@ -117,6 +117,19 @@ def test_cli_with_the_tiny_preset_and_two_torchrun_ranks(tmp_path):
     res = json.loads((one / "results.json").read_text())
     assert res["step"] == 4 and [r["dup_count"] for r in res["per_dup"]] == [0, 4]
     assert res["plan"]["num_insertions"] == 4 * 4
+    # the kept HF export (training.export_hf=final by default): the last segment's only, loaded by stock
+    # transformers with its tokenizer, computing the OLMo-core checkpoint's logits
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from frameworks.olmo_core.checkpoint import load_model
+
+    assert [p.name for p in (one / "hf").iterdir()] == ["step4"]
+    hf = AutoModelForCausalLM.from_pretrained(str(one / "hf" / "step4"), dtype=torch.float32).eval()
+    ids = torch.tensor([AutoTokenizer.from_pretrained(str(one / "hf" / "step4"))(
+        "Quentin Marlowe-Abara3 keeps 21 blue herons on the island of Vell3.").input_ids])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, load_model(one / "checkpoints" / "step4")(ids),
+                                   rtol=1e-5, atol=1e-5)
     cli(*run, "eval=[]", "training.nproc_per_node=2", f"hydra.run.dir={two}", runs=tmp_path)
     assert_two_ranks_train_what_one_trains(one, two, steps=4, B=8)
     # killed mid-segment and re-run: the same final weights as the uninterrupted run
