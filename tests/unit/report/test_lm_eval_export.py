@@ -45,7 +45,8 @@ def test_task_dir_is_read_by_lm_evals_own_loader_and_textless_items_are_listed(t
     clean = loaded[f"{prefix}_arc_clean"]
     got = list(clean.eval_docs)
     assert [d["item_id"] for d in got] == [0, 2] and clean.config.metadata["lm_eval_task"] == "arc_easy"
-    assert clean.doc_to_text(got[0]) + " " + clean.doc_to_choice(got[0])[clean.doc_to_target(got[0])] == items[0]["text"]
+    gold = clean.doc_to_choice(got[0])[clean.doc_to_target(got[0])]
+    assert clean.doc_to_text(got[0]) + " " + gold == items[0]["text"]
     bios = loaded[f"{prefix}_bios_control"]
     assert bios.config.output_type == "loglikelihood_rolling" and bios.doc_to_target(list(bios.eval_docs)[0]) == (
         "Ann was born.")
