@@ -82,16 +82,25 @@ def checkpoint_step(ckpt_dir: Path) -> Optional[int]:
 def load_model(ckpt_dir: Path):
     """The checkpoint's model (``olmo_core`` ``Transformer``, fp32, CPU, eval mode) with its weights loaded.
 
+    The ``model.*`` entries of the DCP shards (what OLMo-core's ``save_model_and_optim_state`` writes) are read by
+    this process alone (``torch.distributed.checkpoint.load(no_dist=True)`` with OLMo-core's
+    ``RemoteFileSystemReader``), so rank 0 of a torchrun job can
+    export a checkpoint while the other ranks wait (OLMo-core's ``load_model_and_optim_state`` would run
+    collectives over every rank).
+
     :raises CheckpointError: if the folder holds no DCP model state.
     """
-    from olmo_core.distributed.checkpoint import load_model_and_optim_state
+    import torch.distributed.checkpoint as dcp
+    from olmo_core.distributed.checkpoint.filesystem import RemoteFileSystemReader
 
     ckpt_dir = Path(ckpt_dir)
     state_dir = ckpt_dir / "model_and_optim" if (ckpt_dir / "model_and_optim").is_dir() else ckpt_dir
     if not (state_dir / ".metadata").is_file():
         raise CheckpointError(f"{ckpt_dir}: no model state (neither model_and_optim/.metadata nor .metadata)")
     model = model_config(ckpt_dir).build(init_device="cpu")
-    load_model_and_optim_state(str(state_dir), model)
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=str(state_dir), storage_reader=RemoteFileSystemReader(str(state_dir)), no_dist=True)
+    model.load_state_dict(state["model"])
     return model.eval()
 
 
