@@ -23,6 +23,18 @@ CACHE_DIR = Path(os.environ.get("PRETRAIN_EXP_CACHE", Path.home() / ".cache" / "
 
 register_configs()
 
+# Hypothesis example counts: small by default (the fast tier), more with HYPOTHESIS_PROFILE=ci (.ci/run sets it)
+try:
+    from hypothesis import HealthCheck, settings
+except ImportError:  # the dev extra is not installed: the property tests skip themselves
+    pass
+else:
+    _slow_ok = [HealthCheck.too_slow, HealthCheck.data_too_large]
+    settings.register_profile("fast", max_examples=25, deadline=None, derandomize=True, database=None,
+                              suppress_health_check=_slow_ok)
+    settings.register_profile("ci", max_examples=150, deadline=None, suppress_health_check=_slow_ok)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
+
 
 def compose(*overrides: str, run_dir: str | Path = "/nonexistent-run-dir"):
     """The composed ``DictConfig`` for ``overrides`` (``run_dir`` replaces Hydra's runtime output dir)."""

@@ -222,6 +222,7 @@ class Experiment:
             else:
                 pending[name] = task
         if pending:
+            log.info("evaluating step %d: %s", ckpt.step, ", ".join(pending))
             with self._hf_dir(ckpt) as hf_dir:
                 model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
                 ctx = EvalContext(model, self.tokenizer, self.plan, self.held_out, ckpt.step, self.cfg.eval.batch_size,

@@ -1,0 +1,212 @@
+"""Property tests (Hypothesis) of the insertion engine: random experiments (lengths, dup counts as ints, fractions
+and lists, random/range/explicit placement with steps, every-n-steps and max-per-batch, several experiments in one
+run) either give a plan whose invariants hold, or are refused with one clear error naming the experiment's key.
+
+Invariants of a plan: spans sorted and non-overlapping, inside the training window and the placement's rows, in
+one row unless the experiment allows crossing, exactly ``dup_count`` copies of each item (dup indices
+``0..d-1``), the items' tokens stored unchanged, :meth:`Plan.apply` writes exactly the planned tokens, the same
+inputs give the same digest, ``save -> load`` keeps the digest, and ``without()`` keeps every other span where
+it was.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from hypothesis import event, given
+from hypothesis import strategies as st
+
+from pretrain_exp.core.errors import ConfigError, InsertionError
+from pretrain_exp.data.order import step_window
+from pretrain_exp.insertion.items import ItemSet, assign_dup_counts, experiment_rng
+from pretrain_exp.insertion.plan import Plan, build_plan
+from pretrain_exp.insertion.schema import EosPolicy, PlacementConf, PlacementKind, RangeUnit
+from pretrain_exp.insertion.types.tokens import TokensConf
+
+VOCAB = 1000
+_DIR = Path(tempfile.mkdtemp(prefix="plan-properties."))
+atexit.register(shutil.rmtree, _DIR, True)
+
+
+@st.composite
+def runs(draw):
+    """``(L, B, window, {name: (conf, token lists, explicit positions or None)}, seed)``: mostly valid specs
+    (each experiment is made invalid in one of several ways with probability 1/6)."""
+    L = draw(st.integers(2, 24), label="L")
+    B = draw(st.integers(1, 4), label="B")
+    S = draw(st.integers(0, 3), label="start step")
+    n_steps = draw(st.integers(1, 6), label="steps")
+    window = step_window(S, n_steps, L, B)
+    first_row, end_row = window[0] // L, window[1] // L
+    names = draw(st.lists(st.sampled_from(["alpha", "beta", "gamma"]), min_size=1, max_size=3, unique=True))
+    free_rows = list(range(first_row, end_row))  # rows not yet used by an explicit experiment
+    exps = {}
+    for name in names:
+        n = draw(st.integers(1, 5), label=f"{name} items")
+        bad = draw(st.sampled_from([None] * 5 + ["reps", "steps", "every", "length", "range", "explicit"]),
+                   label=f"{name} made invalid")
+        max_len = L + 2 if bad == "length" else max(1, L // 2)
+        token_lists = [draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=max_len)) for _ in range(n)]
+        kind = draw(st.sampled_from(list(PlacementKind)), label=f"{name} placement")
+        pl = PlacementConf(kind=kind)
+        reps, positions = 1, None
+        if kind == PlacementKind.explicit:
+            positions = []
+            for tokens in token_lists:
+                k = draw(st.integers(0, min(2, len(free_rows))), label="copies")
+                rows = draw(st.permutations(free_rows))[:k] if k else []
+                free_rows = [r for r in free_rows if r not in rows]
+                positions.append([r * L + draw(st.integers(0, max(0, L - len(tokens)))) for r in rows])
+            if bad == "explicit":  # outside the window, or overlapping another copy
+                positions[0].append(draw(st.sampled_from([window[0] - 1, window[1], *(positions[0][:1] * 2)])))
+            pl.allow_row_crossing = draw(st.booleans())
+        else:
+            reps = draw(st.one_of(st.integers(0, 3), st.floats(0, 3, allow_nan=False).map(lambda x: round(x, 2)),
+                                  st.lists(st.integers(0, 3), min_size=1, max_size=n)), label=f"{name} repetitions")
+            if bad == "reps":
+                reps = draw(st.sampled_from([-1, float("nan"), float("inf"), [], [1, -2], [0] * (n + 1), "two"]))
+            if kind == PlacementKind.range:
+                if draw(st.booleans(), label="fraction unit"):
+                    a, b = sorted(draw(st.lists(st.sampled_from([0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0]),
+                                                min_size=2, max_size=2, unique=True)))
+                    pl.start, pl.end = (b, a) if bad == "range" else (a, b)
+                else:
+                    pl.unit = RangeUnit.position
+                    a = draw(st.integers(first_row, end_row - 1))
+                    b = draw(st.integers(a + 1, end_row))
+                    pl.start, pl.end = float(a * L), float(b * L)
+                    if bad == "range":
+                        pl.start, pl.end = draw(st.sampled_from([(pl.start + 1, pl.end), (pl.start - L, pl.end),
+                                                                 (pl.start, pl.end + L)]))
+            sel = draw(st.sampled_from(["all", "steps", "every"]), label="step selection")
+            if sel == "steps":
+                pl.steps = draw(st.lists(st.integers(S + 1, S + n_steps), min_size=1, max_size=3))
+            if sel == "every":
+                pl.every_n_steps = draw(st.integers(1, 3))
+            if bad == "steps":
+                pl.steps = draw(st.sampled_from([[0], [S + n_steps + 1], [S]]))
+            if bad == "every":
+                pl.steps, pl.every_n_steps = draw(st.sampled_from([([], -1), ([S + 1], 2), ([], n_steps + 1)]))
+            pl.max_per_batch = draw(st.integers(-1 if bad else 0, 3))
+        exps[name] = (TokensConf(file="items.jsonl", eos=EosPolicy.none, repetitions=reps, placement=pl),
+                      token_lists, positions)
+    return L, B, window, exps, draw(st.integers(0, 2**32 - 1), label="seed")
+
+
+def build(L, B, window, exps, seed):
+    """Validate every experiment, assign dup counts and build the plan (the engine's path for loaded items)."""
+    items, confs = {}, {}
+    for name, (conf, token_lists, positions) in exps.items():
+        key = f"insertion.experiments.{name}"
+        conf.validate(key)
+        if positions is not None:
+            dups = [len(p) for p in positions]
+        else:
+            dups = assign_dup_counts(len(token_lists), conf.repetitions, experiment_rng(seed, name), f"{key}.repetitions")
+        items[name] = ItemSet.from_token_lists(name, token_lists, dups, positions=positions,
+                                               sources=[f"{name}.jsonl:{i + 1}" for i in range(len(token_lists))])
+        confs[name] = conf
+    return items, build_plan(items, confs, window, L, B, seed, VOCAB)
+
+
+def check_plan(plan: Plan, items, exps, L, B, window) -> None:
+    pos, ends = plan.positions, plan.ends
+    assert (np.diff(pos) >= 0).all(), "spans not sorted"
+    assert (pos[1:] >= ends[:-1]).all(), "overlapping spans"
+    assert (pos >= window[0]).all() and (ends <= window[1]).all(), "span outside the window"
+    names = sorted(items)
+    assert plan.experiments == names
+    first = 0
+    for name in names:
+        conf, token_lists, positions = exps[name]
+        k = names.index(name)
+        for i, tokens in enumerate(token_lists):
+            gid = first + i
+            np.testing.assert_array_equal(plan.item_tokens(gid), tokens)
+            assert plan.item_experiment[gid] == k
+            mine = np.flatnonzero(plan.item_ids == gid)
+            assert mine.size == plan.item_dup_count[gid] == items[name].dup_counts[i], "copy count"
+            assert sorted(plan.dup_index[mine].tolist()) == list(range(mine.size))
+            if positions is not None:
+                assert sorted(pos[mine].tolist()) == sorted(positions[i])
+        span = np.flatnonzero(plan.item_experiment[plan.item_ids] == k)
+        s, e = pos[span], ends[span]
+        pl = conf.placement
+        if not pl.allow_row_crossing:
+            assert (s // L == (e - 1) // L).all(), "span crosses a row"
+        if pl.kind != PlacementKind.explicit:
+            rows = s // L
+            if pl.kind == PlacementKind.range and pl.unit == RangeUnit.position:
+                assert ((rows >= pl.start // L) & (rows < pl.end // L)).all(), "span outside the range"
+            steps = rows // B + 1
+            if pl.steps:
+                assert np.isin(steps, pl.steps).all(), "span outside placement.steps"
+            if pl.every_n_steps:
+                assert ((steps - window[0] // (L * B)) % pl.every_n_steps == 0).all(), "span off every_n_steps"
+            if pl.max_per_batch and steps.size:
+                assert np.bincount(steps).max() <= pl.max_per_batch, "more than max_per_batch in a batch"
+        first += len(token_lists)
+    # apply writes exactly the planned tokens, row by row
+    for q in plan.affected_rows()[:8]:
+        row = np.full(L, -1, dtype=np.int64)
+        plan.apply(int(q), row)
+        for i in np.flatnonzero((pos < (q + 1) * L) & (ends > q * L)):
+            a, b = max(pos[i], q * L), min(ends[i], (q + 1) * L)
+            toks = plan.item_tokens(int(plan.item_ids[i]))
+            np.testing.assert_array_equal(row[a - q * L:b - q * L], toks[a - pos[i]:b - pos[i]])
+
+
+def clear_refusal(e: Exception, exps) -> None:
+    """The error names one of the experiments (its key, or an item of it)."""
+    assert isinstance(e, (ConfigError, InsertionError)), f"{type(e).__name__}: {e}"
+    assert any(f"insertion.experiments.{n}" in str(e) for n in exps), str(e)
+    event(f"refused: {type(e).__name__}")
+
+
+@given(run=runs())
+def test_a_plan_holds_its_invariants_or_the_spec_is_refused_clearly(run):
+    L, B, window, exps, seed = run
+    try:
+        items, plan = build(L, B, window, exps, seed)
+    except (ConfigError, InsertionError) as e:
+        clear_refusal(e, exps)
+        return
+    event("plan built" if plan.num_insertions else "plan built (no copies)")
+    check_plan(plan, items, exps, L, B, window)
+    # deterministic for a seed
+    assert build(L, B, window, exps, seed)[1].digest() == plan.digest()
+    # save -> load keeps every array
+    path = Path(tempfile.mkdtemp(dir=_DIR)) / "plan.npz"
+    plan.save(path)
+    assert Plan.load(path).digest() == plan.digest()
+
+
+@given(run=runs(), data=st.data())
+def test_without_keeps_every_other_span_where_it_was(run, data):
+    L, B, window, exps, seed = run
+    try:
+        _, plan = build(L, B, window, exps, seed)
+    except (ConfigError, InsertionError) as e:
+        clear_refusal(e, exps)
+        return
+    assert plan.without([]).digest() == plan.digest()
+    gone = data.draw(st.lists(st.sampled_from(plan.experiments), unique=True), label="withheld")
+    rest = plan.without(gone)
+    assert rest.experiments == [n for n in plan.experiments if n not in gone]
+    kept = ~np.isin(np.asarray(plan.experiments)[plan.item_experiment[plan.item_ids]], gone) if plan.num_insertions \
+        else np.zeros(0, bool)
+    np.testing.assert_array_equal(rest.positions, plan.positions[kept])
+    np.testing.assert_array_equal(rest.lengths, plan.lengths[kept])
+    np.testing.assert_array_equal(rest.dup_index, plan.dup_index[kept])
+    for i in range(rest.num_insertions):
+        np.testing.assert_array_equal(rest.item_tokens(int(rest.item_ids[i])),
+                                      plan.item_tokens(int(plan.item_ids[np.flatnonzero(kept)[i]])))
+    # the kept experiments' plan does not depend on what else was withheld
+    assert rest.without([]).digest() == rest.digest()
+    assert plan.without(plan.experiments).num_items == 0
+    for name in gone:
+        assert rest.digest() == plan.without([name]).without([n for n in gone if n != name]).digest()
