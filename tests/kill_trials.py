@@ -6,9 +6,9 @@ watched while it runs: its log lines (``pretrain_exp.log`` and the process outpu
 the files appearing under its run dir mark **events** (plan building, verification, each training segment, each
 checkpoint write, each eval, the results), and the intervals between consecutive events are the **phases** of its
 timeline (``startup`` is the interval before the first event). Trial ``i`` draws a phase (a seeded permutation
-of the phases, so ``N >= len(phases)`` trials hit every phase) and a uniform fraction ``u`` of its duration; the
-trial's run is SIGKILLed (the whole process tree: the CLI, torchrun and its ranks) ``u * duration`` seconds after
-it reaches that phase's starting event.
+of the phases, so ``N >= len(phases)`` trials hit every phase; by default ``N`` is one per phase, at least 10)
+and a uniform fraction ``u`` of its duration; the trial's run is SIGKILLed (the whole process tree: the CLI,
+torchrun and its ranks) ``u * duration`` seconds after it reaches that phase's starting event.
 
 Trials share a run dir in **chains**: the trials of a chain are sorted by phase, each run of the chain resumes the
 run dir the previous kill left, and after the last kill the run is completed. Every kill gets its own comparison:
@@ -50,6 +50,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 POLL_S = 0.01
+MIN_TRIALS = 10  #: trials per setup by default: one per phase, at least this many
 
 _COMMON = ["training.num_steps=4", "training.checkpoint_interval=2", "training.num_threads=1",
            "training.keep_last_checkpoints=0", "insertion.experiments.fictional_bios.num_items=4",
@@ -93,19 +94,17 @@ LOG_EVENTS = [
 def _fs_label(rel: str) -> Optional[str]:
     """The event label of a file created or modified at ``rel`` (relative to the run dir), if it marks one."""
     parts = rel.split("/")
-    if parts[0] == "checkpoints" and len(parts) > 1:
-        return f"checkpoint write {parts[1]}"
-    if parts[0] == "evals" and len(parts) == 3:
-        return f"eval written {parts[1]}"
+    if parts[0] == "checkpoints" and len(parts) > 1:  # OLMo-core writes step<N>-tmp/, then renames it
+        return f"checkpoint write {parts[1].removesuffix('-tmp')}"
     if rel == "results.json":
         return "results"
     return None
 
 
 def _scan(run_dir: Path) -> Dict[str, int]:
-    """``{relative path: mtime_ns}`` of the files under ``checkpoints/``, ``evals/`` and ``results.json``."""
+    """``{relative path: mtime_ns}`` of the files under ``checkpoints/`` and ``results.json``."""
     out = {}
-    for sub in ("checkpoints", "evals"):
+    for sub in ("checkpoints",):
         for dirpath, _, files in os.walk(run_dir / sub):
             for f in files:
                 p = os.path.join(dirpath, f)
@@ -265,9 +264,10 @@ def _env(work: Path) -> Dict[str, str]:
 
 def run_watched(setup: Setup, run_dir: Path, out_path: Path, env: Dict[str, str], spawn: bool,
                 kill_after: Optional[Tuple[str, float]] = None, timeout: float = 900,
-                ) -> Tuple[Optional[float], Watch, int]:
+                hook: Optional[Tuple[str, Callable[[], None]]] = None) -> Tuple[Optional[float], Watch, int]:
     """Run ``setup`` in ``run_dir`` while watching its events; with ``kill_after=(label, seconds)`` SIGKILL it
-    ``seconds`` after the event ``label`` (``"startup"``: the start of the run).
+    ``seconds`` after the event ``label`` (``"startup"``: the start of the run); with ``hook=(label, fn)`` call
+    ``fn()`` once as soon as event ``label`` is seen.
 
     :returns: ``(kill time in seconds since start or None if it ended first, watch, exit status)``.
     """
@@ -277,6 +277,9 @@ def run_watched(setup: Setup, run_dir: Path, out_path: Path, env: Dict[str, str]
     while True:
         watch.poll()
         now = time.monotonic() - run.t0
+        if hook is not None and hook[0] in watch.seen:
+            hook[1]()
+            hook = None
         if kill_after is not None:
             label, delay = kill_after
             at = (0.0 if label == "startup" else watch.seen.get(label, float("inf"))) + delay
@@ -531,7 +534,8 @@ class Report:
 
 def run_trials(name: str, n: int, work: Path, seed: int = 0, spawn: bool = False,
                log: Callable[[str], None] = print) -> Report:
-    """The reference run and ``n`` kill trials of setup ``name`` under ``work`` (module docstring)."""
+    """The reference run and ``n`` kill trials of setup ``name`` under ``work`` (module docstring); ``n = 0``:
+    one per phase of the reference timeline, at least :data:`MIN_TRIALS`."""
     setup = SETUPS[name]
     t_start = time.monotonic()
     work.mkdir(parents=True, exist_ok=True)
@@ -544,6 +548,7 @@ def run_trials(name: str, n: int, work: Path, seed: int = 0, spawn: bool = False
                            f"{(work / f'{name}-reference.out').read_text()[-3000:]}")
     ref = Reference(setup, ref_dir)
     phases = phases_of(watch.events)
+    n = n or max(MIN_TRIALS, len(phases))
     log(f"{name}: reference run {watch.events[-1][0]:.1f} s; phases: " + ", ".join(
         f"{p.name} {p.duration:.2f}s" for p in phases))
     trials: List[Trial] = []
@@ -585,12 +590,88 @@ def run_trials(name: str, n: int, work: Path, seed: int = 0, spawn: bool = False
                 f"{t.landed_in!r}; state {'identical' if not bad else bad}")
         out = run_dir.parent / f"{run_dir.name}-final.out"
         _, _, rc = run_watched(setup, run_dir, out, env, spawn)
-        bad = [f"the re-run failed (exit {rc}): {out.read_text()[-2000:]}"] if rc != 0 else ref.final_mismatches(run_dir)
+        bad = ([f"the re-run failed (exit {rc}): {out.read_text()[-2000:]}"] if rc != 0
+               else ref.final_mismatches(run_dir))
         for t in trials:
             if t.chain == chain[0].chain and t.completed_ok is None:
                 t.completed_ok = not bad
                 t.problems += [f"after completion: {b}" for b in bad]
     return Report(name, sorted(trials, key=lambda t: t.index), phases, time.monotonic() - t_start)
+
+
+# --- disk full --------------------------------------------------------------------------------------------------
+
+
+def fill(mount: Path, leave: int = 0) -> Path:
+    """Fill the filesystem at ``mount`` with a file of zeros until about ``leave`` bytes are free; returns it."""
+    filler = mount / "filler"
+    block = b"\0" * (1 << 20)
+    with open(filler, "ab") as f:
+        try:
+            while (free := shutil.disk_usage(mount).free) > leave:
+                f.write(block[:max(1, min(len(block), free - leave))])
+                f.flush()
+        except OSError:  # full
+            pass
+    return filler
+
+
+def mount_tmpfs(path: Path, size_mb: int) -> Optional[str]:
+    """Mount a ``size_mb`` MiB tmpfs at ``path``; ``None``, or why it cannot be done here."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "mounting a size-limited tmpfs needs root"
+    path.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(path)],
+                          capture_output=True, text=True)
+    return None if proc.returncode == 0 else f"mount -t tmpfs failed: {proc.stderr.strip()}"
+
+
+def _error_lines(out: Path) -> List[str]:
+    return [line for line in out.read_text(errors="replace").splitlines() if line.startswith("error:")]
+
+
+def disk_full_trials(work: Path, spawn: bool = False, size_mb: int = 64, log: Callable[[str], None] = print) -> dict:
+    """The hf setup on a ``size_mb`` MiB tmpfs, the disk filled (1) while the step-2 eval is written and (2) while
+    the step-4 checkpoint is written, each run checked (exit status, its ``error:`` lines, the run dir's durable
+    state against an uninterrupted reference run: the step-2 checkpoint intact), then (3) the filler removed and
+    the same command re-run to the end, compared with the reference.
+
+    :returns: ``{"skipped": why}`` where no tmpfs can be mounted, else per case ``rc``, ``errors`` (the
+        ``error:`` lines), ``state`` (mismatches with the reference) and ``step2_intact``, and ``final``
+        (mismatches of the completed re-run).
+    """
+    setup = SETUPS["hf"]
+    work.mkdir(parents=True, exist_ok=True)
+    mount = work / "mnt"
+    why = mount_tmpfs(mount, size_mb)
+    if why:
+        return {"skipped": why}
+    try:
+        env = _env(work)
+        ref_dir = work / "reference"
+        _, _, rc = run_watched(setup, ref_dir, work / "reference.out", env, spawn)
+        if rc != 0:
+            raise RuntimeError(f"the reference run failed: {(work / 'reference.out').read_text()[-3000:]}")
+        ref = Reference(setup, ref_dir)
+        run_dir = mount / "run"
+        res: dict = {}
+        for case, label, leave in (("eval", "eval step 2", 0), ("checkpoint", "training 2->4", 1 << 20)):
+            out = work / f"{case}.out"
+            _, _, rc = run_watched(setup, run_dir, out, env, spawn, hook=(label, lambda: fill(mount, leave)))
+            step2, ref2 = (d / "checkpoints" / "checkpoint-2" for d in (run_dir, ref_dir))
+            res[case] = {"rc": rc, "errors": _error_lines(out), "state": ref.state_mismatches(run_dir),
+                         "tracebacks": out.read_text(errors="replace").count("Traceback"),
+                         "step2_intact": (step2 / setup.complete_marker).is_file()
+                         and ref.digests(step2) == ref.digests(ref2)}
+            log(f"disk full while writing the {case}: exit {rc}, {res[case]['errors']}")
+            (mount / "filler").unlink()
+        out = work / "final.out"
+        _, _, rc = run_watched(setup, run_dir, out, env, spawn)
+        res["final"] = {"rc": rc, "mismatches": ref.final_mismatches(run_dir) if rc == 0 else _error_lines(out)}
+        log(f"re-run after freeing space: exit {rc}, {res['final']['mismatches'] or 'identical to the reference'}")
+        return res
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
 def _preimport() -> None:
@@ -619,15 +700,27 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Command line (module docstring); exit status 0 when every trial is bit-identical."""
     p = argparse.ArgumentParser(prog="python -m tests.kill_trials", description=__doc__.split("\n\n")[0])
     p.add_argument("--setup", nargs="+", default=list(SETUPS), choices=list(SETUPS))
-    p.add_argument("--trials", type=int, default=int(os.environ.get("KILL_TRIALS", "10")))
+    p.add_argument("--trials", type=int, default=int(os.environ.get("KILL_TRIALS", "0")),
+                   help="trials per setup (default $KILL_TRIALS, else one per phase and at least 10)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", type=Path, default=None, help="working dir (default: a temp dir, removed)")
     p.add_argument("--json", type=Path, default=None, help="write the reports here")
     p.add_argument("--spawn", action="store_true", help="a fresh interpreter per run instead of fork")
+    p.add_argument("--disk-full", action="store_true", help="run the disk-full trials instead (root: tmpfs)")
     args = p.parse_args(argv)
     if not args.spawn:
         _preimport()
     work = args.work or Path(tempfile.mkdtemp(prefix="kill_trials."))
+    if args.disk_full:
+        try:
+            res = disk_full_trials(work / "disk_full", args.spawn)
+        finally:
+            if args.work is None:
+                shutil.rmtree(work, ignore_errors=True)
+        if args.json:
+            args.json.write_text(json.dumps(res, indent=1))
+        print(json.dumps(res, indent=1))
+        return 0
     reports = []
     try:
         for name in args.setup:

@@ -46,7 +46,7 @@ from pretrain_exp.app.tracking import NullTracker, Tracker, config_dict
 from pretrain_exp.core.config import Cleanup, ExportHF
 from pretrain_exp.core.distributed import barrier, is_main_process, world_size
 from pretrain_exp.core.errors import ConfigError, InsertionError, PretrainExpError, TrainingError
-from pretrain_exp.core.io import write_json, write_text
+from pretrain_exp.core.io import disk_full_error, is_disk_full, write_json, write_text
 from pretrain_exp.core.secrets import redact_obj
 from pretrain_exp.data.hf_dataset import tokenize_dataset
 from pretrain_exp.data.order import DataOrder, step_window
@@ -288,7 +288,7 @@ class Experiment:
                     continue
                 if seg_end > ckpt.step:
                     start = ckpt
-                    ckpt = with_retries(lambda: self.framework.train(start, seg_end, self.rows, tracker.log),
+                    ckpt = with_retries(functools.partial(self._train_segment, start, seg_end, tracker),
                                         t.max_retries, t.retry_base_delay_s, f"training steps {start.step}->{seg_end}")
                 if self.main:
                     self.keep_hf_export(ckpt, final=seg_end == end)
@@ -308,6 +308,20 @@ class Experiment:
                                  for name in plots})
         self._cleanup()
         return results
+
+    def _train_segment(self, start: Checkpoint, until_step: int, tracker) -> Checkpoint:
+        """One segment of training; a full disk (which a retry cannot fix) is a :class:`StorageError` naming the
+        checkpoint being written."""
+        try:
+            return self.framework.train(start, until_step, self.rows, tracker.log)
+        except Exception as e:
+            if isinstance(e, PretrainExpError) or not is_disk_full(e):
+                raise
+            named = next((x.filename for x in (e, e.__cause__, e.__context__) if getattr(x, "filename", None)), None)
+            ckpts = Path(getattr(self.framework, "checkpoint_dir", self.run_dir / "checkpoints"))
+            newest = (max(ckpts.iterdir(), key=lambda p: p.stat().st_mtime_ns, default=ckpts) if ckpts.is_dir()
+                      else ckpts)  # the checkpoint being written
+            raise disk_full_error(f"training steps {start.step}->{until_step} wrote", named or newest, e) from e
 
     def _evaluate_on_main(self, ckpt: Checkpoint, tracker) -> Dict[str, dict]:
         """Evaluate on rank 0 while the other ranks wait."""

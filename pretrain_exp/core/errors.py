@@ -42,3 +42,8 @@ class TrainingError(PretrainExpError):
 
 class CheckpointError(PretrainExpError):
     """A checkpoint is missing, incomplete or inconsistent with the run."""
+
+
+class StorageError(PretrainExpError):
+    """A file could not be written because its filesystem is full (``ENOSPC``) or the quota is used up
+    (``EDQUOT``). The message names what was being written, where, and how to go on."""

@@ -8,15 +8,17 @@ would give (``0o666`` minus the umask), not ``mkstemp``'s ``0o600``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
-from typing import IO, Callable, Iterator
+from typing import IO, Callable, Iterator, Optional
 
-from pretrain_exp.core.errors import DataError
+from pretrain_exp.core.errors import DataError, StorageError
 
 
 def _umask() -> int:
@@ -53,21 +55,66 @@ def apply_default_modes(root: str | Path) -> None:
             os.chmod(p, mode)
 
 
+#: errno values of a full filesystem or an exhausted quota
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+#: how engines word a full disk in errors that are not ``OSError`` (safetensors' Rust I/O error, torch's writer)
+_FULL_TEXT = ("No space left on device", "os error 28", "Disk quota exceeded", "os error 122")
+
+
+def free_bytes(path: str | Path) -> Optional[int]:
+    """Free bytes on the filesystem holding ``path`` (or its nearest existing parent); ``None`` if unknown."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """Whether ``err`` (or an error it was raised from) says the filesystem or the quota is full."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in _FULL or any(t in str(err) for t in _FULL_TEXT):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def disk_full_error(doing: str, path: str | Path, err: BaseException) -> StorageError:
+    """The :class:`StorageError` for a full disk while ``doing`` (e.g. ``"writing"``) ``path``: names both, the
+    free space left and how to go on (a re-run of the same command resumes from what was written completely)."""
+    free = free_bytes(path)
+    left = f"{free / 2**20:.1f} MiB free there" if free is not None else "free space unknown"
+    return StorageError(f"no space left on device while {doing} {path} ({left}; {type(err).__name__}: "
+                        f"{' '.join(str(err).split())}); free space or move the run dir, then re-run the same "
+                        "command: it resumes from the last complete checkpoint")
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temp path next to ``path`` for a writer that wants a file name (``savefig``, ``np.save``); renamed to
-    ``path`` when the ``with`` block ends without error, removed otherwise."""
+    ``path`` when the ``with`` block ends without error, removed otherwise.
+
+    :raises StorageError: if the filesystem (or the quota) is full; ``path`` is left as it was.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
-    os.close(fd)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
+        os.close(fd)
         yield Path(tmp)
         os.chmod(tmp, default_mode())
         os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+    except BaseException as e:
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        if is_disk_full(e) and not isinstance(e, StorageError):
+            raise disk_full_error("writing", path, e) from e
         raise
 
 

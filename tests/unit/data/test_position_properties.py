@@ -88,8 +88,8 @@ def test_each_epoch_is_a_permutation_of_whole_chunks(order, data):
     if order.chunk > 1:  # chunks stay together, in order
         starts = perm[::order.chunk]
         assert (starts % order.chunk == 0).all()
-        np.testing.assert_array_equal(perm, np.repeat(starts, order.chunk) + np.tile(np.arange(order.chunk),
-                                                                                   starts.size))
+        within = np.tile(np.arange(order.chunk), starts.size)
+        np.testing.assert_array_equal(perm, np.repeat(starts, order.chunk) + within)
 
 
 @given(B=st.integers(1, 64), data=st.data())

@@ -106,7 +106,8 @@ def build(L, B, window, exps, seed):
         if positions is not None:
             dups = [len(p) for p in positions]
         else:
-            dups = assign_dup_counts(len(token_lists), conf.repetitions, experiment_rng(seed, name), f"{key}.repetitions")
+            dups = assign_dup_counts(len(token_lists), conf.repetitions, experiment_rng(seed, name),
+                                     f"{key}.repetitions")
         items[name] = ItemSet.from_token_lists(name, token_lists, dups, positions=positions,
                                                sources=[f"{name}.jsonl:{i + 1}" for i in range(len(token_lists))])
         confs[name] = conf

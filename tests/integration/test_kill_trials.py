@@ -1,0 +1,106 @@
+"""Crash consistency end to end: runs SIGKILLed at seeded random points of every phase and re-run in the same run
+dir end bit-identical to an uninterrupted run (hf, olmo_core, olmo2 and a 2-rank torchrun run), and a full disk
+while an eval or a checkpoint is written gives one clear error, keeps the previous checkpoint and a re-run after
+freeing space finishes with the same results. The harness is :mod:`tests.kill_trials`; ``KILL_TRIALS=N`` sets the
+trials per setup (default: one per phase of the run's timeline, at least 10)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pretrain_exp.core.errors import StorageError
+from pretrain_exp.core.io import is_disk_full, write_text
+from tests.kill_trials import SETUPS, Phase, landed_in, phases_of, plan_trials
+
+ROOT = Path(__file__).resolve().parents[2]
+TRIALS = int(os.environ.get("KILL_TRIALS", "0"))  #: 0: one per phase of the timeline, at least 10
+
+
+def harness(*args: str, out: Path) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "tests.kill_trials", *args, "--json", str(out)], cwd=ROOT,
+                          env=os.environ | {"PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=3000)
+    assert out.is_file(), f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setup", list(SETUPS))
+def test_killed_runs_rerun_to_bit_identical_results(setup, tmp_path):
+    if setup != "hf":
+        pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
+    [rep] = harness("--setup", setup, "--trials", str(TRIALS), "--work", str(tmp_path), out=tmp_path / "r.json")
+    print(f"{setup}: {rep['ok']}/{rep['n']} bit-identical in {rep['seconds']:.0f} s")  # shown with -s / -rA
+    assert rep["n"] == (TRIALS or max(10, len(rep["phases"])))
+    assert all(t["killed_at"] is not None for t in rep["trials"])
+    if rep["n"] >= len(rep["phases"]):  # every phase of the reference timeline was a target
+        assert {t["target"] for t in rep["trials"]} == {p["name"] for p in rep["phases"]}
+    bad = [t for t in rep["trials"] if not t["ok"]]
+    assert not bad, json.dumps(bad, indent=1)
+
+
+@pytest.mark.slow
+def test_a_full_disk_gives_one_clear_error_and_the_rerun_resumes(tmp_path):
+    res = harness("--disk-full", "--work", str(tmp_path), out=tmp_path / "r.json")
+    if "skipped" in res:
+        pytest.skip(res["skipped"])
+    for case, names in (("eval", "evals/step2/insertion_loss.json"), ("checkpoint", "checkpoints/checkpoint-4")):
+        r = res[case]
+        assert r["rc"] == 2 and r["tracebacks"] == 0, (case, r)
+        [line] = r["errors"]
+        assert "no space left on device" in line and names in line and "re-run the same command" in line, line
+        assert r["step2_intact"] and r["state"] == [], (case, r)
+    assert res["final"] == {"rc": 0, "mismatches": []}
+
+
+# --- fast: the harness's timeline arithmetic and the disk-full classification --------------------------------
+
+
+def test_phases_cover_the_timeline_and_trials_visit_every_phase():
+    events = [(1.0, "plan building"), (1.5, "verification"), (3.0, "training 0->2"), (6.0, "exit")]
+    phases = phases_of(events)
+    assert [(p.name, p.start, p.duration) for p in phases] == [
+        ("startup", 0.0, 1.0), ("plan building", 1.0, 0.5), ("verification", 1.5, 1.5),
+        ("training 0->2", 3.0, 3.0)]
+    assert landed_in(events, 0.5) == "startup" and landed_in(events, 2.0) == "verification"
+    chains = plan_trials(phases, 10, seed=3)
+    trials = [t for c in chains for t in c]
+    assert len(trials) == 10 and sorted(t.index for t in trials) == list(range(10))
+    assert len(chains) == 3 and {t.phase.name for t in chains[0]} == {p.name for p in phases}
+    for c in chains:  # a chain visits each phase at most once, in timeline order
+        starts = [t.phase.start for t in c]
+        assert starts == sorted(starts) and len(set(starts)) == len(starts)
+    assert all(0 <= t.u < 1 for t in trials)
+    again = [t for c in plan_trials(phases, 10, seed=3) for t in c]
+    assert [(t.phase, t.u) for t in again] == [(t.phase, t.u) for t in trials]
+    assert isinstance(trials[0].phase, Phase)
+
+
+def test_a_full_device_is_a_storage_error_naming_the_file(tmp_path):
+    """``/dev/full`` answers every write with a real ``ENOSPC``: the atomic write names its target, leaves it as it
+    was and leaves no temp file."""
+    target = tmp_path / "evals" / "step2" / "x.json"
+    write_text(target, "old")
+
+    def write(f):
+        with open("/dev/full", "wb") as full:
+            full.write(b"x")
+            full.flush()
+
+    from pretrain_exp.core.io import atomic_write
+
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full")
+    with pytest.raises(StorageError, match=rf"no space left on device while writing {target} .*re-run") as e:
+        atomic_write(target, write)
+    assert isinstance(e.value.__cause__, OSError) and e.value.__cause__.errno == errno.ENOSPC
+    assert target.read_text() == "old" and sorted(p.name for p in target.parent.iterdir()) == ["x.json"]
+    # engines that wrap the OS error in their own exception type still count as a full disk
+    assert is_disk_full(RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)"))
+    assert not is_disk_full(RuntimeError("shape mismatch"))
