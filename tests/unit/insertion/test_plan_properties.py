@@ -12,8 +12,10 @@ it was.
 from __future__ import annotations
 
 import atexit
+import math
 import shutil
 import tempfile
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -143,6 +145,11 @@ def check_plan(plan: Plan, items, exps, L, B, window) -> None:
             rows = s // L
             if pl.kind == PlacementKind.range and pl.unit == RangeUnit.position:
                 assert ((rows >= pl.start // L) & (rows < pl.end // L)).all(), "span outside the range"
+            if pl.kind == PlacementKind.range and pl.unit == RangeUnit.fraction:  # the complete rows inside it
+                first_row, n_rows = window[0] // L, (window[1] - window[0]) // L
+                lo = first_row + math.ceil(Fraction(str(pl.start)) * n_rows)
+                hi = first_row + math.floor(Fraction(str(pl.end)) * n_rows)
+                assert ((rows >= lo) & (rows < hi)).all(), "span outside the range"
             steps = rows // B + 1
             if pl.steps:
                 assert np.isin(steps, pl.steps).all(), "span outside placement.steps"
