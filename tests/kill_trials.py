@@ -32,6 +32,7 @@ Sources: the run dir layout of :mod:`pretrain_exp.app.experiment`; checkpoint co
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -89,6 +90,10 @@ LOG_EVENTS = [
     (re.compile(r"\] - training steps (\d+) -> (\d+)"), "training {0}->{1}"),
     (re.compile(r"\] - evaluating step (\d+)"), "eval step {0}"),
 ]
+
+
+#: phases that a re-run of a completed run dir goes through again (it trains and evaluates nothing)
+RECURRING = {"startup", "plan building", "verification", "framework setup", "torchrun start", "results"}
 
 
 def _fs_label(rel: str) -> Optional[str]:
@@ -533,7 +538,7 @@ class Report:
 
 
 def run_trials(name: str, n: int, work: Path, seed: int = 0, spawn: bool = False,
-               log: Callable[[str], None] = print) -> Report:
+               log: Callable[[str], None] = functools.partial(print, flush=True)) -> Report:
     """The reference run and ``n`` kill trials of setup ``name`` under ``work`` (module docstring); ``n = 0``:
     one per phase of the reference timeline, at least :data:`MIN_TRIALS`."""
     setup = SETUPS[name]
@@ -567,15 +572,17 @@ def run_trials(name: str, n: int, work: Path, seed: int = 0, spawn: bool = False
                 t.problems.append(f"the run ended (exit {rc}) before the kill point"
                                   + ("" if rc == 0 else f": {out.read_text()[-2000:]}"))
                 t.state_ok = False
-                if rc == 0:  # completed: the rest of the chain goes on in a fresh run dir
-                    t.problems = []
+                if rc == 0:  # completed before the kill: check it, then try the trial again, half as far in
+                    t.problems, t.state_ok = [], None
+                    t.u /= 2
                     pending.insert(0, t)
                     for done in trials:
                         if done.chain == t.chain and done.completed_ok is None:
                             done.completed_ok = not (bad := ref.final_mismatches(run_dir))
-                            done.problems += bad
-                    run_dir = work / f"{name}-chain{t.chain}-{attempt}"
-                    shutil.rmtree(run_dir, ignore_errors=True)
+                            done.problems += [f"after completion: {b}" for b in bad]
+                    if t.phase.name not in RECURRING:  # a completed run dir never reaches this phase again
+                        run_dir = work / f"{name}-chain{t.chain}-{attempt}"
+                        shutil.rmtree(run_dir, ignore_errors=True)
                     if attempt > 3 * len(chain):
                         raise RuntimeError(f"{name}: trials keep missing their kill point")
                     continue
@@ -630,7 +637,8 @@ def _error_lines(out: Path) -> List[str]:
     return [line for line in out.read_text(errors="replace").splitlines() if line.startswith("error:")]
 
 
-def disk_full_trials(work: Path, spawn: bool = False, size_mb: int = 64, log: Callable[[str], None] = print) -> dict:
+def disk_full_trials(work: Path, spawn: bool = False, size_mb: int = 64,
+                     log: Callable[[str], None] = functools.partial(print, flush=True)) -> dict:
     """The hf setup on a ``size_mb`` MiB tmpfs, the disk filled (1) while the step-2 eval is written and (2) while
     the step-4 checkpoint is written, each run checked (exit status, its ``error:`` lines, the run dir's durable
     state against an uninterrupted reference run: the step-2 checkpoint intact), then (3) the filler removed and

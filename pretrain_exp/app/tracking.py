@@ -20,6 +20,7 @@ from typing import Any, Dict
 
 from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.core.config import WandbMode
+from pretrain_exp.core.io import write_text
 from pretrain_exp.core.secrets import redact_obj
 from pretrain_exp.report.wandb_log import has_wandb_key
 
@@ -57,7 +58,8 @@ class Tracker:
             log.warning("wandb.mode=online but no W&B API key is configured; logging offline instead")
             mode = WandbMode.offline
         id_file = self.run_dir / "wandb_id.txt"
-        run_id = w.resume_id or (id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8])
+        # written atomically below; an empty file (left by an older, non-atomic write) counts as absent
+        run_id = w.resume_id or (id_file.read_text().strip() if id_file.is_file() else "") or uuid.uuid4().hex[:8]
         name = f"{w.name}-step{cfg.model.checkpoint_step}" if w.add_step_to_name else w.name
         os.environ.setdefault("WANDB_SILENT", "true")
         self.run = wandb.init(project=w.project, entity=w.entity, name=name, id=run_id, dir=str(self.run_dir),
@@ -65,7 +67,7 @@ class Tracker:
                               config=redact_obj(config_dict(cfg)),
                               settings=wandb.Settings(x_disable_meta=True))  # no command line (it may hold URLs)
         if mode != WandbMode.disabled:
-            id_file.write_text(run_id)
+            write_text(id_file, run_id)
         self.wandb_dir = None if mode == WandbMode.disabled else Path(self.run.dir).parent
 
     def log(self, metrics: Dict[str, float], step: int) -> None:
