@@ -53,9 +53,10 @@ ROOT = Path(__file__).resolve().parents[1]
 POLL_S = 0.01
 MIN_TRIALS = 10  #: trials per setup by default: one per phase, at least this many
 
-_COMMON = ["training.num_steps=4", "training.checkpoint_interval=2", "training.num_threads=1",
+#: 2 steps in 2 segments (2 checkpoints, 2 evals), 4 items at dup counts 0/1/2
+_COMMON = ["training.num_steps=2", "training.checkpoint_interval=1", "training.num_threads=1",
            "training.keep_last_checkpoints=0", "insertion.experiments.fictional_bios.num_items=4",
-           "insertion.experiments.fictional_bios.repetitions=[0,1,2,4]", "eval=[insertion_loss]", "wandb=disabled",
+           "insertion.experiments.fictional_bios.repetitions=[0,1,2]", "eval=[insertion_loss]", "wandb=disabled",
            "data.held_out_rows=8"]
 _OLMO = ["training=tiny", "training.log_rows=true", *_COMMON]
 
@@ -639,13 +640,13 @@ def _error_lines(out: Path) -> List[str]:
 
 def disk_full_trials(work: Path, spawn: bool = False, size_mb: int = 64,
                      log: Callable[[str], None] = functools.partial(print, flush=True)) -> dict:
-    """The hf setup on a ``size_mb`` MiB tmpfs, the disk filled (1) while the step-2 eval is written and (2) while
-    the step-4 checkpoint is written, each run checked (exit status, its ``error:`` lines, the run dir's durable
+    """The hf setup on a ``size_mb`` MiB tmpfs, the disk filled (1) while the step-1 eval is written and (2) while
+    the step-2 checkpoint is written, each run checked (exit status, its ``error:`` lines, the run dir's durable
     state against an uninterrupted reference run: the step-2 checkpoint intact), then (3) the filler removed and
     the same command re-run to the end, compared with the reference.
 
     :returns: ``{"skipped": why}`` where no tmpfs can be mounted, else per case ``rc``, ``errors`` (the
-        ``error:`` lines), ``state`` (mismatches with the reference) and ``step2_intact``, and ``final``
+        ``error:`` lines), ``tracebacks``, ``state`` (mismatches with the reference) and ``step1_intact``, and ``final``
         (mismatches of the completed re-run).
     """
     setup = SETUPS["hf"]
@@ -663,14 +664,14 @@ def disk_full_trials(work: Path, spawn: bool = False, size_mb: int = 64,
         ref = Reference(setup, ref_dir)
         run_dir = mount / "run"
         res: dict = {}
-        for case, label, leave in (("eval", "eval step 2", 0), ("checkpoint", "training 2->4", 1 << 20)):
+        for case, label, leave in (("eval", "eval step 1", 0), ("checkpoint", "training 1->2", 1 << 20)):
             out = work / f"{case}.out"
             _, _, rc = run_watched(setup, run_dir, out, env, spawn, hook=(label, lambda: fill(mount, leave)))
-            step2, ref2 = (d / "checkpoints" / "checkpoint-2" for d in (run_dir, ref_dir))
+            step1, ref1 = (d / "checkpoints" / "checkpoint-1" for d in (run_dir, ref_dir))
             res[case] = {"rc": rc, "errors": _error_lines(out), "state": ref.state_mismatches(run_dir),
                          "tracebacks": out.read_text(errors="replace").count("Traceback"),
-                         "step2_intact": (step2 / setup.complete_marker).is_file()
-                         and ref.digests(step2) == ref.digests(ref2)}
+                         "step1_intact": (step1 / setup.complete_marker).is_file()
+                         and ref.digests(step1) == ref.digests(ref1)}
             log(f"disk full while writing the {case}: exit {rc}, {res[case]['errors']}")
             (mount / "filler").unlink()
         out = work / "final.out"

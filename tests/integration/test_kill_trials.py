@@ -50,12 +50,12 @@ def test_a_full_disk_gives_one_clear_error_and_the_rerun_resumes(tmp_path):
     res = harness("--disk-full", "--work", str(tmp_path), out=tmp_path / "r.json")
     if "skipped" in res:
         pytest.skip(res["skipped"])
-    for case, names in (("eval", "evals/step2/insertion_loss.json"), ("checkpoint", "checkpoints/checkpoint-4")):
+    for case, names in (("eval", "evals/step1/insertion_loss.json"), ("checkpoint", "checkpoints/checkpoint-2")):
         r = res[case]
         assert r["rc"] == 2 and r["tracebacks"] == 0, (case, r)
         [line] = r["errors"]
         assert "no space left on device" in line and names in line and "re-run the same command" in line, line
-        assert r["step2_intact"] and r["state"] == [], (case, r)
+        assert r["step1_intact"] and r["state"] == [], (case, r)
     assert res["final"] == {"rc": 0, "mismatches": []}
 
 
