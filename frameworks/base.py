@@ -113,6 +113,8 @@ class Framework(ABC):
 
     #: whether :meth:`train` adds Gaussian-poisoning noise (through :class:`~frameworks.noise_feed.NoiseFeed`)
     applies_embedding_noise: ClassVar[bool] = False
+    #: whether ``model.init=random`` (pretraining from the engine's own initialisation of ``model.config``) works
+    supports_random_init: ClassVar[bool] = False
     #: the ``training.lr_scheduler`` values :meth:`train` supports (checked when the config is validated)
     lr_schedulers: ClassVar[Tuple[str, ...]] = ()
 
@@ -142,6 +144,10 @@ class Framework(ABC):
         from frameworks.hub import hub_snapshot, is_hub_id
         from pretrain_exp.data.assets import hf_model_dir
 
+        if cfg.model.init == "random":
+            from frameworks.hf.scratch import random_init_model_dir
+
+            return random_init_model_dir(cfg.model, cfg.cache_dir)
         if cfg.model.asset is not None:
             return hf_model_dir(cfg.model.asset, cfg.cache_dir)
         if cfg.model.url is not None:

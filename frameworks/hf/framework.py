@@ -110,6 +110,7 @@ class HFFramework(Framework):
     """Continue an HF causal LM with ``transformers.Trainer`` (module docstring)."""
 
     applies_embedding_noise = True
+    supports_random_init = True  #: ``model.init=random``: :func:`~frameworks.hf.scratch.random_init_model_dir`
     #: every ``transformers`` ``SchedulerType`` (``training.lr_scheduler`` is passed to ``TrainingArguments``)
     lr_schedulers = tuple(s.value for s in SchedulerType)
 

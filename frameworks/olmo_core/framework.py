@@ -182,6 +182,7 @@ class OlmoCoreFramework(Framework):
     DEFAULT_TOKENIZER = "dolma2"
     applies_embedding_noise = True
     loads_hub_models = False  # OLMo-core checkpoints come from model.path dirs or model.url
+    supports_random_init = True  #: ``model.init=random`` with an OLMo-core builder (:func:`random_init_checkpoint`)
     lr_schedulers = SCHEDULERS  #: mapped onto OLMo-core schedulers by :func:`run_scheduler`
 
     def __init__(self, cfg: RunConfig, model_dir: Path):
@@ -218,6 +219,8 @@ class OlmoCoreFramework(Framework):
         """
         from pretrain_exp.data.assets import tokenizer_for_identifier
 
+        if model.init == "random":  # a from-scratch model records no run (its tokenizer defaults to dolma2)
+            return {"model.tokenizer": cls.DEFAULT_TOKENIZER, "data.max_target_sequence_length": None}
         path = cls.resolve_model_dir(model, cache_dir, settings_only=True)
         raw = json.loads((path / "config.json").read_text())
         dataset, loader = raw.get("dataset") or {}, raw.get("data_loader") or {}
@@ -257,6 +260,9 @@ class OlmoCoreFramework(Framework):
     def missing_setting_hint(cls, key: str) -> str:
         """``model.checkpoint_step``: the checkpoint has no trainer state (``train/rank0.pt``), so its step and
         data-loader position are unknown."""
+        if key != "model.checkpoint_step":
+            return ("a from-scratch model (model.init=random) records no data, sequence length or batch size; "
+                    "choose data=... (e.g. data=shakespeare) and set training.* (see experiment=scratch_olmo_core)")
         if key == "model.checkpoint_step":
             return ("it has no trainer state (train/rank0.pt: step and data-loader position); a model-only "
                     "checkpoint starts at the step you give")
@@ -266,9 +272,13 @@ class OlmoCoreFramework(Framework):
     def resolve_model_dir(cls, model: ModelConf, cache_dir: str, settings_only: bool = False) -> Path:
         """The OLMo-core checkpoint dir of ``model``: a tiny preset (``model.asset``), ``model.path``, or
         ``<model.url>/step<model.checkpoint_step>/`` downloaded into ``<cache_dir>/models/<model.name>/`` (with
-        ``settings_only``, only its ``config.json`` and ``train/rank0.pt``)."""
+        ``settings_only``, only its ``config.json`` and ``train/rank0.pt``), or with ``model.init=random`` the
+        seeded OLMo-core initialisation of builder ``model.config`` (:func:`random_init_checkpoint`)."""
         from frameworks.download import model_checkpoint_dir
-        from frameworks.olmo_core.presets import tiny_checkpoint
+        from frameworks.olmo_core.presets import random_init_checkpoint, tiny_checkpoint
+
+        if model.init == "random":
+            return random_init_checkpoint(model, cache_dir)
 
         return model_checkpoint_dir("olmo_core", model, cache_dir, tiny_checkpoint, settings_only)
 
@@ -438,20 +448,60 @@ class OlmoCoreFramework(Framework):
             out["instance_filter_config"] = ds.instance_filter_config
         return out
 
-    @staticmethod
-    def _dp_config(world: int, cuda: bool):
-        """Data parallelism over the torchrun ranks: FSDP (bf16 params, fp32 reductions) on GPUs, as the OLMo
-        recipes shard a 7B model; DDP on CPUs (gloo); none for one process."""
+    def _dp_config(self, world: int, cuda: bool):
+        """Data parallelism over the torchrun ranks (OLMo-core's ``TransformerDataParallelConfig``) by
+        ``training.data_parallel``: ``auto`` is FSDP (bf16 params, fp32 reductions) on GPUs, as the OLMo recipes
+        shard a 7B model, and DDP on CPUs (gloo); ``hsdp`` shards within a node and replicates across nodes
+        (``shard_degree`` = ``training.nproc_per_node``, ``num_replicas`` = ``training.nnodes``); none for one
+        process.
+
+        :raises ConfigError: (``training.data_parallel``) for ``hsdp`` whose shard degree does not divide the world.
+        """
         from olmo_core.config import DType
         from olmo_core.distributed.parallel import DataParallelType
         from olmo_core.train.train_module import TransformerDataParallelConfig
 
+        t = self.cfg.training
         if world == 1:
             return None
-        if cuda:
-            return TransformerDataParallelConfig(name=DataParallelType.fsdp, param_dtype=DType.bfloat16,
-                                                 reduce_dtype=DType.float32)
-        return TransformerDataParallelConfig(name=DataParallelType.ddp)
+        name = t.data_parallel if t.data_parallel != "auto" else ("fsdp" if cuda else "ddp")
+        if name == "ddp":
+            return TransformerDataParallelConfig(name=DataParallelType.ddp)
+        sharded = dict(param_dtype=DType.bfloat16 if cuda else None, reduce_dtype=DType.float32)
+        if name == "fsdp":
+            return TransformerDataParallelConfig(name=DataParallelType.fsdp, **sharded)
+        shard = t.nproc_per_node
+        if world % shard:
+            raise ConfigError("training.data_parallel", f"hsdp shards over the {shard} ranks of a node, which does "
+                              f"not divide the world size {world}")
+        return TransformerDataParallelConfig(name=DataParallelType.hsdp, shard_degree=shard,
+                                             num_replicas=world // shard, **sharded)
+
+    def _ac_config(self):
+        """OLMo-core's full activation checkpointing if ``training.activation_checkpointing``, else ``None``."""
+        if not self.cfg.training.activation_checkpointing:
+            return None
+        from olmo_core.train.train_module import (
+            TransformerActivationCheckpointingConfig,
+            TransformerActivationCheckpointingMode,
+        )
+
+        return TransformerActivationCheckpointingConfig(mode=TransformerActivationCheckpointingMode.full)
+
+    def model_config(self, cuda: bool):
+        """The checkpoint's ``TransformerConfig`` with the run's attention backend: on GPUs ``training.attention``
+        (``sdpa``: OLMo-core's ``torch`` backend; ``flash``: ``flash_2``, flash-attn 2), on CPUs ``torch``
+        (:func:`~frameworks.olmo_core.checkpoint.model_config`)."""
+        from olmo_core.nn.attention.backend import AttentionBackendName
+
+        config = model_config(self.model_dir, cuda)
+        mixer = config.block.sequence_mixer
+        if cuda and mixer is not None and hasattr(mixer, "backend"):
+            mixer.backend = AttentionBackendName.flash_2 if self.cfg.training.attention == "flash" else (
+                AttentionBackendName.torch)
+            if hasattr(mixer, "use_flash"):
+                mixer.use_flash = None
+        return config
 
     def _rows_log(self, rank: int) -> Optional[Path]:
         if not self.cfg.training.log_rows:
@@ -542,7 +592,7 @@ class OlmoCoreFramework(Framework):
         from olmo_core.distributed import parallel
 
         parallel._WORLD_MESH = None  # one mesh per process in OLMo-core; every segment builds a new train module
-        model = model_config(self.model_dir).build(init_device="meta" if cuda else "cpu")
+        model = self.model_config(cuda).build(init_device="meta" if cuda else "cpu")
         train_module = TransformerTrainModuleConfig(
             rank_microbatch_size=t.micro_batch_size * L,
             max_sequence_length=L,
@@ -552,6 +602,8 @@ class OlmoCoreFramework(Framework):
             scheduler=self.scheduler(),
             autocast_precision=DType.bfloat16 if bf16 else None,
             dp_config=self._dp_config(world, cuda),
+            compile_model=t.compile,
+            ac_config=self._ac_config(),
         ).build(model, device=device)
         noise_feed = NoiseFeed.for_plan(rows.plan)
         if noise_feed is not None:

@@ -83,3 +83,60 @@ def tiny_checkpoint(name: str, cache_dir: str | Path) -> Path:
         return {"preset": name, "corpus": corpus}
 
     return build_once(Path(cache_dir) / "models" / f"{name}-v2", build)
+
+
+#: ``model.config`` prefixes that name OLMo-core ``TransformerConfig`` builders (``olmo2_1B``, ``olmo3_7B``, ...)
+BUILDER_PREFIXES = ("olmo2_", "olmo3_")
+
+
+def builder_config(name: str, vocab_size: int, init_seed: int):
+    """``TransformerConfig.<name>(vocab_size)`` of OLMo-core (e.g. ``olmo2_1B``: the OLMo-2 1B shape;
+    ``olmo3_1M``: a toy OLMo-3 shape) with ``init_seed`` as its initialisation seed.
+
+    :raises ConfigError: (``model.config``) for a name that is not such a builder, listing them.
+    """
+    from olmo_core.nn.transformer import TransformerConfig
+
+    from pretrain_exp.core.errors import ConfigError
+
+    names = sorted(n for n in dir(TransformerConfig) if n.startswith(BUILDER_PREFIXES))
+    if name not in names:
+        raise ConfigError("model.config", f"{name!r} is not an OLMo-core TransformerConfig builder; allowed: "
+                          f"{names}")
+    config = getattr(TransformerConfig, name)(vocab_size=vocab_size)
+    config.init_seed = int(init_seed)
+    return config
+
+
+def random_init_checkpoint(model, cache_dir: str | Path) -> Path:
+    """The step-0 checkpoint of a from-scratch run (``model.init=random``): OLMo-core builder ``model.config``
+    (:func:`builder_config`) for the vocabulary of ``model.tokenizer`` (default dolma2) padded to a multiple of
+    128, initialised by OLMo-core's own ``init_weights`` with seed ``model.init_seed`` and saved as a model-only
+    OLMo-core checkpoint (``config.json`` + torch DCP shards), built once into
+    ``<cache_dir>/models/scratch-<config>-seed<seed>-<digest>/`` (same config and seed, same weights).
+
+    :raises ConfigError: for an unknown builder name.
+    """
+    import hashlib
+
+    import torch
+    from olmo_core.distributed.checkpoint import save_model_and_optim_state
+
+    from pretrain_exp.data.tokenize import load_tokenizer
+
+    tok_name = model.tokenizer or "dolma2"
+    tok = load_tokenizer(tok_name, cache_dir)
+    vocab = -(-len(tok) // 128) * 128
+    config = builder_config(str(model.config), vocab, model.init_seed)
+    digest = hashlib.sha256(json.dumps(config.as_config_dict(), sort_keys=True, default=str).encode()).hexdigest()
+
+    def build(tmp: Path) -> dict:
+        torch.manual_seed(int(model.init_seed))
+        net = config.build(init_device="cpu")
+        net.init_weights(device=torch.device("cpu"))
+        save_model_and_optim_state(str(tmp), net)
+        (tmp / "config.json").write_text(json.dumps({"model": config.as_config_dict()}, indent=2))
+        return {"config": str(model.config), "init_seed": int(model.init_seed), "tokenizer": tok_name}
+
+    name = f"scratch-{model.config}-seed{model.init_seed}-{digest[:12]}"
+    return build_once(Path(cache_dir) / "models" / name, build)

@@ -124,7 +124,8 @@ class Experiment:
     def _check_held_out(self) -> None:
         n = self.cfg.data.held_out_rows + reserved_rows(self.cfg.insertion.experiments)
         why = held_out_collision(n, self.window[0] // self.L, self.window[1] // self.L, self.order.rows_per_epoch,
-                                 "data.paths" in self.cfg.framework.checkpoint_keys())
+                                 "data.paths" in self.cfg.framework.checkpoint_keys()
+                                 and self.cfg.model.init != "random")
         if why:
             raise ConfigError("data.held_out_rows", f"{why} (perplexity rows and corpus_chunks items); lower "
                               "data.held_out_rows or the corpus_chunks num_items, or train fewer steps")

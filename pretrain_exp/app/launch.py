@@ -1,14 +1,23 @@
-"""Launching a composed run: in this process, or as N ranks under torchrun.
+"""Launching a composed run: in this process, or as N ranks per node under torchrun, on one node or several.
 
-The Hydra job (local, submitit_local or a SLURM array task via hydra-submitit-launcher) calls :func:`launch`:
-it writes ``config.resolved.yaml`` into the run dir, checks that the job's allocation holds
-``training.nproc_per_node`` devices (GPUs, or CPUs on a CPU-only node), and then either runs the experiment in
-this process (N = 1) or starts ``python -m torch.distributed.run --standalone --nproc-per-node N -m
-pretrain_exp.app.worker config.resolved.yaml`` as a child. Workers never import Hydra; only rank 0 writes.
+The Hydra job (local, submitit_local or a SLURM task via hydra-submitit-launcher) calls :func:`launch`: it checks
+that the job's allocation holds ``training.nproc_per_node`` devices per node (GPUs, or CPUs on a CPU-only node)
+and the nodes it was given, writes ``config.resolved.yaml`` into the run dir, and then either runs the experiment
+in this process (one node, N = 1) or starts torchrun as a child:
 
-Multi-node jobs (``nodes > 1``) are refused: one job = one node. Preemption and timeouts: a requeued job
-(submitit's checkpointing, ``hydra.launcher.max_num_timeout``) re-runs the same Hydra job in the same run dir,
-which resumes from the run's newest checkpoint (see :mod:`pretrain_exp.app.experiment`).
+- one node: ``python -m torch.distributed.run --standalone --nproc-per-node N -m pretrain_exp.app.worker
+  config.resolved.yaml``;
+- ``M`` nodes (``hydra/launcher=slurm_multinode``: one SLURM task per node, each running this function):
+  ``python -m torch.distributed.run --nnodes M --node-rank $SLURM_NODEID --rdzv-backend c10d --rdzv-endpoint
+  <first node>:<port> --rdzv-id <job id> --nproc-per-node N -m pretrain_exp.app.worker <config>``, the pattern of
+  OLMo-core's and torchtitan's SLURM scripts. The endpoint is ``MASTER_ADDR:MASTER_PORT`` when set, else the
+  first host of the job's node list and a port derived from the job id (submitit's
+  ``TorchDistributedEnvironment``). Only node 0 writes into the run dir (config, plan, manifest); the other nodes
+  hand their workers a node-local copy of the resolved config, and their ranks only read.
+
+Workers never import Hydra; only global rank 0 writes results. Preemption and timeouts: a requeued job
+(submitit's checkpointing, ``hydra.launcher.max_num_timeout``) re-runs the same Hydra job (every node's task) in
+the same run dir, which resumes from the run's newest checkpoint (see :mod:`pretrain_exp.app.experiment`).
 """
 
 from __future__ import annotations
@@ -19,8 +28,9 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, List
+from typing import Iterator, List, Optional
 
 import torch
 from omegaconf import OmegaConf
@@ -40,25 +50,75 @@ def available_devices() -> tuple[int, str]:
     return (int(cpus) if cpus else len(os.sched_getaffinity(0))), "CPUs"
 
 
-def check_allocation(cfg: ExperimentConfig) -> None:
-    """Fail fast if the job cannot hold ``training.nproc_per_node`` ranks on one node.
+@dataclass(frozen=True)
+class Nodes:
+    """The job's nodes as torchrun sees them: ``count`` nodes, this one is ``rank`` (0-based), rendezvous at
+    ``endpoint`` (``host:port``; ``None`` on one node) under id ``rdzv_id``."""
 
-    :raises LaunchError: for a multi-node allocation or too few devices, naming what was asked and what is there.
+    count: int = 1
+    rank: int = 0
+    endpoint: Optional[str] = None
+    rdzv_id: str = "pretrain_exp"
+
+
+def job_nodes() -> Nodes:
+    """This job's nodes from SLURM's environment (``SLURM_JOB_NUM_NODES`` or ``SLURM_NNODES``, ``SLURM_NODEID``,
+    ``SLURM_JOB_ID``); one node outside SLURM. The rendezvous endpoint is ``MASTER_ADDR:MASTER_PORT`` when both
+    are set, else the first host of ``SLURM_JOB_NODELIST`` and the port submitit's
+    ``TorchDistributedEnvironment`` derives from the job id.
+
+    :raises LaunchError: for a node rank outside ``[0, count)`` or a multi-node job without a node list.
     """
-    nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", os.environ.get("SLURM_NNODES", "1")))
-    if nodes > 1:
-        raise LaunchError(f"this job has {nodes} nodes; multi-node runs are not supported (one job = one node, "
-                          "set hydra.launcher.nodes=1)")
+    count = int(os.environ.get("SLURM_JOB_NUM_NODES", os.environ.get("SLURM_NNODES", "1")))
+    if count <= 1:
+        return Nodes()
+    node = int(os.environ.get("SLURM_NODEID", "0"))
+    if not 0 <= node < count:
+        raise LaunchError(f"SLURM_NODEID={node} is not a node of this {count}-node job")
+    job_id = os.environ.get("SLURM_JOB_ID", "0")
+    if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+        return Nodes(count, node, f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", job_id)
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+    if not nodelist:
+        raise LaunchError(f"a {count}-node job without SLURM_JOB_NODELIST (or MASTER_ADDR/MASTER_PORT): "
+                          "the rendezvous host is unknown")
+    from submitit.slurm.slurm import _parse_node_list
+
+    first = _parse_node_list(nodelist)[0]
+    port = 20000 + int(job_id) % 20000 if job_id.isdigit() else 29500  # as TorchDistributedEnvironment
+    return Nodes(count, node, f"{first}:{port}", job_id)
+
+
+def check_allocation(cfg: ExperimentConfig, nodes: Optional[Nodes] = None) -> None:
+    """Fail fast if the job cannot hold ``training.nproc_per_node`` ranks on each node, or if its nodes are not
+    the ones the run asks for (``training.nnodes``).
+
+    :raises LaunchError: for too few devices on this node or a node count other than ``training.nnodes``, naming
+        what was asked and what is there.
+    """
+    nodes = job_nodes() if nodes is None else nodes
+    want = cfg.training.nnodes
+    if nodes.count != want:
+        raise LaunchError(f"training.nnodes={want} but this job has {nodes.count} node(s); ask for {want} "
+                          f"(hydra/launcher=slurm_multinode hydra.launcher.nodes={want}) or set "
+                          f"training.nnodes={nodes.count}")
     n = cfg.training.nproc_per_node
     have, kind = available_devices()
     if n > have:
-        raise LaunchError(f"training.nproc_per_node={n} but this job's allocation has {have} {kind}; ask for "
-                          f"{n} (hydra.launcher.gpus_per_node / cpus_per_task) or lower training.nproc_per_node")
+        raise LaunchError(f"training.nproc_per_node={n} but this job's allocation has {have} {kind}"
+                          f"{' per node' if nodes.count > 1 else ''}; ask for {n} (hydra.launcher.gpus_per_node / "
+                          "cpus_per_task) or lower training.nproc_per_node")
 
 
-def torchrun_argv(nproc: int, config_path: Path, log_dir: Path) -> List[str]:
-    """The command that runs ``nproc`` workers on this node (same interpreter, hence the same venv)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+def torchrun_argv(nproc: int, config_path: Path, log_dir: Path, nodes: Nodes = Nodes()) -> List[str]:
+    """The command that runs ``nproc`` workers on this node (same interpreter, hence the same venv): standalone
+    on one node, a c10d rendezvous at ``nodes.endpoint`` across several (module docstring)."""
+    if nodes.count == 1:
+        where = ["--standalone"]
+    else:
+        where = [f"--nnodes={nodes.count}", f"--node-rank={nodes.rank}", "--rdzv-backend=c10d",
+                 f"--rdzv-endpoint={nodes.endpoint}", f"--rdzv-id={nodes.rdzv_id}"]
+    return [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc-per-node={nproc}",
             f"--log-dir={log_dir}", "--redirects=3", "--tee=3", "-m", "pretrain_exp.app.worker", str(config_path)]
 
 
@@ -90,19 +150,27 @@ def launch(cfg: ExperimentConfig) -> dict | None:
     """
     from pretrain_exp.app.experiment import Experiment, check_same_run, run, save_resolved_config
 
-    check_allocation(cfg)
-    if cfg.training.nproc_per_node == 1:
+    nodes = job_nodes()
+    check_allocation(cfg, nodes)
+    if cfg.training.nproc_per_node == 1 and nodes.count == 1:
         return run(cfg)
     run_dir = Path(cfg.run_dir).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    check_same_run(cfg, run_dir)
-    config_path = save_resolved_config(cfg, run_dir)
-    Experiment(cfg)  # assets, tokens, plan + verification here, so config and data errors surface before torchrun
+    world = cfg.training.nproc_per_node * nodes.count
+    if nodes.rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        check_same_run(cfg, run_dir)
+        config_path = save_resolved_config(cfg, run_dir)
+        Experiment(cfg)  # assets, tokens, plan + verification here: config and data errors surface before torchrun
+        log_dir = run_dir / "torchrun"
+    else:  # the other nodes write nothing into the run dir: their workers read a node-local copy of the config
+        node_dir = Path(tempfile.mkdtemp(prefix=f"pretrain_exp-{nodes.rdzv_id}-node{nodes.rank}-"))
+        config_path, log_dir = save_resolved_config(cfg, node_dir), node_dir / "torchrun"
     with _worker_config(cfg, config_path) as worker_config:
-        argv = torchrun_argv(cfg.training.nproc_per_node, worker_config, run_dir / "torchrun")
-        log.info("starting %d ranks: %s", cfg.training.nproc_per_node, " ".join(argv))
+        argv = torchrun_argv(cfg.training.nproc_per_node, worker_config, log_dir, nodes)
+        log.info("starting %d of %d ranks (node %d of %d): %s", cfg.training.nproc_per_node, world, nodes.rank,
+                 nodes.count, " ".join(argv))
         proc = subprocess.run(argv)
     if proc.returncode != 0:
-        raise TrainingError(f"torchrun with {cfg.training.nproc_per_node} ranks exited with status "
-                            f"{proc.returncode}; rank logs: {run_dir / 'torchrun'}")
+        raise TrainingError(f"torchrun with {cfg.training.nproc_per_node} ranks on node {nodes.rank} of "
+                            f"{nodes.count} exited with status {proc.returncode}; rank logs: {log_dir}")
     return None

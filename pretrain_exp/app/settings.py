@@ -33,7 +33,8 @@ def _model(root) -> Tuple[ModelConf, str]:
     # checkpoint_step selects the checkpoint only under model.url; elsewhere it may itself be ${checkpoint:...}
     step = m.checkpoint_step if m.get("url") is not None else 0
     model = ModelConf(name=m.name, asset=m.get("asset"), path=m.get("path"), url=m.get("url"),
-                      checkpoint_step=int(step))
+                      checkpoint_step=int(step), init=str(m.get("init", "checkpoint")), config=m.get("config"),
+                      init_seed=0)
     return model, str(root.cache_dir)
 
 
@@ -42,7 +43,8 @@ def settings_of(framework: str, model: ModelConf, cache_dir: str) -> Dict[str, A
     <frameworks.base.Framework.checkpoint_settings>`), read once per process and checkpoint."""
     from frameworks.registry import get_framework_class
 
-    key = (framework, model.asset, model.path, model.url, model.checkpoint_step if model.url else None, cache_dir)
+    key = (framework, model.asset, model.path, model.url, model.checkpoint_step if model.url else None, cache_dir,
+           model.init, model.config)
     if key not in _CACHE:
         _CACHE[key] = dict(get_framework_class(framework).checkpoint_settings(model, cache_dir))
     return _CACHE[key]

@@ -17,6 +17,10 @@ from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.app.settings import log_overrides
 from pretrain_exp.core.errors import ConfigError, PretrainExpError
 
+MODEL_INITS = ("checkpoint", "random")  #: ``model.init``
+DATA_PARALLEL = ("auto", "fsdp", "hsdp", "ddp")  #: ``training.data_parallel``
+ATTENTION = ("sdpa", "flash")  #: ``training.attention`` (olmo_core)
+
 
 def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     """Check the cross-field rules of ``cfg``; return it (with ``insertion.experiments`` and ``eval.tasks`` parsed
@@ -29,7 +33,23 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     from pretrain_exp.insertion.types import get_type, parse_experiments
 
     framework = get_framework_class(cfg.framework.name)  # ConfigError listing the frameworks, or the install hint
-    if sum(x is not None for x in (cfg.model.asset, cfg.model.path, cfg.model.url)) != 1:
+    if cfg.model.init not in MODEL_INITS:
+        raise ConfigError("model.init", f"unknown {cfg.model.init!r}; allowed: {list(MODEL_INITS)}")
+    if cfg.model.init == "random":
+        if not framework.supports_random_init:
+            raise ConfigError("model.init", f"framework {cfg.framework.name!r} continues checkpoints only; "
+                              "pretrain from scratch with framework=olmo_core or framework=hf")
+        if not cfg.model.config:
+            raise ConfigError("model.config", "model.init=random needs the model's shape: an OLMo-core builder "
+                              "(olmo2_1B, olmo3_7B, ...) for olmo_core, a config.json / model dir / Hub id for hf")
+        given = [k for k in ("asset", "path", "url") if getattr(cfg.model, k) is not None]
+        if given:
+            raise ConfigError(f"model.{given[0]}", "model.init=random builds the model from model.config; unset "
+                              f"model.{given[0]} (model.{given[0]}=null)")
+        if cfg.model.checkpoint_step != 0:
+            raise ConfigError("model.checkpoint_step", f"model.init=random starts at step 0, got "
+                              f"{cfg.model.checkpoint_step}")
+    elif sum(x is not None for x in (cfg.model.asset, cfg.model.path, cfg.model.url)) != 1:
         raise ConfigError("model", "set exactly one of model.asset, model.path and model.url")
     if cfg.model.revision is not None and (cfg.model.path is None or not framework.loads_hub_models):
         raise ConfigError("model.revision", f"{cfg.model.revision!r}: a revision selects the version of a Hub model "
@@ -59,12 +79,19 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
             raise ConfigError(f"training.{key}", f"must be > 0, got {getattr(t, key)}")
     if t.num_steps < 0:
         raise ConfigError("training.num_steps", f"must be >= 0 (0 = evaluate only), got {t.num_steps}")
-    if t.global_batch_size % (t.micro_batch_size * t.nproc_per_node):
+    if t.nnodes < 1 or t.nproc_per_node < 1:
+        key = "nnodes" if t.nnodes < 1 else "nproc_per_node"
+        raise ConfigError(f"training.{key}", f"must be >= 1, got {getattr(t, key)}")
+    if t.global_batch_size % (t.micro_batch_size * t.nproc_per_node * t.nnodes):
         raise ConfigError(
             "training.global_batch_size",
-            f"{t.global_batch_size} rows is not a multiple of micro_batch_size x nproc_per_node = "
-            f"{t.micro_batch_size} x {t.nproc_per_node}",
+            f"{t.global_batch_size} rows is not a multiple of micro_batch_size x nproc_per_node x nnodes = "
+            f"{t.micro_batch_size} x {t.nproc_per_node} x {t.nnodes}",
         )
+    if t.data_parallel not in DATA_PARALLEL:
+        raise ConfigError("training.data_parallel", f"unknown {t.data_parallel!r}; allowed: {list(DATA_PARALLEL)}")
+    if t.attention not in ATTENTION:
+        raise ConfigError("training.attention", f"unknown {t.attention!r}; allowed: {list(ATTENTION)}")
     if t.keep_last_checkpoints < 0:
         raise ConfigError("training.keep_last_checkpoints",
                           f"must be >= 0 (0 = all), got {t.keep_last_checkpoints}")

@@ -97,6 +97,12 @@ class ModelConf:
     dtype: str = "float32"  #: dtype the weights are loaded in (master weights)
     url: Optional[str] = None  #: base URL holding ``step<N>[-unsharded]/`` checkpoint folders (olmo_core, olmo2)
     tokenizer: Optional[str] = None  #: HF tokenizer dir or asset (e.g. ``dolma2``); default: the model dir's
+    init: str = "checkpoint"  #: ``checkpoint`` (continue its weights) or ``random`` (pretrain from scratch: the
+    #: engine's own initialisation of ``config``, seeded with ``init_seed``, saved as the step-0 checkpoint)
+    config: Optional[str] = None  #: with ``init=random``: an OLMo-core ``TransformerConfig`` builder
+    #: (``olmo2_1B``, ``olmo3_7B``, ``olmo2_1M``, ...) for olmo_core; an HF ``config.json``, model dir, model asset
+    #: or Hub id for hf
+    init_seed: int = II("seed")  # type: ignore[assignment]  #: seed of the random initialisation
 
 
 @dataclass
@@ -160,6 +166,13 @@ class TrainingConf:
     max_retries: int = 2  #: retries of a failed training segment (exponential backoff with jitter)
     retry_base_delay_s: float = 5.0
     nproc_per_node: int = 1  #: processes per node (torchrun) for frameworks that support it
+    nnodes: int = 1  #: nodes of the job (``hydra/launcher=slurm_multinode``); world size = nnodes x nproc_per_node
+    data_parallel: str = "auto"  #: olmo_core: ``auto`` (FSDP on GPUs, DDP on CPUs), ``fsdp``, ``hsdp`` (shard
+    #: within a node, replicate across nodes: OLMo-core's ``DataParallelType.hsdp``, shard degree nproc_per_node),
+    #: ``ddp``
+    compile: bool = False  #: olmo_core: ``torch.compile`` the model (OLMo-core's ``compile_model``)
+    activation_checkpointing: bool = False  #: olmo_core: OLMo-core's full activation checkpointing
+    attention: str = "sdpa"  #: olmo_core attention backend: ``sdpa`` (torch) or ``flash`` (flash-attn 2)
     keep_last_checkpoints: int = 1  #: checkpoints kept in the run dir (0 = all, e.g. for checkpoint sweeps)
     cleanup: Cleanup = Cleanup.none
     log_rows: bool = False  #: olmo_core/olmo2: write ``rows/rank<r>.jsonl`` (rows and token sha256 trained per step)
