@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # tcmalloc makes CPU training ~2x faster (fewer page faults on the big LM-head buffers); used when present
 PRELOAD = LD_PRELOAD=$$(ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 2>/dev/null || true)
 
-.PHONY: help install demo test test-fast lint bench dry-run clean
+.PHONY: help install demo test test-fast lint bench gpu-test gpu-bench dry-run clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -42,6 +42,12 @@ lint: install ## flake8 + isort check
 
 bench: install ## plan-building and Plan.apply benchmark (prints times, memory and ratios)
 	$(PY) benchmarks/plan_build.py $(ARGS)
+
+gpu-test: install ## run the GPU tests (tests/gpu, marker gpu: OLMo-core FSDP bf16, hf bf16 sdpa, evals on GPU)
+	$(PY) -m pytest -m gpu tests/gpu -v $(ARGS)
+
+gpu-bench: install ## tokens/s/GPU and MFU of the OLMo-2 1B shape, insertions on/off, olmo_core and hf
+	$(PY) benchmarks/gpu_throughput.py $(ARGS)
 
 dry-run: install ## print the composed config of the default run (add ARGS="key=value ...")
 	$(PY) -m pretrain_exp --cfg job $(ARGS)

@@ -43,9 +43,9 @@ def random_init_model_dir(model: ModelConf, cache_dir: str | Path) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from pretrain_exp.core.errors import DataError
     from pretrain_exp.data.assets import build_once
     from pretrain_exp.data.tokenize import load_tokenizer
-    from pretrain_exp.core.errors import DataError
 
     source = _config_source(str(model.config), cache_dir)
     try:

@@ -187,7 +187,7 @@ class OlmoCoreFramework(Framework):
 
     def __init__(self, cfg: RunConfig, model_dir: Path):
         super().__init__(cfg, model_dir)
-        init_distributed()
+        init_distributed(sharded=cfg.training.data_parallel in ("fsdp", "hsdp"))
 
     @classmethod
     def resolve_model(cls, cfg: RunConfig) -> Path:
@@ -453,7 +453,7 @@ class OlmoCoreFramework(Framework):
         ``training.data_parallel``: ``auto`` is FSDP (bf16 params, fp32 reductions) on GPUs, as the OLMo recipes
         shard a 7B model, and DDP on CPUs (gloo); ``hsdp`` shards within a node and replicates across nodes
         (``shard_degree`` = ``training.nproc_per_node``, ``num_replicas`` = ``training.nnodes``); none for one
-        process.
+        process, except ``fsdp`` on one GPU (over a one-process group, :func:`init_distributed`).
 
         :raises ConfigError: (``training.data_parallel``) for ``hsdp`` whose shard degree does not divide the world.
         """
@@ -462,7 +462,8 @@ class OlmoCoreFramework(Framework):
         from olmo_core.train.train_module import TransformerDataParallelConfig
 
         t = self.cfg.training
-        if world == 1:
+        sharded_one = world == 1 and t.data_parallel == "fsdp" and cuda and torch.distributed.is_initialized()
+        if world == 1 and not sharded_one:
             return None
         name = t.data_parallel if t.data_parallel != "auto" else ("fsdp" if cuda else "ddp")
         if name == "ddp":
@@ -663,9 +664,24 @@ class OlmoCoreFramework(Framework):
                 shutil.rmtree(d, ignore_errors=True)
 
 
-def init_distributed() -> None:
-    """Join the torchrun process group (gloo on CPU, NCCL + gloo on GPUs) if there is one and it is not joined."""
-    if world_size() > 1 and not torch.distributed.is_initialized():
-        torch.distributed.init_process_group(backend="cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+def init_distributed(sharded: bool = False) -> None:
+    """Join the torchrun process group (gloo on CPU, NCCL + gloo on GPUs) if there is one and it is not joined.
+    With ``sharded`` (FSDP / HSDP asked for) on one GPU without torchrun, a one-process group on a free local port,
+    since OLMo-core shards over a device mesh of the process group."""
+    if torch.distributed.is_initialized():
+        return
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    if world_size() > 1 or "TORCHELASTIC_RUN_ID" in os.environ:
+        torch.distributed.init_process_group(backend=backend)
+    elif sharded and torch.cuda.is_available():
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        torch.distributed.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                                             world_size=1)
+    else:
+        return
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

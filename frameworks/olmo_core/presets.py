@@ -85,13 +85,13 @@ def tiny_checkpoint(name: str, cache_dir: str | Path) -> Path:
     return build_once(Path(cache_dir) / "models" / f"{name}-v2", build)
 
 
-#: ``model.config`` prefixes that name OLMo-core ``TransformerConfig`` builders (``olmo2_1B``, ``olmo3_7B``, ...)
+#: ``model.config`` prefixes that name OLMo-core ``TransformerConfig`` builders (``olmo2_1B_v2``, ``olmo3_7B``, ...)
 BUILDER_PREFIXES = ("olmo2_", "olmo3_")
 
 
 def builder_config(name: str, vocab_size: int, init_seed: int):
-    """``TransformerConfig.<name>(vocab_size)`` of OLMo-core (e.g. ``olmo2_1B``: the OLMo-2 1B shape;
-    ``olmo3_1M``: a toy OLMo-3 shape) with ``init_seed`` as its initialisation seed.
+    """``TransformerConfig.<name>(vocab_size)`` of OLMo-core (e.g. ``olmo2_1B_v2``: the released OLMo-2 1B shape;
+    ``olmo3_14M``: a toy OLMo-3 shape) with ``init_seed`` as its initialisation seed.
 
     :raises ConfigError: (``model.config``) for a name that is not such a builder, listing them.
     """

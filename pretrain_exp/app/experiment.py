@@ -226,6 +226,8 @@ class Experiment:
             log.info("evaluating step %d: %s", ckpt.step, ", ".join(pending))
             with self._hf_dir(ckpt) as hf_dir:
                 model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
+                if torch.cuda.is_available():  # evals score on the run's GPU (inputs follow the model's device)
+                    model = model.to(torch.device("cuda", torch.cuda.current_device()))
                 ctx = EvalContext(model, self.tokenizer, self.plan, self.held_out, ckpt.step, self.cfg.eval.batch_size,
                                   self.cfg.eval.bootstrap_samples, self.cfg.seed, self.cfg.cache_dir,
                                   row_tokens=self.rows.row, insertion=self.cfg.insertion)

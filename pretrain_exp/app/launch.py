@@ -10,10 +10,11 @@ in this process (one node, N = 1) or starts torchrun as a child:
 - ``M`` nodes (``hydra/launcher=slurm_multinode``: one SLURM task per node, each running this function):
   ``python -m torch.distributed.run --nnodes M --node-rank $SLURM_NODEID --rdzv-backend c10d --rdzv-endpoint
   <first node>:<port> --rdzv-id <job id> --nproc-per-node N -m pretrain_exp.app.worker <config>``, the pattern of
-  OLMo-core's and torchtitan's SLURM scripts. The endpoint is ``MASTER_ADDR:MASTER_PORT`` when set, else the
-  first host of the job's node list and a port derived from the job id (submitit's
-  ``TorchDistributedEnvironment``). Only node 0 writes into the run dir (config, plan, manifest); the other nodes
-  hand their workers a node-local copy of the resolved config, and their ranks only read.
+  OLMo-core's and torchtitan's SLURM scripts. The endpoint is the first host of the job's node list (or
+  ``MASTER_ADDR``) and a port derived from the job id (or ``MASTER_PORT``), as submitit's
+  ``TorchDistributedEnvironment`` derives them (:func:`job_nodes`). Only node 0 writes into the run dir (config,
+  plan, manifest); the other nodes hand their workers a node-local copy of the resolved config, and their ranks
+  only read.
 
 Workers never import Hydra; only global rank 0 writes results. Preemption and timeouts: a requeued job
 (submitit's checkpointing, ``hydra.launcher.max_num_timeout``) re-runs the same Hydra job (every node's task) in
@@ -63,9 +64,10 @@ class Nodes:
 
 def job_nodes() -> Nodes:
     """This job's nodes from SLURM's environment (``SLURM_JOB_NUM_NODES`` or ``SLURM_NNODES``, ``SLURM_NODEID``,
-    ``SLURM_JOB_ID``); one node outside SLURM. The rendezvous endpoint is ``MASTER_ADDR:MASTER_PORT`` when both
-    are set, else the first host of ``SLURM_JOB_NODELIST`` and the port submitit's
-    ``TorchDistributedEnvironment`` derives from the job id.
+    ``SLURM_JOB_ID``); one node outside SLURM. The rendezvous host is ``MASTER_ADDR`` if set (e.g. an address
+    where node names do not resolve: ``hydra.launcher.setup=["export MASTER_ADDR=..."]``), else the first host of
+    ``SLURM_JOB_NODELIST``; the port ``MASTER_PORT`` if set, else the one submitit's
+    ``TorchDistributedEnvironment`` derives from the job id (``20000 + id % 20000``).
 
     :raises LaunchError: for a node rank outside ``[0, count)`` or a multi-node job without a node list.
     """
@@ -76,17 +78,17 @@ def job_nodes() -> Nodes:
     if not 0 <= node < count:
         raise LaunchError(f"SLURM_NODEID={node} is not a node of this {count}-node job")
     job_id = os.environ.get("SLURM_JOB_ID", "0")
-    if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
-        return Nodes(count, node, f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", job_id)
-    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
-    if not nodelist:
-        raise LaunchError(f"a {count}-node job without SLURM_JOB_NODELIST (or MASTER_ADDR/MASTER_PORT): "
-                          "the rendezvous host is unknown")
-    from submitit.slurm.slurm import _parse_node_list
+    host = os.environ.get("MASTER_ADDR")
+    if not host:
+        nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+        if not nodelist:
+            raise LaunchError(f"a {count}-node job without SLURM_JOB_NODELIST (or MASTER_ADDR): the rendezvous "
+                              "host is unknown")
+        from submitit.slurm.slurm import _parse_node_list
 
-    first = _parse_node_list(nodelist)[0]
-    port = 20000 + int(job_id) % 20000 if job_id.isdigit() else 29500  # as TorchDistributedEnvironment
-    return Nodes(count, node, f"{first}:{port}", job_id)
+        host = _parse_node_list(nodelist)[0]
+    port = os.environ.get("MASTER_PORT") or (20000 + int(job_id) % 20000 if job_id.isdigit() else 29500)
+    return Nodes(count, node, f"{host}:{port}", job_id)
 
 
 def check_allocation(cfg: ExperimentConfig, nodes: Optional[Nodes] = None) -> None:

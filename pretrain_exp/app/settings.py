@@ -65,6 +65,9 @@ def resolve(key: str, default: Any = _NO_DEFAULT, *, _root_) -> Any:
 
     model, cache_dir = _model(_root_)
     framework = str(_root_.framework.name)
+    if model.init == "random" and not get_framework_class(framework).supports_random_init:
+        raise ConfigError("model.init", f"framework {framework!r} continues checkpoints only; pretrain from "
+                          "scratch with framework=olmo_core or framework=hf")
     found = settings_of(framework, model, cache_dir)
     if key not in found:
         if default is not _NO_DEFAULT and not found:

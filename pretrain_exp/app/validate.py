@@ -41,7 +41,7 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
                               "pretrain from scratch with framework=olmo_core or framework=hf")
         if not cfg.model.config:
             raise ConfigError("model.config", "model.init=random needs the model's shape: an OLMo-core builder "
-                              "(olmo2_1B, olmo3_7B, ...) for olmo_core, a config.json / model dir / Hub id for hf")
+                              "(olmo2_1B_v2, olmo3_7B, ...) for olmo_core, a config.json / model dir / Hub id for hf")
         given = [k for k in ("asset", "path", "url") if getattr(cfg.model, k) is not None]
         if given:
             raise ConfigError(f"model.{given[0]}", "model.init=random builds the model from model.config; unset "

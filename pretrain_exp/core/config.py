@@ -100,7 +100,7 @@ class ModelConf:
     init: str = "checkpoint"  #: ``checkpoint`` (continue its weights) or ``random`` (pretrain from scratch: the
     #: engine's own initialisation of ``config``, seeded with ``init_seed``, saved as the step-0 checkpoint)
     config: Optional[str] = None  #: with ``init=random``: an OLMo-core ``TransformerConfig`` builder
-    #: (``olmo2_1B``, ``olmo3_7B``, ``olmo2_1M``, ...) for olmo_core; an HF ``config.json``, model dir, model asset
+    #: (``olmo2_1B_v2``, ``olmo3_7B``, ``olmo2_14M``, ...) for olmo_core; an HF ``config.json``, model dir, model asset
     #: or Hub id for hf
     init_seed: int = II("seed")  # type: ignore[assignment]  #: seed of the random initialisation
 

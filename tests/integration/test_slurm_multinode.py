@@ -1,0 +1,79 @@
+"""A 2-node job on a real SLURM cluster through ``hydra/launcher=slurm_multinode`` (skipped unless ``sinfo`` shows a
+partition with two nodes up, e.g. two ``slurmd -N <name>`` daemons on one host: Slurm's multiple-slurmd mode with
+distinct ``NodeName`` / ``Port`` lines, selected through ``SLURM_CONF``).
+
+SLURM starts one task per node; each runs the Hydra job, whose launcher starts ``torch.distributed.run --nnodes 2
+--node-rank $SLURM_NODEID`` with a c10d rendezvous (``MASTER_ADDR=127.0.0.1`` through the launcher's setup lines,
+since the node names of such a cluster do not resolve). A USR2 (what SLURM sends before preemption or the time
+limit) mid-training makes submitit requeue the job; both nodes' tasks re-run and the run resumes from its newest
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import CACHE_DIR, ROOT
+
+
+def two_node_partition() -> str | None:
+    """A partition with at least two nodes in a usable state, or ``None`` (no controller, or none such)."""
+    if shutil.which("sinfo") is None:
+        return None
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%P %D %t"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in out.stdout.splitlines() if out.returncode == 0 else []:
+        part, nodes, state = line.split()
+        if int(nodes) >= 2 and state in ("idle", "mix", "alloc"):
+            return part.rstrip("*")
+    return None
+
+
+PARTITION = two_node_partition()
+pytestmark = [pytest.mark.slow, pytest.mark.slurm,
+              pytest.mark.skipif(PARTITION is None, reason="no SLURM partition with two nodes answers `sinfo`")]
+
+
+def test_a_two_node_job_trains_once_and_resumes_after_requeue(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "pretrain_exp", "-m", "hydra/launcher=slurm_multinode",
+           f"hydra.launcher.partition={PARTITION}", "hydra.launcher.gpus_per_node=null",
+           "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=1", "hydra.launcher.timeout_min=30",
+           "hydra.launcher.setup=[export MASTER_ADDR=127.0.0.1]", f"hydra.sweep.dir={sweep_dir}",
+           "experiment=tiny", "wandb=disabled", "training.num_threads=1", "training.nnodes=2",
+           "training.num_steps=24", "training.checkpoint_interval=4", "eval=[insertion_loss]", "seed=0",
+           "insertion.experiments.fictional_bios.repetitions=[0,1,2,4]"]
+    env = os.environ | {"PRETRAIN_EXP_CACHE": str(CACHE_DIR), "PRETRAIN_EXP_RUNS": str(tmp_path / "runs"),
+                        "PYTHONPATH": str(ROOT), "WANDB_SILENT": "true"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    job = sweep_dir / "0"
+    try:
+        deadline = time.time() + 900
+        while not list(job.glob("checkpoints/checkpoint-*/trainer_state.json")):
+            assert proc.poll() is None and time.time() < deadline, "job never wrote a checkpoint"
+            time.sleep(0.5)
+        (job_id,) = {p.name.split("_")[0] for p in (sweep_dir / ".submitit").iterdir() if p.name[:1].isdigit()}
+        nodes = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%D"], capture_output=True, text=True).stdout
+        assert nodes.strip() == "2"
+        subprocess.run(["scancel", "--signal=USR2", "--full", job_id], check=True)
+        out, _ = proc.communicate(timeout=1200)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    logs = "".join(p.read_text() for p in (sweep_dir / ".submitit").rglob("*_log.err"))
+    assert "--nnodes=2" in logs and "--node-rank=1" in logs and "--node-rank=0" in logs
+    assert "resuming from" in (job / "pretrain_exp.log").read_text()
+    assert json.loads((job / "results.json").read_text())["step"] == 24
+    trained = [json.loads(line)["step"] for line in (job / "metrics.jsonl").read_text().splitlines()
+               if "train/loss" in line]
+    assert trained.count(1) == 1 and max(trained) == 24  # resumed, not restarted from step 1

@@ -1,0 +1,56 @@
+"""``benchmarks/gpu_throughput.py``: its figures (FLOPs per token from OLMo-core, MFU, plan sizing, steady-state
+tokens/s) and, on CPU with ``--tiny``, the whole code path (slow)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
+
+spec = importlib.util.spec_from_file_location("gpu_throughput", ROOT / "benchmarks" / "gpu_throughput.py")
+bench = importlib.util.module_from_spec(spec)
+sys.modules["gpu_throughput"] = bench  # dataclasses look their module up
+spec.loader.exec_module(bench)
+
+
+def test_olmo2_1b_flops_and_mfu():
+    fpt = bench.flops_per_token("olmo2_1B_v2", 4096)
+    # 6 N (N ~ 1.28e9 parameters incl. the 100,352 x 2,048 output layer) + attention 12 n_layers d L
+    assert 8.0e9 < fpt < 9.5e9
+    assert bench.mfu(40_000, fpt, 989.0) == pytest.approx(40_000 * fpt / 989e12)
+
+
+def test_plan_sizing_and_steady_state_rate(tmp_path):
+    n = bench.bios_for_fraction(0.015, 40 * 4 * 4096)
+    assert n % 4 == 0
+    copies = n / 4 * sum(bench.REPETITIONS)
+    assert copies * bench.BIO_TOKENS / (40 * 4 * 4096) == pytest.approx(0.015, rel=0.05)
+    m = tmp_path / "metrics.jsonl"
+    m.write_text("\n".join(json.dumps({"step": k, "train/tokens_per_s": v}) for k, v in
+                           [(1, 10.0), (2, 100.0), (3, 200.0), (4, 300.0)]))
+    assert bench.steady_tokens_per_s(m, warmup=1) == 200.0
+    with pytest.raises(RuntimeError, match="no train/tokens_per_s"):
+        bench.steady_tokens_per_s(m, warmup=4)
+    args = bench.run_overrides("olmo_core", bench.Setup("olmo2_1B_v2", 4096, 4, 40, 10, "bf16", True, "flash", 989.0),
+                               True, 0.015, None)
+    assert {"model.config=olmo2_1B_v2", "training.compile=true", "training.attention=flash",
+            "training.sequence_length=4096", "training.micro_batch_size=4"} <= set(args)
+
+
+@pytest.mark.slow
+def test_tiny_run_prints_the_table(tmp_path):
+    out = subprocess.run([sys.executable, "benchmarks/gpu_throughput.py", "--tiny", "--out", str(tmp_path)],
+                         cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT), "WANDB_SILENT": "true"},
+                         capture_output=True, text=True, timeout=1800)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "olmo_core: insertion on / off" in out.stdout and "hf: insertion on / off" in out.stdout
+    assert bench.plan_fraction(tmp_path / "olmo_core-insert") > 0
+    assert bench.plan_fraction(tmp_path / "hf-plain") == 0.0
