@@ -5,7 +5,8 @@ hf framework (``transformers.Trainer``, SDPA, bf16), in one run.
 Every configuration is a real from-scratch run of the project's CLI (``model.init=random``,
 ``model.config=olmo2_1B_v2``: OLMo-core's ``TransformerConfig.olmo2_1B_v2``, the released OLMo-2 1B: 16 layers,
 d_model 2048; for hf the same shape exported to an HF ``Olmo2ForCausalLM`` config) at sequence length 4096 with
-a micro-batch of ``--micro-batch`` rows per GPU (4: the OLMo-2 1B recipe's rank micro-batch of 16,384 tokens), on the Shakespeare corpus's dolma2 tokens. The insertion plan writes fictional
+a micro-batch of ``--micro-batch`` rows per GPU (4: the OLMo-2 1B recipe's rank micro-batch of 16,384 tokens), on
+the Shakespeare corpus's dolma2 tokens. The insertion plan writes fictional
 biographies at dup counts 1/2/4/8 into ``--fraction`` (default 1.5%) of the training tokens. tokens/s per GPU is the
 median over the steps after ``--warmup`` (compilation and the first steps excluded), read from the run's
 ``metrics.jsonl`` (OLMo-core's speed monitor ``throughput/device/TPS``; the hf framework's per-step tokens/s); MFU =
