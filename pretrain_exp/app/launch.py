@@ -10,7 +10,8 @@ in this process (one node, N = 1) or starts torchrun as a child:
 - ``M`` nodes (``hydra/launcher=slurm_multinode``: one SLURM task per node, each running this function):
   ``python -m torch.distributed.run --nnodes M --node-rank $SLURM_NODEID --rdzv-backend c10d --rdzv-endpoint
   <first node>:<port> --rdzv-id <job id> --nproc-per-node N -m pretrain_exp.app.worker <config>``, the pattern of
-  OLMo-core's and torchtitan's SLURM scripts. The endpoint is the first host of the job's node list (or
+  OLMo-core's and torchtitan's SLURM scripts; the run dir must be on a filesystem every node sees (OLMo-core is
+  told so with ``OLMO_SHARED_FS=1``). The endpoint is the first host of the job's node list (or
   ``MASTER_ADDR``) and a port derived from the job id (or ``MASTER_PORT``), as submitit's
   ``TorchDistributedEnvironment`` derives them (:func:`job_nodes`). Only node 0 writes into the run dir (config,
   plan, manifest); the other nodes hand their workers a node-local copy of the resolved config, and their ranks
@@ -167,11 +168,13 @@ def launch(cfg: ExperimentConfig) -> dict | None:
     else:  # the other nodes write nothing into the run dir: their workers read a node-local copy of the config
         node_dir = Path(tempfile.mkdtemp(prefix=f"pretrain_exp-{nodes.rdzv_id}-node{nodes.rank}-"))
         config_path, log_dir = save_resolved_config(cfg, node_dir), node_dir / "torchrun"
+    # the run dir must be on a filesystem every node sees; OLMo-core refuses to checkpoint across nodes unless told
+    env = os.environ if nodes.count == 1 else {"OLMO_SHARED_FS": "1", **os.environ}
     with _worker_config(cfg, config_path) as worker_config:
         argv = torchrun_argv(cfg.training.nproc_per_node, worker_config, log_dir, nodes)
         log.info("starting %d of %d ranks (node %d of %d): %s", cfg.training.nproc_per_node, world, nodes.rank,
                  nodes.count, " ".join(argv))
-        proc = subprocess.run(argv)
+        proc = subprocess.run(argv, env=env)
     if proc.returncode != 0:
         raise TrainingError(f"torchrun with {cfg.training.nproc_per_node} ranks on node {nodes.rank} of "
                             f"{nodes.count} exited with status {proc.returncode}; rank logs: {log_dir}")

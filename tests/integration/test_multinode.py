@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -66,9 +67,17 @@ def run_two_nodes(args, run_dir: Path, runs: Path) -> None:
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "pretrain_exp", *args, "training.nnodes=2", f"hydra.run.dir={run_dir}"],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outs = [p.communicate(timeout=900)[0] for p in procs]
+    deadline = time.monotonic() + 900
+    while any(p.poll() is None for p in procs):  # a node that fails ends the job (the other waits in a collective)
+        if any(p.poll() not in (None, 0) for p in procs) or time.monotonic() > deadline:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        time.sleep(0.5)
+    outs = [p.communicate()[0] for p in procs]
     for node, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0, f"node {node}:\n{out[-4000:]}"
+        logs = "".join(f.read_text() for f in sorted(run_dir.glob("torchrun/**/stderr.log")))
+        assert p.returncode == 0, f"node {node}:\n{out[-3000:]}\n{logs[-3000:]}"
     assert "--nnodes=2" in outs[1] and "--node-rank=1" in outs[1] and "--rdzv-backend=c10d" in outs[1]
 
 
