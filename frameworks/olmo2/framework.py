@@ -192,6 +192,8 @@ def masked_rows(order, qs, filt) -> np.ndarray:
 class Olmo2Framework(OlmoCoreFramework):
     """Continue an OLMo-2 checkpoint on OLMo-core (module docstring)."""
 
+    supports_random_init = False  #: from scratch on OLMo-core is ``framework=olmo_core`` (no OLMo-2 checkpoint)
+
     @functools.cached_property
     def source_dir(self) -> Path:
         """The OLMo-2 checkpoint this run continues (recorded in the converted checkpoint's ``config.json``)."""

@@ -15,6 +15,7 @@ REQUIRED = {
     ("model", "local"): ["model.path=/models/x"],
     ("model", "hf"): ["model.path=allenai/OLMo-2-0425-1B", "model.revision=stage1-step100000-tokens210B"],
     ("data", "hf_dataset"): ["data.dataset=/data/docs.parquet"],
+    ("model", "scratch"): ["model.config=tiny_llama"],  # the architecture to initialise (hf: any HF config)
     ("data", "text"): ["data.text=/data/docs"],
     ("data", "token_files"): ["data.paths=[/data/part-0.npy]"],
     ("data", "checkpoint"): ["framework=olmo_core"],  # the checkpoint records its token files
