@@ -117,6 +117,8 @@ class Framework(ABC):
     supports_random_init: ClassVar[bool] = False
     #: the ``training.lr_scheduler`` values :meth:`train` supports (checked when the config is validated)
     lr_schedulers: ClassVar[Tuple[str, ...]] = ()
+    #: the ``training.report_to`` loggers :meth:`train` hands to its engine (none: only the run's own tracker)
+    report_to: ClassVar[Tuple[str, ...]] = ()
 
     #: whether :meth:`resolve_model` loads HF Hub model ids (``model.path=<org>/<name>``, ``model.revision``)
     loads_hub_models: ClassVar[bool] = True

@@ -16,6 +16,7 @@ in segments, or resuming after a crash, follows the same schedule as one uninter
 
 from __future__ import annotations
 
+import csv
 import logging
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ from transformers import (
     TrainingArguments,
     default_data_collator,
 )
+from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
 
 from frameworks.base import Checkpoint, Framework, LogFn, latest_step_dir
 from frameworks.hf.sampler import RankLayoutSampler
@@ -106,11 +108,33 @@ class _Segment(TrainerCallback):
             self.log_fn(out, self.start_step + state.global_step)
 
 
+class CsvLog(TrainerCallback):
+    """``training.report_to=csv``: every scalar the Trainer logs, appended to ``path`` as tidy rows
+    ``step,name,value`` (``step``: the run's global step, ``start_step`` + the Trainer's)."""
+
+    def __init__(self, path: Path, start_step: int):
+        self.path, self.start_step = Path(path), int(start_step)
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        if not state.is_world_process_zero:
+            return
+        rows = [(self.start_step + state.global_step, k, float(v)) for k, v in (logs or {}).items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        new = not self.path.is_file()
+        with open(self.path, "a", newline="") as f:
+            w = csv.writer(f)
+            if new:
+                w.writerow(("step", "name", "value"))
+            w.writerows(rows)
+
+
 class HFFramework(Framework):
     """Continue an HF causal LM with ``transformers.Trainer`` (module docstring)."""
 
     applies_embedding_noise = True
     supports_random_init = True  #: ``model.init=random``: :func:`~frameworks.hf.scratch.random_init_model_dir`
+    #: ``TrainingArguments.report_to`` integrations (W&B excepted: it is the run's own tracker) and ``csv``
+    report_to = tuple(sorted(set(INTEGRATION_TO_CALLBACK) - {"wandb"})) + ("csv",)
     #: every ``transformers`` ``SchedulerType`` (``training.lr_scheduler`` is passed to ``TrainingArguments``)
     lr_schedulers = tuple(s.value for s in SchedulerType)
 
@@ -168,7 +192,8 @@ class HFFramework(Framework):
             save_steps=t.checkpoint_interval,
             save_total_limit=keep if keep > 0 else None,
             logging_steps=1,
-            report_to="none",
+            report_to=[r for r in self.cfg.training.report_to if r != "csv"] or "none",
+            gradient_checkpointing=t.gradient_checkpointing,
             seed=self.cfg.seed,
             dataloader_num_workers=0,
             remove_unused_columns=False,
@@ -192,7 +217,8 @@ class HFFramework(Framework):
         trainer = _OrderedTrainer(
             model=model, args=self.training_arguments(), train_dataset=rows, data_collator=default_data_collator,
             processing_class=AutoTokenizer.from_pretrained(str(self.model_dir)),  # saved with every checkpoint
-            callbacks=[_Segment(until_step - s0, s0, t.global_batch_size * t.sequence_length, log_fn)],
+            callbacks=[_Segment(until_step - s0, s0, t.global_batch_size * t.sequence_length, log_fn)]
+            + ([CsvLog(self.run_dir / "trainer_log.csv", s0)] if "csv" in t.report_to else []),
             sampler=self.sampler(world_size()), noise=noise)
         log.info("training steps %d -> %d (%s)", start.step, until_step, "resumed" if resume else "fresh")
         try:

@@ -148,12 +148,20 @@ class StartAt(Callback):
 
 
 class ForwardMetrics(Callback):
-    """Forward OLMo-core's training scalars (loss, grad norm, LR, tokens/s, MFU; :data:`METRICS`) to ``log_fn``."""
+    """Forward every scalar OLMo-core's trainer collects (losses, optimizer, throughput, system metrics) to
+    ``log_fn`` at the trainer's global step: the five of :data:`METRICS` under the run's names (``train/loss``,
+    ``train/grad_norm``, ``train/learning_rate``, ``train/tokens_per_s``, ``train/mfu``), every other one under its
+    OLMo-core name (e.g. ``train/Z loss``, ``throughput/total tokens``)."""
 
     def __init__(self, log_fn: LogFn, names: Mapping[str, str] = METRICS):
         self.log_fn, self.names = log_fn, dict(names)
 
     def log_metrics(self, step: int, metrics) -> None:
-        out = {ours: float(metrics[theirs]) for theirs, ours in self.names.items() if theirs in metrics}
+        out = {}
+        for name, value in metrics.items():
+            try:
+                out[self.names.get(name, name)] = float(value)
+            except (TypeError, ValueError):  # a non-scalar entry: not a metric to chart
+                continue
         if out:
             self.log_fn(out, step)

@@ -479,8 +479,9 @@ class OlmoCoreFramework(Framework):
                                              num_replicas=world // shard, **sharded)
 
     def _ac_config(self):
-        """OLMo-core's full activation checkpointing if ``training.activation_checkpointing``, else ``None``."""
-        if not self.cfg.training.activation_checkpointing:
+        """OLMo-core's full activation checkpointing if ``training.activation_checkpointing`` (or its hf-style alias
+        ``training.gradient_checkpointing``), else ``None``."""
+        if not (self.cfg.training.activation_checkpointing or self.cfg.training.gradient_checkpointing):
             return None
         from olmo_core.train.train_module import (
             TransformerActivationCheckpointingConfig,

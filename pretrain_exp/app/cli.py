@@ -87,6 +87,8 @@ def main(cfg: DictConfig) -> None:
         save_hydra_files(cfg, run_dir)
     try:
         exp = to_config(cfg)
+        if sweep and exp.wandb.group is None:  # the jobs of a sweep side by side in W&B
+            exp.wandb.group = Path(HydraConfig.get().sweep.dir).name
         with RunDirLock(run_dir):  # one process per run dir (core.runlock); torchrun ranks run under this one
             check_same_run(exp, run_dir)  # a refused config changes nothing in the run dir
             if not fresh:

@@ -58,6 +58,9 @@ def arm_config(cfg: ExperimentConfig, arm: str, seed: int) -> ExperimentConfig:
         a.eval.tasks = {k: t for k, t in a.eval.tasks.items()
                         if getattr(t, "experiment", None) not in a.insertion.withheld}
     a.run_name = a.wandb.name = f"{cfg.name}-{cfg.model.name}-step{cfg.model.checkpoint_step}-{arm}-seed{seed}"
+    a.wandb.group = cfg.wandb.group or cfg.run_name  # the arms and the CPDT run side by side in W&B
+    a.wandb.job_type = cfg.wandb.job_type or "cpdt-arm"
+    a.wandb.tags = [*cfg.wandb.tags, "cpdt", arm, f"seed{seed}"]
     a.run_dir = str(arm_dir(Path(cfg.run_dir).resolve(), arm, seed))
     return a
 
@@ -80,7 +83,11 @@ def run_cpdt(cfg: ExperimentConfig) -> dict:
         log.info("cpdt arm %d/%d: %s seed %d", k, len(arms), arm, seed)
         launch(arm_config(cfg, arm, seed))
     table = write_cpdt_report(run_dir)
-    with Tracker(cfg) as tracker:  # the CPDT run's own W&B run (the arms have theirs)
+    table_cfg = copy.deepcopy(cfg)
+    table_cfg.wandb.group = cfg.wandb.group or cfg.run_name
+    table_cfg.wandb.job_type = cfg.wandb.job_type or "cpdt-table"
+    table_cfg.wandb.tags = [*cfg.wandb.tags, "cpdt"]
+    with Tracker(table_cfg) as tracker:  # the CPDT run's own W&B run (the arms have theirs)
         log_cpdt_wandb(tracker, table)
     print_cpdt(table)
     return table

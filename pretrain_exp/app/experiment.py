@@ -299,16 +299,19 @@ class Experiment:
             if not self.main:
                 return {}
             audit = self.run_dir / "audit.json"
-            results = summarize(cfg, self.plan, evaluated, self._all_evaluated(), time.perf_counter() - t_start,
+            all_evaluated = self._all_evaluated()
+            results = summarize(cfg, self.plan, evaluated, all_evaluated, time.perf_counter() - t_start,
                                 json.loads(audit.read_text()) if self.audit is not None and audit.is_file() else None)
             write_json(self.run_dir / "results.json", results)
             write_run_tables(self.run_dir)  # manifest, items and per-item eval rows as Parquet (load_run)
             plots = {"loss_vs_dup": plot_per_dup, "loss_vs_step": plot_loss_vs_step}
             for name, plot in plots.items():
                 plot(results, self.run_dir / "plots" / f"{name}.png")
-            if tracker.wandb_dir is not None:
-                tracker.run.log({f"plots/{name}": _wandb_image(self.run_dir / "plots" / f"{name}.png")
-                                 for name in plots})
+            if tracker.wandb_dir is not None:  # figures, tables and artifacts at the run's last global step
+                tracker.log_media({f"plots/{name}": _wandb_image(self.run_dir / "plots" / f"{name}.png")
+                                   for name in plots}, ckpt.step)
+                tracker.log_results(results, all_evaluated, ckpt.step)
+                tracker.log_artifacts(None if ckpt is initial else ckpt.path)
         self._cleanup()
         return results
 
@@ -422,7 +425,8 @@ def holds_credentials(cfg: ExperimentConfig) -> bool:
 MUTABLE_KEYS = ("eval.", "wandb.", "run_dir", "cache_dir", "name", "run_name", "data.token_dir", "insertion.verify",
                 "insertion.audit",
                 "training.max_retries", "training.retry_base_delay_s", "training.num_threads", "training.cleanup",
-                "training.keep_last_checkpoints", "training.export_hf")
+                "training.keep_last_checkpoints", "training.export_hf", "training.report_to",
+                "training.gradient_checkpointing")
 
 
 def _flatten(d: dict, prefix: str = "") -> Dict[str, object]:

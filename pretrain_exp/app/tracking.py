@@ -1,7 +1,8 @@
 """Tracking: every logged scalar goes to ``<run_dir>/metrics.jsonl`` and to a W&B run.
 
 W&B runs offline (``<run_dir>/wandb/offline-run-*``, upload later with ``wandb sync``) unless
-``wandb.mode=online`` and an API key is configured (``WANDB_API_KEY`` or ``wandb login``). The W&B run id is kept
+``wandb.mode=online`` and W&B finds a login for its host (``WANDB_API_KEY``, ``wandb login``, ``~/.netrc``; a
+self-hosted ``WANDB_BASE_URL`` counts; :func:`~pretrain_exp.report.wandb_log.has_wandb_login`). The W&B run id is kept
 in ``<run_dir>/wandb_id.txt`` so a resumed run continues the same W&B run; ``wandb.resume_id`` attaches to a
 given run instead (``resume="must"``).
 """
@@ -16,13 +17,13 @@ import os
 import uuid
 from enum import Enum
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List, Optional
 
 from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.core.config import WandbMode
 from pretrain_exp.core.io import write_text
 from pretrain_exp.core.secrets import redact_obj
-from pretrain_exp.report.wandb_log import has_wandb_key
+from pretrain_exp.report.wandb_log import has_wandb_login
 
 log = logging.getLogger(__name__)
 
@@ -44,18 +45,31 @@ def config_dict(cfg: ExperimentConfig) -> Dict[str, Any]:
     return _plain(cfg)
 
 
+#: files of the run dir logged as the ``insertion-plan`` artifact (those present)
+PLAN_FILES = ("plan.npz", "manifest.jsonl", "items.jsonl", "config.resolved.yaml")
+
+
 class Tracker:
-    """``metrics.jsonl`` + W&B for one run. Use as a context manager (finishes the W&B run)."""
+    """``metrics.jsonl`` + W&B for one run. Use as a context manager (finishes the W&B run).
+
+    W&B has one step axis: every metric is charted against ``global_step`` (``wandb.define_metric``), the trainer's
+    global step, which every :meth:`log` and :meth:`log_media` call carries; W&B's own ``_step`` only counts calls.
+    The run is put in ``wandb.group`` (default: the sweep's name in a sweep, set by the CLI; the CPDT run's for its
+    arms) with ``wandb.job_type`` (default ``train``, ``eval`` for an evaluation-only run) and tags (framework,
+    model, experiment name, ``wandb.tags``).
+    """
 
     def __init__(self, cfg: ExperimentConfig):
         import wandb
 
         self.run_dir = Path(cfg.run_dir)
         self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.cfg = cfg
         w = cfg.wandb
         mode = w.mode
-        if mode == WandbMode.online and not has_wandb_key():
-            log.warning("wandb.mode=online but no W&B API key is configured; logging offline instead")
+        if mode == WandbMode.online and not has_wandb_login():
+            log.warning("wandb.mode=online but W&B finds no login for %s (WANDB_API_KEY, `wandb login` or "
+                        "~/.netrc); logging offline instead", os.environ.get("WANDB_BASE_URL", "api.wandb.ai"))
             mode = WandbMode.offline
         id_file = self.run_dir / "wandb_id.txt"
         # written atomically below; an empty file (left by an older, non-atomic write) counts as absent
@@ -64,8 +78,11 @@ class Tracker:
         os.environ.setdefault("WANDB_SILENT", "true")
         self.run = wandb.init(project=w.project, entity=w.entity, name=name, id=run_id, dir=str(self.run_dir),
                               mode=mode.value, resume="must" if w.resume_id else "allow",
-                              config=redact_obj(config_dict(cfg)),
+                              config=redact_obj(config_dict(cfg)), group=w.group, job_type=job_type(cfg),
+                              tags=run_tags(cfg),
                               settings=wandb.Settings(x_disable_meta=True))  # no command line (it may hold URLs)
+        self.run.define_metric("global_step")
+        self.run.define_metric("*", step_metric="global_step")
         if mode != WandbMode.disabled:
             write_text(id_file, run_id)
         self.wandb_dir = None if mode == WandbMode.disabled else Path(self.run.dir).parent
@@ -77,6 +94,56 @@ class Tracker:
             f.write(json.dumps({"step": int(step), **clean}) + "\n")
         self.run.log(clean | {"global_step": int(step)})
 
+    def log_media(self, items: Dict[str, Any], step: int) -> None:
+        """Log W&B objects (``wandb.Table``, ``wandb.Image``; ``None`` values skipped) at global step ``step``;
+        nothing when W&B is disabled."""
+        items = {k: v for k, v in items.items() if v is not None}
+        if self.wandb_dir is not None and items:
+            self.run.log(items | {"global_step": int(step)})
+
+    def log_results(self, results: dict, evaluated: Dict[int, Dict[str, dict]], step: int) -> None:
+        """Log the run's tables at global step ``step`` as ``wandb.Table``: ``tables/per_dup`` (the results'
+        per (experiment, dup count) rows) and, per eval task, ``tables/<task>/per_dup`` and
+        ``tables/<task>/items`` (its per-item rows), each row with the ``step`` it was evaluated at."""
+        if self.wandb_dir is None:
+            return
+        tables = {"tables/per_dup": results.get("per_dup") or []}
+        for s, tasks in sorted(evaluated.items()):
+            for task, rec in tasks.items():
+                for kind in ("per_dup", "rows"):
+                    key = f"tables/{task}/{'items' if kind == 'rows' else kind}"
+                    tables.setdefault(key, []).extend({"step": s, **r} for r in rec.get(kind) or [])
+        self.log_media({k: wandb_table(rows) for k, rows in tables.items() if rows}, step)
+
+    def log_artifacts(self, checkpoint: Optional[Path] = None) -> None:
+        """Log the run's provenance as W&B artifacts: ``plan-<run id>`` (type ``insertion-plan``: the plan,
+        manifest, items and resolved config), the newest HF export ``hf/step<N>/`` as ``hf-<run id>`` (type
+        ``model``) if the run dir holds one, and, with ``wandb.log_checkpoints``, ``checkpoint`` as
+        ``checkpoint-<run id>`` (type ``checkpoint``). W&B stores an unchanged artifact once."""
+        import wandb
+
+        if self.wandb_dir is None:
+            return
+        rid = self.run.id
+        files = [self.run_dir / n for n in PLAN_FILES if (self.run_dir / n).is_file()]
+        if files:
+            art = wandb.Artifact(f"plan-{rid}", type="insertion-plan",
+                                 description=f"insertion plan, manifest and resolved config of {self.cfg.run_name}")
+            for f in files:
+                art.add_file(str(f))
+            self.run.log_artifact(art)
+        exports = sorted((d for d in (self.run_dir / "hf").glob("step*") if d.name[4:].isdigit() and d.is_dir()),
+                         key=lambda d: int(d.name[4:]))
+        if exports:
+            art = wandb.Artifact(f"hf-{rid}", type="model", metadata={"step": int(exports[-1].name[4:])},
+                                 description=f"HF export of {self.cfg.run_name} at {exports[-1].name}")
+            art.add_dir(str(exports[-1]))
+            self.run.log_artifact(art)
+        if self.cfg.wandb.log_checkpoints and checkpoint is not None and Path(checkpoint).is_dir():
+            art = wandb.Artifact(f"checkpoint-{rid}", type="checkpoint", metadata={"path": str(checkpoint)})
+            art.add_dir(str(checkpoint))
+            self.run.log_artifact(art)
+
     def finish(self) -> None:
         self.run.finish()
 
@@ -87,12 +154,42 @@ class Tracker:
         self.finish()
 
 
+def job_type(cfg: ExperimentConfig) -> str:
+    """``wandb.job_type``, else ``train`` (``eval`` for a run with ``training.num_steps=0``)."""
+    return cfg.wandb.job_type or ("train" if cfg.training.num_steps else "eval")
+
+
+def run_tags(cfg: ExperimentConfig) -> List[str]:
+    """The run's W&B tags: framework, model and experiment names, then ``wandb.tags`` (no repeats)."""
+    return list(dict.fromkeys([cfg.framework.name, cfg.model.name, cfg.name, *cfg.wandb.tags]))
+
+
+def wandb_table(rows: List[Dict[str, Any]]):
+    """``rows`` (dicts) as one ``wandb.Table``: columns in first-seen order, missing cells ``None``, lists and
+    dicts as JSON text."""
+    import wandb
+
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    cell = (lambda v: json.dumps(v) if isinstance(v, (list, dict)) else v)
+    return wandb.Table(columns=columns, data=[[cell(r.get(c)) for c in columns] for r in rows],
+                       allow_mixed_types=True)
+
+
 class NullTracker:
     """The tracker of ranks other than 0: logs nothing."""
 
     wandb_dir = None
 
     def log(self, metrics: Dict[str, float], step: int) -> None:
+        pass
+
+    def log_media(self, items: Dict[str, Any], step: int) -> None:
+        pass
+
+    def log_results(self, results: dict, evaluated: Dict[int, Dict[str, dict]], step: int) -> None:
+        pass
+
+    def log_artifacts(self, checkpoint: Optional[Path] = None) -> None:
         pass
 
     def __enter__(self) -> "NullTracker":

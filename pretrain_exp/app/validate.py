@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from pretrain_exp.app.config import ExperimentConfig
@@ -99,6 +99,16 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError("training.max_retries", f"must be >= 0, got {t.max_retries}")
     if not (t.learning_rate >= 0 and math.isfinite(t.learning_rate)):
         raise ConfigError("training.learning_rate", f"must be a finite number >= 0, got {t.learning_rate}")
+    t.report_to = report_to_list(t.report_to)
+    for i, name in enumerate(t.report_to):
+        if name == "wandb":
+            raise ConfigError(f"training.report_to[{i}]", "W&B is the run's own tracker (wandb=offline|online, "
+                              "one W&B run with the global step as its axis); leave wandb out of training.report_to")
+        if name not in framework.report_to:
+            allowed = (f"allowed: {sorted(framework.report_to)}" if framework.report_to else
+                       "it logs to metrics.jsonl and W&B only; set training.report_to=none")
+            raise ConfigError(f"training.report_to[{i}]", f"{name!r} is not a logger of framework "
+                              f"{cfg.framework.name!r}; {allowed}")
     if cfg.framework.may_use_run_lr_schedule() and t.lr_scheduler not in framework.lr_schedulers:
         raise ConfigError("training.lr_scheduler", f"unknown scheduler {t.lr_scheduler!r} for framework "
                           f"{cfg.framework.name!r}; allowed: {sorted(framework.lr_schedulers)}")
@@ -169,6 +179,21 @@ def validate_cpdt(cfg: ExperimentConfig) -> None:
         effect_task(name, exp.type, tasks)
 
 
+def report_to_list(value) -> list:
+    """``training.report_to`` (a name, a comma-separated string or a list; ``none`` or empty: no logger) as a list
+    of logger names.
+
+    :raises ConfigError: for a value that is neither a string nor a list of strings.
+    """
+    if value is None:
+        return []
+    names = value.split(",") if isinstance(value, str) else list(value)
+    if not all(isinstance(n, str) for n in names):
+        raise ConfigError("training.report_to", f"must be a logger name or a list of them, got {value!r}")
+    names = [n.strip() for n in names if n.strip()]
+    return [] if names in ([], ["none"]) else names
+
+
 def to_config(cfg: DictConfig) -> ExperimentConfig:
     """Convert a composed (or loaded ``config.resolved.yaml``) config into a validated :class:`ExperimentConfig`.
 
@@ -192,6 +217,11 @@ def to_config(cfg: DictConfig) -> ExperimentConfig:
             typed = typed_node(f"insertion.experiments.{name}", node)
             if typed is not node:
                 cfg.insertion.experiments[name] = typed
+        extra = unknown_keys(cfg)
+        if extra:
+            key, schema = extra[0]
+            raise ConfigError(key, f"unknown key: {schema.__name__} has no field {key.rpartition('.')[2]!r} "
+                              f"(fields: {', '.join(f.name for f in dataclasses.fields(schema))})")
         exp = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
         cause = e
@@ -208,6 +238,32 @@ def to_config(cfg: DictConfig) -> ExperimentConfig:
     exp = validate(exp)
     log_overrides(exp)
     return exp
+
+
+def unknown_keys(node, prefix: str = "") -> list:
+    """Keys of ``node`` (a composed ``DictConfig``, walked without resolving) that its structured-config schema
+    lacks: ``[(dotted key, schema dataclass), ...]`` in document order.
+
+    Hydra's ``+key=value`` adds a key to any node (it opens the struct flag), and ``OmegaConf.to_object`` would set
+    such a key as a stray attribute of the dataclass, i.e. drop it; this finds them so they can be refused. Nodes
+    without a dataclass schema (``Dict[str, Any]`` fields such as ``eval.tasks``) accept any key; their values are
+    walked.
+    """
+    out: list = []
+    if isinstance(node, DictConfig):
+        if node._is_none() or node._is_missing() or node._is_interpolation():
+            return out
+        schema = OmegaConf.get_type(node)
+        fields = {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else None
+        for k in node.keys():
+            key = f"{prefix}{k}"
+            if fields is not None and k not in fields:
+                out.append((key, schema))
+            out += unknown_keys(node._get_node(k), key + ".")
+    elif isinstance(node, ListConfig) and not (node._is_none() or node._is_missing() or node._is_interpolation()):
+        for i in range(len(node)):
+            out += unknown_keys(node._get_node(i), f"{prefix.rstrip('.')}[{i}].")
+    return out
 
 
 def _has_name(node) -> bool:

@@ -178,6 +178,11 @@ class TrainingConf:
     log_rows: bool = False  #: olmo_core/olmo2: write ``rows/rank<r>.jsonl`` (rows and token sha256 trained per step)
     export_hf: ExportHF = ExportHF.final  #: olmo_core/olmo2: HF exports kept in ``hf/step<N>/`` (``none``/``final``/
     #: ``every``); hf checkpoints are HF dirs already (``keep_last_checkpoints`` keeps them)
+    gradient_checkpointing: bool = False  #: recompute activations in the backward pass (less memory, ~30% more
+    #: compute): hf: ``TrainingArguments.gradient_checkpointing``; olmo_core/olmo2: OLMo-core's full activation
+    #: checkpointing (``TransformerActivationCheckpointingConfig``)
+    report_to: Any = "none"  #: hf only: the Trainer's own loggers besides the run's tracker, a name or a list
+    #: (``tensorboard``, ``mlflow``, ... as ``TrainingArguments.report_to``; ``csv``: ``<run_dir>/trainer_log.csv``)
 
 
 @dataclass
@@ -190,6 +195,10 @@ class WandbConf:
     name: str = II("run_name")  # type: ignore[assignment]
     resume_id: Optional[str] = None  #: attach to an existing W&B run by id (``resume="must"``)
     add_step_to_name: bool = False  #: append ``-step<checkpoint_step>`` to the run name
+    group: Optional[str] = None  #: W&B group; None: the sweep's dir name in a sweep, the CPDT run's name for its arms
+    job_type: Optional[str] = None  #: W&B job type; None: ``train`` (``eval`` with ``training.num_steps=0``)
+    tags: List[str] = field(default_factory=list)  #: added to the framework, model and experiment names
+    log_checkpoints: bool = False  #: also log the last checkpoint dir as an artifact (can be GBs)
 
 
 class RunConfig(Protocol):

@@ -280,8 +280,8 @@ def log_cpdt_wandb(tracker, table: dict) -> None:
     ``cpdt/<experiment>/dup<d>/<key>`` at the table's step, and, when W&B is on, the table as a ``wandb.Table``
     (``cpdt/table``) and the figure (``plots/cpdt``).
 
-    :param tracker: the run's tracker: ``log(metrics, step)``, ``wandb_dir`` (``None`` when W&B is disabled) and
-        the W&B ``run`` (:class:`pretrain_exp.app.tracking.Tracker`).
+    :param tracker: the run's tracker: ``log(metrics, step)``, ``log_media(items, step)`` and ``wandb_dir``
+        (``None`` when W&B is disabled) (:class:`pretrain_exp.app.tracking.Tracker`).
     """
     metrics = {}
     for r in table["rows"]:
@@ -293,9 +293,9 @@ def log_cpdt_wandb(tracker, table: dict) -> None:
     if tracker.wandb_dir is not None:
         import wandb
 
-        tracker.run.log({"cpdt/table": wandb.Table(columns=list(COLUMNS), allow_mixed_types=True,
-                                                   data=[[r.get(c) for c in COLUMNS] for r in table["rows"]]),
-                         "plots/cpdt": wandb.Image(table["paths"]["png"])})
+        tracker.log_media({"cpdt/table": wandb.Table(columns=list(COLUMNS), allow_mixed_types=True,
+                                                     data=[[r.get(c) for c in COLUMNS] for r in table["rows"]]),
+                           "plots/cpdt": wandb.Image(table["paths"]["png"])}, table["step"] or 0)
 
 
 def print_cpdt(table: dict) -> None:

@@ -1,4 +1,4 @@
-"""W&B logging of a report, and the one check whether an API key is configured (also used by the run's tracker)."""
+"""W&B logging of a report, and the one check whether W&B has a usable login (also used by the run's tracker)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,17 @@ from pathlib import Path
 from typing import Optional
 
 
-def has_wandb_key() -> bool:
-    """Whether a W&B API key is configured (``WANDB_API_KEY`` or ``api.wandb.ai`` in ``~/.netrc``)."""
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    netrc = Path.home() / ".netrc"
-    return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore")
+def has_wandb_login() -> bool:
+    """Whether W&B finds credentials for its host, asked through ``wandb.login(prompt=False, verify=False)``:
+    ``WANDB_API_KEY``, an identity token file, W&B's settings file, or ``.netrc`` (``NETRC``) for the host of
+    ``WANDB_BASE_URL`` (``api.wandb.ai`` by default, a self-hosted server's otherwise). No prompt, no network
+    request; the key itself is never read here."""
+    import wandb
+
+    try:
+        return bool(wandb.login(prompt=False, verify=False))
+    except Exception:  # noqa: BLE001  (a malformed key or settings file: no usable login)
+        return False
 
 
 def log_report_wandb(rep: dict, out_dir: Path, mode: str, project: str) -> Optional[Path]:
@@ -25,7 +30,7 @@ def log_report_wandb(rep: dict, out_dir: Path, mode: str, project: str) -> Optio
     """
     import wandb
 
-    if mode == "online" and not has_wandb_key():
+    if mode == "online" and not has_wandb_login():
         mode = "offline"
     out_dir = Path(out_dir)
     os.environ.setdefault("WANDB_SILENT", "true")

@@ -57,8 +57,8 @@ def test_cli_unknown_framework(tmp_path):
 
 @pytest.mark.slow
 def test_cli_missing_required_value(tmp_path):
-    proc = cli(tmp_path, "insertion=texts")
-    assert_user_error(proc, "insertion.experiments.texts.file")
+    proc = cli(tmp_path, "insertion=tokens")
+    assert_user_error(proc, "insertion.experiments.tokens.file")
     assert_no_run_dir(tmp_path)
 
 

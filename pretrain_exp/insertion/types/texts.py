@@ -1,6 +1,10 @@
 """``type: texts``: texts read from a jsonl file (under ``key``, default ``text``) or made by a built-in generator,
 tokenized with the model's tokenizer.
 
+Without ``file`` and ``generator`` (``python -m pretrain_exp insertion=texts`` as typed) the experiment uses the
+16 sample texts shipped with the package (:data:`SAMPLE_TEXTS`: short invented biographies and facts, so novel to
+any model) and says so in the log; ``conf/insertion/texts.yaml`` inserts a quarter of them 0/1/4/16 times.
+
 Built-in generators (``generator``) make novel texts, deterministic from a seed: each maps ``(num_items, seed)``
 to a list of texts that are not in any corpus: names and places are assembled from random syllables, so a model
 cannot have seen them in pretraining and every item is distinct.
@@ -8,9 +12,11 @@ cannot have seen them in pretraining and every item is distinct.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
@@ -30,6 +36,9 @@ from pretrain_exp.insertion.schema import InsertionExperimentConf
 from pretrain_exp.insertion.types.base import LOSS_GAP, TypeSpec
 
 log = logging.getLogger(__name__)
+
+#: the sample items of an experiment without ``file`` and ``generator`` (package data, jsonl, key ``text``)
+SAMPLE_TEXTS = Path(__file__).with_name("sample_texts.jsonl")
 
 _ONSETS = ["b", "br", "d", "dr", "f", "g", "gl", "k", "kr", "l", "m", "n", "p", "pl", "r", "s", "st", "t",
            "th", "v", "z", "qu", "sh", "ch", "w", "y"]
@@ -77,7 +86,8 @@ GENERATORS: Dict[str, Callable[[int, int], List[str]]] = {"fictional_bios": fict
 
 @dataclass
 class TextsConf(InsertionExperimentConf):
-    """A ``type: texts`` experiment: ``file`` (texts under ``key``, default ``text``) or ``generator``."""
+    """A ``type: texts`` experiment: ``file`` (texts under ``key``, default ``text``) or ``generator``; neither:
+    the sample texts (:data:`SAMPLE_TEXTS`)."""
 
     type: str = "texts"
     generator: Optional[str] = None  #: built-in item generator (exclusive with ``file``), e.g. ``fictional_bios``
@@ -87,8 +97,6 @@ class TextsConf(InsertionExperimentConf):
 
         :raises ConfigError: naming the offending key.
         """
-        if self.file is None and self.generator is None:
-            raise ConfigError(f"{key}.file", f"missing: set {key}.file=<items.jsonl> (or {key}.generator=<name>)")
         if self.file is not None and self.generator is not None:
             raise ConfigError(key, f"file ({self.file!r}) and generator ({self.generator!r}) are exclusive; "
                               "set only one")
@@ -111,6 +119,10 @@ def load_items(name: str, exp: TextsConf, ctx: LoadContext) -> ItemSet:
     :raises InsertionError: for an empty or too long item, naming it.
     """
     key = f"insertion.experiments.{name}"
+    if exp.file is None and exp.generator is None:
+        exp = dataclasses.replace(exp, file=str(SAMPLE_TEXTS), key=None)
+        log.info(f"{key}: no file given, using the sample texts shipped with pretrain_exp ({SAMPLE_TEXTS}) at dup "
+                 f"counts {exp.repetitions}; set {key}.file=<items.jsonl> (key: text) for your own")
     if exp.generator is not None:
         raw = [(f"{exp.generator}:{ctx.seed}:{i}", text, None)
                for i, text in enumerate(GENERATORS[exp.generator](exp.num_items, ctx.seed))]

@@ -48,7 +48,7 @@ BAD_CONFIGS = {
     "file and generator both set": (["insertion.experiments.fictional_bios.file=items.jsonl"],
                                     ["insertion.experiments.fictional_bios", "file", "generator",
                                      "items.jsonl"]),
-    "insertion=texts without file": (["insertion=texts"], ["insertion.experiments.texts.file"]),
+    "insertion=tokens without file": (["insertion=tokens"], ["insertion.experiments.tokens.file"]),
     "data=text without data.text": (["data=text"], ["data.text"]),
     "unknown eval type": (["+eval.tasks.extra.type=bleu"], ["eval.tasks.extra.type", "'bleu'", "perplexity"]),
     "bad lr_scheduler": (["training.lr_scheduler=cosinus"], ["training.lr_scheduler", "'cosinus'", "cosine"]),

@@ -19,7 +19,6 @@ REQUIRED = {
     ("data", "text"): ["data.text=/data/docs"],
     ("data", "token_files"): ["data.paths=[/data/part-0.npy]"],
     ("data", "checkpoint"): ["framework=olmo_core"],  # the checkpoint records its token files
-    ("insertion", "texts"): ["insertion.experiments.texts.file=/data/items.jsonl"],
     ("insertion", "tokens"): ["insertion.experiments.tokens.file=/data/items.jsonl"],
     ("eval", "knowledge"): ["insertion=knowledge"],  # scores type=knowledge experiments; checked at validation
 }
@@ -79,7 +78,7 @@ def test_composition_errors_name_the_key(override, needle, tmp_path):
 
 
 @pytest.mark.parametrize("overrides,key", [
-    (["insertion=texts"], "insertion.experiments.texts.file"),
+    (["insertion=tokens"], "insertion.experiments.tokens.file"),
     (["framework.name=olmo9"], "framework.name"),
     (["training.micro_batch_size=3"], "training.global_batch_size"),
     (["training.lr_scheduler=cosine_with_typo"], "training.lr_scheduler"),
