@@ -44,6 +44,9 @@ from pretrain_exp.core.errors import CheckpointError
 from pretrain_exp.core.io import apply_default_modes
 
 log = logging.getLogger(__name__)
+#: the ``TrainingArguments`` field of ``training.gradient_checkpointing`` (transformers 5 renamed it)
+CHECKPOINTING_ARG = ("activation_checkpointing" if "activation_checkpointing" in TrainingArguments.__dataclass_fields__
+                     else "gradient_checkpointing")
 
 
 def bf16_supported() -> bool:
@@ -193,7 +196,7 @@ class HFFramework(Framework):
             save_total_limit=keep if keep > 0 else None,
             logging_steps=1,
             report_to=[r for r in self.cfg.training.report_to if r != "csv"] or "none",
-            gradient_checkpointing=t.gradient_checkpointing,
+            **{CHECKPOINTING_ARG: t.gradient_checkpointing},
             seed=self.cfg.seed,
             dataloader_num_workers=0,
             remove_unused_columns=False,

@@ -9,10 +9,12 @@ import configparser
 import copy
 import json
 import re
+import runpy
 import sys
 from importlib.metadata import packages_distributions
 
 import pytest
+from hydra.core.global_hydra import GlobalHydra
 
 from pretrain_exp.core.errors import ConfigError
 from tests.conftest import ROOT, compose, make_config
@@ -31,17 +33,17 @@ def test_a_key_added_with_plus_that_no_schema_has_is_refused(tmp_path):
 
 
 def test_gradient_checkpointing_and_report_to_reach_the_hf_trainer(tmp_path, tiny_model_dir):
-    from frameworks.hf.framework import HFFramework
+    from frameworks.hf.framework import CHECKPOINTING_ARG, HFFramework
     from pretrain_exp.app.validate import validate
 
     cfg = make_config("experiment=tiny", "training.gradient_checkpointing=true", "training.report_to=[tensorboard,csv]",
                       run_dir=tmp_path)
     args = HFFramework(cfg, tiny_model_dir).training_arguments()
-    assert args.gradient_checkpointing is True and args.report_to == ["tensorboard"]  # csv: the run's own callback
+    assert getattr(args, CHECKPOINTING_ARG) is True and args.report_to == ["tensorboard"]  # csv: the run's own callback
     plain = copy.deepcopy(cfg)
     plain.training.gradient_checkpointing, plain.training.report_to = False, "none"
     args = HFFramework(validate(plain), tiny_model_dir).training_arguments()
-    assert args.gradient_checkpointing is False and args.report_to == []
+    assert getattr(args, CHECKPOINTING_ARG) is False and args.report_to == []
     for bad, key in (("wandb", "training.report_to[0]"), (["tensorboard", "nope"], "training.report_to[1]")):
         wrong = copy.deepcopy(cfg)
         wrong.training.report_to = bad
@@ -65,8 +67,10 @@ def test_help_lists_the_users_groups_under_what_the_app_does(monkeypatch, tmp_pa
 @pytest.mark.slow
 def test_a_sweep_invalid_for_its_jobs_is_refused_once_before_submission(monkeypatch, tmp_path, capsys):
     """With the SLURM launcher: the first job's config is validated before submitit is called; a valid sweep
-    reaches the launcher with every job."""
+    reaches the launcher with every job, and its jobs get the sweep's W&B group."""
     from submitit.core.core import Executor
+
+    import pretrain_exp.app.experiment as experiment
 
     submitted = []
 
@@ -84,6 +88,15 @@ def test_a_sweep_invalid_for_its_jobs_is_refused_once_before_submission(monkeypa
     assert not (tmp_path / "runs").exists()
     assert _main_in_process(monkeypatch, tmp_path, argv, fake_run=None) == 7
     assert [sorted(o for o in job if o.startswith("seed=")) for job in submitted[0]] == [["seed=0"], ["seed=1"]]
+    ran = []  # a sweep's jobs share one W&B group, the sweep's dir name (Hydra's basic launcher, in process)
+    monkeypatch.setattr(experiment, "run", ran.append)
+    monkeypatch.setattr(sys, "argv", ["pretrain_exp", "-m", "experiment=tiny", "seed=3",
+                                      f"hydra.sweep.dir={tmp_path / 'sweep-a'}"])
+    try:
+        runpy.run_module("pretrain_exp", run_name="__main__")
+    finally:
+        GlobalHydra.instance().clear()
+    assert [(cfg.seed, cfg.wandb.group) for cfg in ran] == [(3, "sweep-a")]
 
 
 def _distribution(req: str) -> str:
