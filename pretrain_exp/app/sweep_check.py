@@ -1,13 +1,7 @@
-"""The app's hooks into Hydra: the ``--help`` text and the check of a sweep's config before its jobs are launched.
-
-- :func:`app_config_groups`: the ``${pretrain_exp_groups:}`` resolver of ``conf/hydra/help/pretrain_exp.yaml``,
-  the user's config groups and their options as Hydra's own help lists them, without the internal ``schema/*``
-  groups (the structured-config schemas the options extend) and Hydra's ``hydra/*``.
-- :class:`CheckFirstJob`: a Hydra callback (``hydra.callbacks`` in ``conf/config.yaml``) that, in a multirun,
-  composes and validates the first job's config with the sweeper's own override expansion before the launcher
-  runs or submits anything, so a config that is invalid for every job is refused once (one ``error:`` line, exit
-  status 2) instead of once per SLURM array task.
-"""
+"""A sweep's config checked before its jobs are launched: :class:`CheckFirstJob`, a Hydra callback
+(``hydra.callbacks`` in ``conf/config.yaml``) that, in a multirun, composes and validates the first job's config
+with the sweeper's own override expansion before the launcher runs or submits anything, so a config that is invalid
+for every job is refused once (one ``error:`` line, exit status 2) instead of once per SLURM array task."""
 
 from __future__ import annotations
 
@@ -19,38 +13,6 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 log = logging.getLogger("pretrain_exp")
-
-#: config groups that are not the user's (``--help`` leaves them out)
-INTERNAL_GROUPS = ("schema", "hydra")
-
-
-def app_config_groups() -> str:
-    """The user's config groups, one line each: ``group: option, option, ...`` (sorted), as Hydra's
-    ``$APP_CONFIG_GROUPS`` lists them, without :data:`INTERNAL_GROUPS` and their subgroups. Read from Hydra's
-    config loader, so options of ``conf/local/`` or another search path appear too."""
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.object_type import ObjectType
-
-    loader = GlobalHydra.instance().config_loader()
-
-    def walk(parent: str) -> List[str]:
-        out = []
-        for group in loader.list_groups(parent):
-            name = f"{parent}/{group}" if parent else group
-            if name.split("/")[0] in INTERNAL_GROUPS:
-                continue
-            if loader.get_group_options(name, ObjectType.CONFIG):
-                out.append(name)
-            out += walk(name)
-        return out
-
-    return "\n".join(f"{g}: {', '.join(sorted(loader.get_group_options(g)))}" for g in sorted(walk("")))
-
-
-def register_help_resolver() -> None:
-    """Register ``${pretrain_exp_groups:}`` (:func:`app_config_groups`); idempotent."""
-    if not OmegaConf.has_resolver("pretrain_exp_groups"):
-        OmegaConf.register_new_resolver("pretrain_exp_groups", app_config_groups, use_cache=False)
 
 
 def first_job_overrides(config: DictConfig) -> List[str] | None:
