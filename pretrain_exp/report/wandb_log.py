@@ -17,6 +17,8 @@ def has_wandb_login() -> bool:
 
     try:
         return bool(wandb.login(prompt=False, verify=False))
+    except TypeError:  # a wandb without login(prompt=...): its internal API reads the same sources for its host
+        return getattr(getattr(wandb, "api", None), "api_key", None) is not None
     except Exception:  # noqa: BLE001  (a malformed key or settings file: no usable login)
         return False
 
