@@ -46,7 +46,7 @@ def config_dict(cfg: ExperimentConfig) -> Dict[str, Any]:
 
 
 #: files of the run dir logged as the ``insertion-plan`` artifact (those present)
-PLAN_FILES = ("plan.npz", "manifest.jsonl", "items.jsonl", "config.resolved.yaml")
+PLAN_FILES = ("plan.npz", "manifest.jsonl", "items.jsonl", "audit.json", "config.resolved.yaml")
 
 
 class Tracker:
@@ -117,7 +117,7 @@ class Tracker:
 
     def log_artifacts(self, checkpoint: Optional[Path] = None) -> None:
         """Log the run's provenance as W&B artifacts: ``plan-<run id>`` (type ``insertion-plan``: the plan,
-        manifest, items and resolved config), the newest HF export ``hf/step<N>/`` as ``hf-<run id>`` (type
+        manifest, items, audit and resolved config), the newest HF export ``hf/step<N>/`` as ``hf-<run id>`` (type
         ``model``) if the run dir holds one, and, with ``wandb.log_checkpoints``, ``checkpoint`` as
         ``checkpoint-<run id>`` (type ``checkpoint``). W&B stores an unchanged artifact once."""
         import wandb
