@@ -52,6 +52,7 @@ def test_gradient_checkpointing_and_report_to_reach_the_hf_trainer(tmp_path, tin
         assert e.value.key == key
 
 
+@pytest.mark.slow
 def test_help_lists_the_users_groups_under_what_the_app_does(monkeypatch, tmp_path, capsys):
     code = _main_in_process(monkeypatch, tmp_path, ["--help"], fake_run=None)
     out = capsys.readouterr().out
