@@ -115,6 +115,9 @@ class Framework(ABC):
     applies_embedding_noise: ClassVar[bool] = False
     #: whether ``model.init=random`` (pretraining from the engine's own initialisation of ``model.config``) works
     supports_random_init: ClassVar[bool] = False
+    #: whether :meth:`train` reads ``rows.plan`` anew on every call, so spans added between segments
+    #: (``insertion.dynamic``, :mod:`~pretrain_exp.insertion.dynamic`) are trained by the next segment
+    reads_plan_per_segment: ClassVar[bool] = True
     #: the ``training.lr_scheduler`` values :meth:`train` supports (checked when the config is validated)
     lr_schedulers: ClassVar[Tuple[str, ...]] = ()
     #: the ``training.report_to`` loggers :meth:`train` hands to its engine (none: only the run's own tracker)

@@ -16,6 +16,11 @@
    every segment's checkpoint into ``evals/step<N>/<task>.json`` (all evals of a step read one HF export);
 5. write ``results.json``, the plot, print the table.
 
+With ``insertion.dynamic`` (:mod:`~pretrain_exp.insertion.dynamic`) each segment ``(a, b]`` starts with a decision
+on the insertion losses evaluated at step ``a``: its additions are saved to ``dynamic/step<a>.json`` before the
+segment trains, appended to the plan (``plan.npz``, ``manifest.jsonl`` with ``decided_at``/``segment``), handed to
+the framework through the rows' plan and verified on the segment's batches; results.json gets a ``dynamic`` table.
+
 Re-running the same command in the same run dir resumes: finished segments and evals are skipped and training
 continues from the newest checkpoint (bit-identical to an uninterrupted run on CPU).
 """
@@ -54,6 +59,7 @@ from pretrain_exp.data.prefetch import prefetch_window, resolve_prefetch
 from pretrain_exp.data.rows import TrainingRows
 from pretrain_exp.data.token_files import TokenFiles, dtype_for_vocab
 from pretrain_exp.data.tokenize import load_tokenizer, tokenize_source
+from pretrain_exp.insertion import dynamic
 from pretrain_exp.insertion.audit import AuditResult, audit_plan
 from pretrain_exp.insertion.items import LoadContext
 from pretrain_exp.insertion.plan import Plan, build_plan
@@ -115,6 +121,7 @@ class Experiment:
         if resolve_prefetch(cfg.data.prefetch, files) == "window":  # remote rows of the run, fetched once
             prefetch_window(self.order, self.start_step * self.B, self.num_steps * self.B, progress=self.main)
         self._check_held_out()
+        self.dynamic = dynamic.parse_dynamic(cfg.insertion.dynamic, cfg.insertion.experiments, cfg.eval.tasks)
         self.plan = self._plan()
         self.rows = TrainingRows(self.order, self.plan, self.start_step * self.B, self.num_steps * self.B)
         if self.main and cfg.insertion.verify and self.plan.num_insertions:
@@ -140,23 +147,92 @@ class Experiment:
         if cfg.insertion.withheld:  # placed with the others (same positions), then left out
             plan = plan.without(cfg.insertion.withheld)
             items = {name: s for name, s in items.items() if name not in cfg.insertion.withheld}
+        self.items, static = items, plan
+        #: ``(decided_at, plan after that decision)``, the static plan first (decided_at -1)
+        self.plans = [(-1, plan)]
+        self.additions = dynamic.load_additions(self.run_dir) if self.dynamic else []
+        for rec in self.additions:  # resume: the saved decisions, re-applied in order
+            plan = dynamic.apply_additions(plan, rec, dynamic.additions_path(self.run_dir, rec["decided_at"]))
+            self.plans.append((rec["decided_at"], plan))
         path = self.run_dir / "plan.npz"
         exists = path.is_file()
-        if exists and Plan.load(path).digest() != plan.digest():
+        saved = Plan.load(path).digest() if exists else None
+        if exists and saved not in {p.digest() for _, p in self.plans}:
             raise ConfigError("insertion", f"{path} holds the plan of a different config; use a new run dir "
                               "(hydra.run.dir=...) or restore the original config")
-        self.audit, fresh = self._audit(plan, items) if self.main else (None, False)
-        if self.main and (not exists or fresh):  # items.jsonl carries the audit's counts
-            plan.write_manifest(self.run_dir / "manifest.jsonl", items,
-                                self.audit.item_records(plan) if self.audit is not None else None)
-        if self.main and not exists:
-            plan.save(path)
+        self.audit, fresh = self._audit(static, items) if self.main else (None, False)
+        if self.main and (not exists or fresh or saved != plan.digest()):  # items.jsonl carries the audit's counts
+            self._write_plan(plan)
         log.info("plan: %d items, %d insertions, %d tokens (%.2f%% of the %d-token window)", plan.num_items,
                  plan.num_insertions, int(plan.lengths.sum()),
                  100 * plan.lengths.sum() / max(1, self.window[1] - self.window[0]), self.window[1] - self.window[0])
         if plan.noise_rows.size:
             log.info("plan: %d rows with gaussian noise (%s)", plan.noise_rows.size, plan.noise_sigma)
         return plan
+
+    def _write_plan(self, plan: Plan) -> None:
+        """Save ``plan.npz``, ``manifest.jsonl`` and ``items.jsonl`` (dynamic spans with the segment that
+        decided them)."""
+        fields = {}
+        for rec in self.additions:
+            for p in rec["positions"]:
+                fields[int(p)] = {"decided_at": rec["decided_at"], "segment": rec["segment"]}
+        plan.write_manifest(self.run_dir / "manifest.jsonl", self.items,
+                            self.audit.item_records(plan) if self.audit is not None else None, fields)
+        plan.save(self.run_dir / "plan.npz")
+
+    def plan_for_step(self, step: int) -> Plan:
+        """The plan as of checkpoint ``step``: static plus the additions decided before ``step``."""
+        return [p for at, p in self.plans if at < step][-1]
+
+    # --- closed loop ------------------------------------------------------------------------------------
+    def loss_history(self, upto: int) -> Dict[int, dynamic.Losses]:
+        """Evaluated step (``<= upto``) -> item losses of the dynamic policy's ``insertion_loss`` task."""
+        out = {}
+        for d in (self.run_dir / "evals").glob("step*"):
+            f = d / f"{self.dynamic.task}.json"
+            if int(d.name[4:]) <= upto and f.is_file():
+                out[int(d.name[4:])] = dynamic.read_losses(f)
+        return dict(sorted(out.items()))
+
+    def add_dynamic(self, a: int, b: int) -> None:
+        """Decide (rank 0; from the losses at step ``a``), save, apply and verify the additions of segment
+        ``(a, b]``; a decision saved earlier was applied by :meth:`_plan` and is left alone.
+
+        :raises InsertionError: if the segment cannot hold the copies, or they did not land (verification).
+        """
+        if any(at == a for at, _ in self.plans):
+            return
+        path = dynamic.additions_path(self.run_dir, a)
+        if self.main:
+            history = self.loss_history(a)
+            if a in history:
+                rec = dynamic.decide(self.plan, self.dynamic, a, b, history, self.cfg.insertion.seed)
+                dynamic.save_additions(self.run_dir, rec)
+        barrier()
+        if not path.is_file():  # no evals at a (the first segment without eval.on_load): static only
+            return
+        rec = json.loads(path.read_text())
+        self.plan = dynamic.apply_additions(self.plan, rec, path)
+        self.plans.append((a, self.plan))
+        self.additions.append(rec)
+        self.rows.plan = self.plan
+        log.info("dynamic (%s): decided at step %d: %d item(s), %d copies in steps %d..%d", rec["policy"], a,
+                 len(rec["items"]), len(rec["positions"]), a + 1, b)
+        if self.main:
+            self._write_plan(self.plan)
+            if self.cfg.insertion.verify and len(rec["positions"]):
+                self._verify_segment(a, b)
+
+    def _verify_segment(self, a: int, b: int) -> None:
+        """Verify the spans inside steps ``a+1 .. b`` (static and dynamic) on the framework's batches."""
+        p, span = self.plan, self.L * self.B
+        keep = (p.span_positions >= a * span) & (p.span_positions + p.span_lengths <= b * span)
+        sub = Plan(p.sequence_length, p.global_batch_size, p.window, p.experiments, p.token_offsets, p.tokens,
+                   p.item_experiment, p.item_dup_count, p.span_positions[keep], p.span_item_ids[keep],
+                   p.span_dup_index[keep], p.item_noise_seed, p.noise_sigma)
+        verify_batches(sub, functools.partial(self.framework.peek_rows, self.rows), self.order.row_tokens,
+                       (a * self.B, b * self.B), world_size(), seed=self.cfg.seed + a)
 
     def _audit(self, plan: Plan, items) -> tuple[Optional[AuditResult], bool]:
         """The natural-duplicate audit of ``plan`` (:mod:`~pretrain_exp.insertion.audit`): read from
@@ -228,7 +304,8 @@ class Experiment:
                 model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
                 if torch.cuda.is_available():  # evals score on the run's GPU (inputs follow the model's device)
                     model = model.to(torch.device("cuda", torch.cuda.current_device()))
-                ctx = EvalContext(model, self.tokenizer, self.plan, self.held_out, ckpt.step, self.cfg.eval.batch_size,
+                ctx = EvalContext(model, self.tokenizer, self.plan_for_step(ckpt.step), self.held_out, ckpt.step,
+                                  self.cfg.eval.batch_size,
                                   self.cfg.eval.bootstrap_samples, self.cfg.seed, self.cfg.cache_dir,
                                   row_tokens=self.rows.row, insertion=self.cfg.insertion)
                 for name, task in pending.items():
@@ -286,9 +363,13 @@ class Experiment:
             if cfg.eval.on_load or self.num_steps == 0:
                 evaluated[initial.step] = self._evaluate_on_main(initial, tracker)
             end = self.start_step + self.num_steps
+            seg_start = self.start_step
             for seg_end in list(range(self.start_step + t.checkpoint_interval, end, t.checkpoint_interval)) + [end]:
+                a, seg_start = seg_start, seg_end
                 if seg_end <= self.start_step or seg_end < ckpt.step:
                     continue
+                if self.dynamic is not None and seg_end > ckpt.step:
+                    self.add_dynamic(a, seg_end)
                 if seg_end > ckpt.step:
                     start = ckpt
                     ckpt = with_retries(functools.partial(self._train_segment, start, seg_end, tracker),
@@ -302,6 +383,9 @@ class Experiment:
             all_evaluated = self._all_evaluated()
             results = summarize(cfg, self.plan, evaluated, all_evaluated, time.perf_counter() - t_start,
                                 json.loads(audit.read_text()) if self.audit is not None and audit.is_file() else None)
+            if self.dynamic is not None:
+                results["dynamic"] = dynamic.summary(self.dynamic, dynamic.report(
+                    self.plan, self.dynamic, self.loss_history(end), self.additions))
             write_json(self.run_dir / "results.json", results)
             write_run_tables(self.run_dir)  # manifest, items and per-item eval rows as Parquet (load_run)
             plots = {"loss_vs_dup": plot_per_dup, "loss_vs_step": plot_loss_vs_step}

@@ -136,6 +136,14 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         validate_cpdt(cfg)
     if cfg.eval.batch_size <= 0:
         raise ConfigError("eval.batch_size", f"must be > 0, got {cfg.eval.batch_size}")
+    from pretrain_exp.insertion.dynamic import parse_dynamic
+
+    if parse_dynamic(cfg.insertion.dynamic, cfg.insertion.experiments, cfg.eval.tasks) is not None:
+        if not framework.reads_plan_per_segment:
+            raise ConfigError("insertion.dynamic", f"framework {cfg.framework.name!r} fixes the plan for the "
+                              "whole run; it cannot train spans added between segments")
+        if cfg.cpdt.experiments or cfg.insertion.withheld:
+            raise ConfigError("insertion.dynamic", "not combined with cpdt.* or insertion.withheld")
     return cfg
 
 

@@ -222,13 +222,15 @@ class Plan:
             raise CheckpointError(f"{path}: not a readable plan ({e})") from None
 
     def write_manifest(self, path: str | Path, items: Dict[str, ItemSet],
-                       natural: Optional[List[dict]] = None) -> None:
+                       natural: Optional[List[dict]] = None, span_fields: Optional[Dict[int, dict]] = None) -> None:
         """Write ``manifest.jsonl`` (one line per span, by position) and, beside it, ``items.jsonl`` (one per
         item).
 
         :param items: the item sets the plan was built from (for sources and texts).
         :param natural: per item, extra columns of ``items.jsonl`` (the natural-duplicate audit's counts,
             :meth:`AuditResult.item_records <pretrain_exp.insertion.audit.AuditResult.item_records>`).
+        :param span_fields: global token position -> extra columns of that span's manifest line (the segment that
+            decided a dynamic insertion, :mod:`~pretrain_exp.insertion.dynamic`).
         """
         path = Path(path)
         L, B = self.sequence_length, self.global_batch_size
@@ -246,6 +248,8 @@ class Plan:
                 if noised[it]:
                     rec["noise_seed"] = int(self.item_noise_seed[it])
                     rec["sigma"] = self.noise_sigma[exp]
+                if span_fields:
+                    rec.update(span_fields.get(rec["position"], {}))
                 f.write(json.dumps(rec) + "\n")
 
         def item_table(f):

@@ -139,3 +139,33 @@ def print_table(results: dict) -> None:
         if "held_out/perplexity" in metrics:
             console.print(f"held-out perplexity ({task}): {metrics['held_out/perplexity']:.2f} "
                           f"over {int(metrics.get('held_out/tokens', 0))} tokens")
+    if results.get("dynamic"):
+        print_dynamic_table(results["dynamic"], console)
+
+
+def print_dynamic_table(dyn: dict, console=None) -> None:
+    """Print the closed-loop table of ``results.json``'s ``dynamic`` entry: per target item its static and dynamic
+    dup counts, the decision steps that inserted it, its final loss and the policy's columns (``until_memorized``:
+    the step it fell below the threshold and the dup count it needed; ``spaced_repetition``: re-insertions)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    memo = dyn["policy"] == "until_memorized"
+    what = (f"until loss < {dyn['threshold']} nats/token" if memo
+            else f"when loss rose > {dyn['margin']} nats/token since the last insertion")
+    table = Table(title=f"dynamic insertion ({dyn['policy']}: {dyn['copies']} copy/segment {what})")
+    cols = ["item", "experiment", "static dups", "dynamic dups", "added at steps", "final loss"]
+    cols += ["memorized at step", "dups needed"] if memo else ["repetitions"]
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("experiment", "added at steps") else "right")
+    for r in dyn["items"]:
+        cells = [str(r["item_id"]), r["experiment"], str(r["static_dups"]), str(r["dynamic_dups"]),
+                 ",".join(map(str, r["added_at"])) or "-",
+                 "-" if r["final_loss"] is None else f"{r['final_loss']:.3f}"]
+        if memo:
+            cells += ["-" if r["memorized_at_step"] is None else str(r["memorized_at_step"]),
+                      "not reached" if r["dups_needed"] is None else str(r["dups_needed"])]
+        else:
+            cells.append(str(r["repetitions"]))
+        table.add_row(*cells)
+    (console or Console(width=120)).print(table)
