@@ -7,9 +7,9 @@
   above ``threshold`` (nats/token); an item is memorized at the first evaluated step where its loss falls below
   the threshold and is never inserted again. The report gives the dup count each item needed (copies trained up to
   that step).
-- ``spaced_repetition``: insert each target item that has no copy in the plan; once a copy trained, re-insert it when its loss has
-  risen by more than ``margin`` nats/token above its loss at the first evaluation after its last insertion
-  (forgetting-driven repetition; ``margin=0``: any rise).
+- ``spaced_repetition``: insert each target item that has no copy in the plan; once a copy trained, re-insert it
+  when its loss has risen by more than ``margin`` nats/token above its loss at the first evaluation after its last
+  insertion (forgetting-driven repetition; ``margin=0``: any rise).
 
 Targets are the items of ``experiments`` (default: every experiment). A decision at segment boundary ``a`` (the
 start step of segment ``(a, b]``) reads the per-item losses of the ``insertion_loss`` eval ``task`` saved at step
