@@ -53,6 +53,7 @@ class DynamicConf:
     threshold: float = 1.0  #: until_memorized: loss (nats/token) below which an item counts as memorized
     margin: float = 0.5  #: spaced_repetition: loss rise (nats/token) since the last insertion that re-inserts
     max_per_batch: int = 0  #: at most this many dynamic copies per global batch (0: no limit)
+    controls: int = 0  #: the last this many items of each target experiment are never inserted (dup-0 controls)
 
 
 class Policy:
@@ -163,8 +164,10 @@ def parse_dynamic(value: Any, experiments: Dict[str, Any], tasks: Dict[str, Any]
         raise ConfigError(f"{key}.policy", f"unknown policy {conf.policy!r}; allowed: {sorted(POLICIES)}")
     if isinstance(conf.copies, bool) or not isinstance(conf.copies, int) or conf.copies < 1:
         raise ConfigError(f"{key}.copies", f"must be an integer >= 1, got {conf.copies!r}")
-    if isinstance(conf.max_per_batch, bool) or not isinstance(conf.max_per_batch, int) or conf.max_per_batch < 0:
-        raise ConfigError(f"{key}.max_per_batch", f"must be an integer >= 0, got {conf.max_per_batch!r}")
+    for name in ("max_per_batch", "controls"):
+        v = getattr(conf, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ConfigError(f"{key}.{name}", f"must be an integer >= 0, got {v!r}")
     for name in ("threshold", "margin"):
         v = getattr(conf, name)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
@@ -194,11 +197,16 @@ def make_policy(conf: DynamicConf) -> Policy:
 
 
 def target_items(plan, conf: DynamicConf) -> np.ndarray:
-    """``int64`` ids of the items of the target experiments (all token items when none are listed)."""
+    """``int64`` ids of the items of the target experiments (all token items when none are listed), less each
+    experiment's last ``conf.controls`` items."""
     names = conf.experiments or plan.experiments
-    exp_ids = [plan.experiments.index(n) for n in names if n in plan.experiments]
-    mask = np.isin(plan.item_experiment, exp_ids) & (plan.item_noise_seed < 0)
-    return np.flatnonzero(mask).astype(np.int64)
+    out = []
+    for n in names:
+        if n not in plan.experiments:
+            continue
+        ids = np.flatnonzero((plan.item_experiment == plan.experiments.index(n)) & (plan.item_noise_seed < 0))
+        out.append(ids[:max(0, ids.size - conf.controls)])
+    return np.sort(np.concatenate(out)).astype(np.int64) if out else np.empty(0, np.int64)
 
 
 def copy_steps(plan) -> np.ndarray:

@@ -71,6 +71,8 @@ def test_spaced_repetition_reinserts_when_the_loss_rose_by_more_than_the_margin(
     plan = dynamic.apply_additions(plan, rec)
     hist[4] = {0: 2.0, 1: 2.0, 2: 2.0, 3: 2.0, 4: 2.0, 5: 2.0}
     assert dynamic.decide(plan, conf, 4, 8, hist, seed=1)["items"] == []  # reference = the loss at step 4
+    held = _conf(policy="spaced_repetition", margin=0.5, controls=1)  # last item of a and of b: controls
+    assert dynamic.decide(_plan(static=()), held, 0, 4, hist, seed=1)["items"] == [0, 1, 2, 4]
     hist[8] = {0: 2.6, 1: 2.5, 2: 3.0, 3: 1.0, 4: 2.49, 5: 2.51}
     rec3 = dynamic.decide(plan, conf, 8, 12, hist, seed=1)
     assert rec3["items"] == [0, 2, 5]  # rises 0.6, 1.0, 0.51 > 0.5; item 1 rose exactly 0.5, item 4 0.49
@@ -122,6 +124,7 @@ def test_saved_decisions_round_trip(tmp_path):
     ("forever", "insertion.dynamic.policy", "unknown policy"),
     ({"policy": "until_memorized", "treshold": 1}, "insertion.dynamic.treshold", "unknown option"),
     ({"policy": "until_memorized", "copies": 0}, "insertion.dynamic.copies", ">= 1"),
+    ({"policy": "until_memorized", "controls": -2}, "insertion.dynamic.controls", ">= 0"),
     ({"policy": "spaced_repetition", "margin": -1.0}, "insertion.dynamic.margin", ">= 0"),
     ({"policy": "until_memorized", "experiments": ["c"]}, r"insertion.dynamic.experiments\[0\]", "'c'"),
     ({"policy": "until_memorized", "task": "ppl"}, "insertion.dynamic.task", "not an insertion_loss"),

@@ -1,0 +1,38 @@
+"""``insertion.dynamic`` through Hydra: the policy presets compose, and a bad policy or a missing insertion_loss
+eval is one ConfigError naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.insertion.dynamic import parse_dynamic
+from tests.conftest import make_config
+
+BASE = ["experiment=tiny", "wandb=disabled"]
+
+
+def test_policy_presets_compose(tmp_path):
+    cfg = make_config(*BASE, "+insertion/dynamic=spaced_repetition", "insertion.dynamic.margin=0.2",
+                      run_dir=tmp_path)
+    conf = parse_dynamic(cfg.insertion.dynamic, cfg.insertion.experiments, cfg.eval.tasks)
+    assert (conf.policy, conf.margin, conf.task) == ("spaced_repetition", 0.2, "insertion_loss")
+
+
+@pytest.mark.slow
+def test_the_demo_preset_composes(tmp_path):
+    """(slow: resolving the SmolLM2 asset)"""
+    demo = make_config("experiment=dynamic_demo", "wandb=disabled", run_dir=tmp_path)
+    conf = parse_dynamic(demo.insertion.dynamic, demo.insertion.experiments, demo.eval.tasks)
+    assert (conf.policy, conf.experiments, conf.controls) == ("until_memorized", ["fictional_bios"], 12)
+    assert demo.model.name == "smollm2_135m" and demo.eval.on_load
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["insertion.dynamic=forever"], "insertion.dynamic.policy"),
+    (["insertion.dynamic=until_memorized", "eval=[perplexity]"], "insertion.dynamic.task"),
+])
+def test_bad_dynamic_is_a_config_error(tmp_path, overrides, key):
+    with pytest.raises(ConfigError) as e:
+        make_config(*BASE, *overrides, run_dir=tmp_path)
+    assert e.value.key == key
