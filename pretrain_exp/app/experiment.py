@@ -380,9 +380,14 @@ class Experiment:
             if not self.main:
                 return {}
             audit = self.run_dir / "audit.json"
+            audit = json.loads(audit.read_text()) if self.audit is not None and audit.is_file() else None
+            if audit is not None and self.dynamic is not None:  # audited on the static plan: final dup counts
+                for it in audit["items"]:
+                    d = int(self.plan.item_dup_count[it["item_id"]])
+                    it["effective_dup_count"] += d - it["dup_count"]
+                    it["dup_count"] = d
             all_evaluated = self._all_evaluated()
-            results = summarize(cfg, self.plan, evaluated, all_evaluated, time.perf_counter() - t_start,
-                                json.loads(audit.read_text()) if self.audit is not None and audit.is_file() else None)
+            results = summarize(cfg, self.plan, evaluated, all_evaluated, time.perf_counter() - t_start, audit)
             if self.dynamic is not None:
                 results["dynamic"] = dynamic.summary(self.dynamic, dynamic.report(
                     self.plan, self.dynamic, self.loss_history(end), self.additions))
