@@ -12,16 +12,11 @@ from tests.conftest import make_config
 BASE = ["experiment=tiny", "wandb=disabled"]
 
 
-def test_policy_presets_compose(tmp_path):
+def test_policy_presets_and_the_demo_compose(tmp_path):
     cfg = make_config(*BASE, "+insertion/dynamic=spaced_repetition", "insertion.dynamic.margin=0.2",
                       run_dir=tmp_path)
     conf = parse_dynamic(cfg.insertion.dynamic, cfg.insertion.experiments, cfg.eval.tasks)
     assert (conf.policy, conf.margin, conf.task) == ("spaced_repetition", 0.2, "insertion_loss")
-
-
-@pytest.mark.slow
-def test_the_demo_preset_composes(tmp_path):
-    """(slow: resolving the SmolLM2 asset)"""
     demo = make_config("experiment=dynamic_demo", "wandb=disabled", run_dir=tmp_path)
     conf = parse_dynamic(demo.insertion.dynamic, demo.insertion.experiments, demo.eval.tasks)
     assert (conf.policy, conf.experiments, conf.controls) == ("until_memorized", ["fictional_bios"], 12)
