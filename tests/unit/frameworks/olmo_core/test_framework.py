@@ -257,3 +257,35 @@ def test_olmo_core_adds_exactly_the_planned_gaussian_noise(tmp_path, monkeypatch
                                            rtol=0, atol=1e-6)
             else:
                 assert torch.equal(delta[r], torch.zeros_like(delta[r])), q
+
+
+@pytest.mark.slow
+def test_dynamic_additions_reach_the_next_segments_batches(tmp_path, monkeypatch):
+    """insertion.dynamic on OLMo-core: the copies decided after a segment's evals are in the rows its data loader
+    hands the train module in the next segment (the trainer reads the rows' plan anew per segment)."""
+    from pretrain_exp.app.experiment import Experiment
+    from pretrain_exp.insertion.dynamic import load_additions
+
+    seen = {}
+
+    class Record(olmo_core_framework.Insertions):
+        def pre_step(self, batch):
+            super().pre_step(batch)
+            seen[self.trainer.global_step] = batch["input_ids"].clone()
+
+    monkeypatch.setattr(olmo_core_framework, "Insertions", Record)
+    cfg = make_config(*RUN, "training.num_steps=4", "eval=[insertion_loss]", "eval.on_load=true",
+                      "insertion.experiments.fictional_bios.repetitions=0",
+                      "insertion.dynamic={policy:until_memorized,threshold:0.0}", run_dir=tmp_path / "run")
+    exp = Experiment(cfg)
+    exp.run()
+    recs = load_additions(tmp_path / "run")
+    assert [r["decided_at"] for r in recs] == [0, 2] and all(len(r["items"]) == 8 for r in recs)
+    B, L = cfg.training.global_batch_size, cfg.training.sequence_length
+    assert sorted(seen) == [1, 2, 3, 4]
+    for r in recs:
+        for p, i in zip(r["positions"], r["item_ids"]):
+            q = p // L
+            row = seen[q // B + 1][q % B].numpy()
+            want = exp.plan.item_tokens(i)
+            np.testing.assert_array_equal(row[p % L:p % L + want.size], want)
