@@ -18,6 +18,7 @@ line or a file of the run dir (:mod:`pretrain_exp.core.secrets`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import sys
@@ -78,7 +79,7 @@ def main(cfg: DictConfig) -> None:
 
     from pretrain_exp.app.cpdt import run_cpdt
     from pretrain_exp.app.experiment import check_same_run
-    from pretrain_exp.app.launch import launch
+    from pretrain_exp.app.launch import job_nodes, launch
 
     run_dir = Path(cfg.run_dir).resolve()
     fresh = not (run_dir / "config.resolved.yaml").exists()
@@ -89,7 +90,9 @@ def main(cfg: DictConfig) -> None:
         exp = to_config(cfg)
         if sweep and exp.wandb.group is None:  # the jobs of a sweep side by side in W&B
             exp.wandb.group = Path(HydraConfig.get().sweep.dir).name
-        with RunDirLock(run_dir):  # one process per run dir (core.runlock); torchrun ranks run under this one
+        # one process per run dir (core.runlock); torchrun ranks run under this one, and in a multi-node job the
+        # other nodes' tasks under node 0's
+        with RunDirLock(run_dir) if job_nodes().rank == 0 else contextlib.nullcontext():
             check_same_run(exp, run_dir)  # a refused config changes nothing in the run dir
             if not fresh:
                 save_hydra_files(cfg, run_dir)

@@ -20,7 +20,10 @@ from pretrain_exp.core.io import is_disk_full, write_text
 from tests.kill_trials import SETUPS, Phase, landed_in, phases_of, plan_trials
 
 ROOT = Path(__file__).resolve().parents[2]
-TRIALS = int(os.environ.get("KILL_TRIALS", "0"))  #: 0: one per phase of the timeline, at least 10
+TRIALS = int(os.environ.get("KILL_TRIALS", "0"))  #: 0: the tier's default below
+#: trials per setup when KILL_TRIALS is unset (0: one per phase of the timeline, at least 10); the 2-rank torchrun
+#: setup runs a short chain in the test tier (each of its runs starts two ranks), KILL_TRIALS=N runs N of every setup
+TIER_TRIALS = {"torchrun": 3}
 
 
 def harness(*args: str, out: Path) -> dict:
@@ -35,9 +38,10 @@ def harness(*args: str, out: Path) -> dict:
 def test_killed_runs_rerun_to_bit_identical_results(setup, tmp_path):
     if setup != "hf":
         pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
-    [rep] = harness("--setup", setup, "--trials", str(TRIALS), "--work", str(tmp_path), out=tmp_path / "r.json")
+    trials = TRIALS or TIER_TRIALS.get(setup, 0)
+    [rep] = harness("--setup", setup, "--trials", str(trials), "--work", str(tmp_path), out=tmp_path / "r.json")
     print(f"{setup}: {rep['ok']}/{rep['n']} bit-identical in {rep['seconds']:.0f} s")  # shown with -s / -rA
-    assert rep["n"] == (TRIALS or max(10, len(rep["phases"])))
+    assert rep["n"] == (trials or max(10, len(rep["phases"])))
     assert all(t["killed_at"] is not None for t in rep["trials"])
     if rep["n"] >= len(rep["phases"]):  # every phase of the reference timeline was a target
         assert {t["target"] for t in rep["trials"]} == {p["name"] for p in rep["phases"]}
