@@ -160,8 +160,10 @@ def job_type(cfg: ExperimentConfig) -> str:
 
 
 def run_tags(cfg: ExperimentConfig) -> List[str]:
-    """The run's W&B tags: framework, model and experiment names, then ``wandb.tags`` (no repeats)."""
-    return list(dict.fromkeys([cfg.framework.name, cfg.model.name, cfg.name, *cfg.wandb.tags]))
+    """The run's W&B tags: framework, model and experiment names, then ``wandb.tags`` (no repeats); each cut to
+    W&B's limit of 64 characters (a model named after a config path can be longer)."""
+    return list(dict.fromkeys(str(t)[:64] for t in [cfg.framework.name, cfg.model.name, cfg.name, *cfg.wandb.tags]
+                              if str(t)))
 
 
 def wandb_table(rows: List[Dict[str, Any]]):

@@ -109,10 +109,21 @@ def tokenize_source(source: str, tokenizer, out_root: str | Path, cache_dir: str
     meta_path = out / "tokens.json"
     if meta_path.is_file():
         return [out / f for f in json.loads(meta_path.read_text())["files"]]
+    created = not out.parent.exists()
     out.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(out.parent / f".{out.name}.lock"):  # the jobs of a sweep tokenize a source once
-        if not meta_path.is_file():
-            _tokenize_into(out, source, tokenizer, cache_dir, text_key, progress)
+    lock = out.parent / f".{out.name}.lock"
+    try:
+        with file_lock(lock):  # the jobs of a sweep tokenize a source once
+            if not meta_path.is_file():
+                _tokenize_into(out, source, tokenizer, cache_dir, text_key, progress)
+    except BaseException:  # a failed build leaves nothing behind: no lock file, no folder it created
+        lock.unlink(missing_ok=True)
+        if created:
+            try:
+                out.parent.rmdir()
+            except OSError:
+                pass
+        raise
     return [out / f for f in json.loads(meta_path.read_text())["files"]]
 
 

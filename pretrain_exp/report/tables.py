@@ -56,7 +56,8 @@ def eval_rows_frame(run_dir: str | Path) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame(columns=RUN_COLUMNS[1:4])
     out = pd.concat(frames, ignore_index=True)
-    return out.sort_values(["step", "eval", "item_id"], kind="stable", ignore_index=True)
+    keys = [k for k in ("step", "eval", "item_id") if k in out.columns]  # e.g. knowledge rows carry no item_id
+    return out.sort_values(keys, kind="stable", ignore_index=True)
 
 
 def write_run_tables(run_dir: str | Path) -> Dict[str, Path]:

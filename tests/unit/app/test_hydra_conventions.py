@@ -60,7 +60,9 @@ def test_help_lists_the_users_groups_under_what_the_app_does(monkeypatch, tmp_pa
     assert out.startswith("pretrain_exp: continual pretraining of language models with controlled data insertion")
     groups = dict(line.split(": ", 1) for line in out.split("== Configuration groups ==")[1]
                   .split("== Config ==")[0].splitlines() if ": " in line)
-    assert set(groups) == {p.name for p in (ROOT / "conf").iterdir() if p.is_dir() and p.name != "hydra"}
+    conf = ROOT / "conf"  # every group dir, nested ones (insertion/dynamic) too, but Hydra's own
+    assert set(groups) == {p.parent.relative_to(conf).as_posix() for p in conf.rglob("*.yaml")
+                           if p.parent != conf and p.relative_to(conf).parts[0] != "hydra"}
     assert groups["insertion"].split(", ") == sorted(p.stem for p in (ROOT / "conf" / "insertion").glob("*.yaml"))
     assert not re.search(r"^schema/", out, re.M) and "powered by Hydra" not in out
 
