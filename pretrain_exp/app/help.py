@@ -20,20 +20,26 @@ def app_config_groups() -> str:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.object_type import ObjectType
 
-    loader = GlobalHydra.instance().config_loader()
+    # the loader's repository, asked directly: the loader's own get_group_options/list_groups deep-copy the whole
+    # repository (every structured-config schema) on each call, ~70 ms each, and the help template is resolved
+    # once per composition
+    repo = GlobalHydra.instance().config_loader().repository
+
+    def options(group: str, kind) -> List[str]:
+        return list(repo.get_group_options(group, results_filter=kind))
 
     def walk(parent: str) -> List[str]:
         out = []
-        for group in loader.list_groups(parent):
+        for group in options(parent, ObjectType.GROUP):
             name = f"{parent}/{group}" if parent else group
             if name.split("/")[0] in INTERNAL_GROUPS:
                 continue
-            if loader.get_group_options(name, ObjectType.CONFIG):
+            if options(name, ObjectType.CONFIG):
                 out.append(name)
             out += walk(name)
         return out
 
-    return "\n".join(f"{g}: {', '.join(sorted(loader.get_group_options(g)))}" for g in sorted(walk("")))
+    return "\n".join(f"{g}: {', '.join(sorted(options(g, ObjectType.CONFIG)))}" for g in sorted(walk("")))
 
 
 def register_help_resolver() -> None:

@@ -46,6 +46,14 @@ class ExportHF(str, Enum):
     every = "every"  #: every segment's checkpoint
 
 
+#: Where a segment's evals run (``eval.mode``): ``inline`` on rank 0 while the other ranks wait; ``distributed`` on
+#: every rank of the training job, each scoring a shard of the batches, rank 0 merging (the same numbers as
+#: ``inline``); ``async`` in a separate process or SLURM job that reads the segment's HF export while training
+#: goes on. (A functional enum: ``async`` is a Python keyword; ``EvalMode["async"]``.)
+EvalMode = Enum("EvalMode", [("inline", "inline"), ("distributed", "distributed"), ("async", "async")], type=str,
+                module=__name__)
+
+
 class Cleanup(str, Enum):
     """What to delete from the run dir after a successful run."""
 
@@ -140,6 +148,7 @@ class EvalConf:
     """Evaluations run on each segment's checkpoint (``eval=`` options add entries to ``tasks``)."""
 
     on_load: bool = False  #: also evaluate the initial checkpoint before training
+    mode: EvalMode = EvalMode.inline  #: inline | distributed | async (:data:`EvalMode`)
     batch_size: int = 8  #: sequences per forward pass
     bootstrap_samples: int = 1000  #: resamples for the 95% CIs
     tasks: Dict[str, Any] = field(default_factory=dict)  #: name -> eval config (schema per eval type)

@@ -32,7 +32,8 @@ class _Recorder:
         return model
 
 
-@pytest.mark.parametrize("micro", [1, 2, 4, 8])
+@pytest.mark.parametrize("micro", [1, pytest.param(2, marks=pytest.mark.slow), 4,
+                                   pytest.param(8, marks=pytest.mark.slow)])
 def test_step_k_trains_rows_k_minus_1_times_b_to_k_times_b(micro, tmp_path, monkeypatch, tiny_model_dir):
     """Whatever the micro-batch size (hence grad accumulation), step k sees rows [(k-1)B, kB) in order."""
     cfg = make_config(*TINY, f"training.micro_batch_size={micro}", "training.num_steps=3",
