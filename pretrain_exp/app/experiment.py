@@ -31,8 +31,10 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import random
 import shutil
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -46,9 +48,10 @@ from evals.base import EvalContext, EvalResult
 from evals.registry import run_eval
 from frameworks.base import Checkpoint
 from frameworks.registry import get_framework_class
+from pretrain_exp.app import async_eval
 from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.app.tracking import NullTracker, Tracker, config_dict
-from pretrain_exp.core.config import Cleanup, ExportHF
+from pretrain_exp.core.config import Cleanup, EvalMode, ExportHF
 from pretrain_exp.core.distributed import barrier, is_main_process, world_size
 from pretrain_exp.core.errors import ConfigError, InsertionError, PretrainExpError, TrainingError
 from pretrain_exp.core.io import disk_full_error, is_disk_full, write_json, write_text
@@ -353,6 +356,7 @@ class Experiment:
         cfg, t = self.cfg, self.cfg.training
         t_start = time.perf_counter()
         evaluated: Dict[int, Dict[str, dict]] = {}
+        timing: list = []  #: per trained segment of this invocation: ``{step, train_s, segment_end_s}``
         with (Tracker(cfg) if self.main else NullTracker()) as tracker:
             ckpt = self.framework.latest_checkpoint()
             initial = self.framework.initial_checkpoint()
@@ -360,25 +364,35 @@ class Experiment:
                 ckpt = initial
             else:
                 log.info("resuming from %s (step %d)", ckpt.path, ckpt.step)
-            if cfg.eval.on_load or self.num_steps == 0:
-                evaluated[initial.step] = self._evaluate_on_main(initial, tracker)
             end = self.start_step + self.num_steps
+            self.async_evals = self._async_evals() if cfg.eval.mode == EvalMode["async"] and self.main else None
+            if cfg.eval.on_load or self.num_steps == 0:
+                evaluated[initial.step] = self._evaluate_segment(initial, tracker, final=self.num_steps == 0)
             seg_start = self.start_step
             for seg_end in list(range(self.start_step + t.checkpoint_interval, end, t.checkpoint_interval)) + [end]:
                 a, seg_start = seg_start, seg_end
                 if seg_end <= self.start_step or seg_end < ckpt.step:
+                    if self.async_evals is not None:  # a re-run: evals of earlier segments that never finished
+                        self._relaunch_async(seg_end, tracker, final=seg_end == end)
                     continue
                 if self.dynamic is not None and seg_end > ckpt.step:
                     self.add_dynamic(a, seg_end)
+                t0 = time.perf_counter()
                 if seg_end > ckpt.step:
                     start = ckpt
                     ckpt = with_retries(functools.partial(self._train_segment, start, seg_end, tracker),
                                         t.max_retries, t.retry_base_delay_s, f"training steps {start.step}->{seg_end}")
+                t1 = time.perf_counter()
                 if self.main:
                     self.keep_hf_export(ckpt, final=seg_end == end)
-                evaluated[ckpt.step] = self._evaluate_on_main(ckpt, tracker)
+                evaluated[ckpt.step] = self._evaluate_segment(ckpt, tracker, final=seg_end == end)
+                timing.append({"step": ckpt.step, "train_s": t1 - t0, "segment_end_s": time.perf_counter() - t1})
             if not self.main:
                 return {}
+            t0 = time.perf_counter()
+            if self.async_evals is not None:
+                self._finish_async(tracker, end)
+            wait_s = time.perf_counter() - t0
             audit = self.run_dir / "audit.json"
             audit = json.loads(audit.read_text()) if self.audit is not None and audit.is_file() else None
             if audit is not None and self.dynamic is not None:  # audited on the static plan: final dup counts
@@ -388,6 +402,9 @@ class Experiment:
                     it["dup_count"] = d
             all_evaluated = self._all_evaluated()
             results = summarize(cfg, self.plan, evaluated, all_evaluated, time.perf_counter() - t_start, audit)
+            # this invocation's segments: training (with the checkpoint save), then what the segment's end held the
+            # run for (export, evals or their launch); the final wait for background evals
+            results["timing"] = {"eval_mode": cfg.eval.mode.value, "segments": timing, "final_eval_wait_s": wait_s}
             if self.dynamic is not None:
                 results["dynamic"] = dynamic.summary(self.dynamic, dynamic.report(
                     self.plan, self.dynamic, self.loss_history(end), self.additions))
@@ -423,6 +440,100 @@ class Experiment:
         out = self.evaluate(ckpt, tracker) if self.main else {}
         barrier()
         return out
+
+    def _evaluate_segment(self, ckpt: Checkpoint, tracker, final: bool) -> Dict[str, dict]:
+        """The evals of a segment's checkpoint as ``eval.mode`` says: now (``inline``), or started in the
+        background (``async``: returns ``{}``; :meth:`_finish_async` collects them)."""
+        if self.cfg.eval.mode != EvalMode["async"]:
+            return self._evaluate_on_main(ckpt, tracker)
+        if self.main:
+            self._launch_async(ckpt, tracker, final)
+        return {}
+
+    # --- async evals (pretrain_exp.app.async_eval) ------------------------------------------------------
+    def _async_evals(self) -> "async_eval.AsyncEvals":
+        """The run's background-eval launcher; the eval processes read ``config.resolved.yaml`` (or, for a config
+        with credentials, which that file has redacted, a copy readable by this user only, removed at the end)."""
+        config, private = self.run_dir / "config.resolved.yaml", holds_credentials(self.cfg)
+        if private:
+            from pretrain_exp.app.tracking import config_dict
+
+            fd, tmp = tempfile.mkstemp(prefix=".config-", suffix=".yaml", dir=self.run_dir)  # mode 0600
+            with os.fdopen(fd, "w") as f:
+                f.write(OmegaConf.to_yaml(OmegaConf.create(config_dict(self.cfg))))
+            config = Path(tmp)
+        launcher = async_eval.resolve_launcher(self.cfg.eval.async_launcher, self.run_dir)
+        return async_eval.AsyncEvals(self.run_dir, config, launcher, private_config=private)
+
+    def _missing_tasks(self, step: int) -> list:
+        out_dir = self.run_dir / "evals" / f"step{step}"
+        return [name for name in self.cfg.eval.tasks if not (out_dir / f"{name}.json").is_file()]
+
+    def _launch_async(self, ckpt: Checkpoint, tracker, final: bool) -> None:
+        """Write the HF dir the evals of ``ckpt`` read (kept until they are written) and start them."""
+        self._collect_async(tracker)
+        tasks = self._missing_tasks(ckpt.step)
+        if not tasks:
+            return
+        if ckpt.path == self.model_dir and ckpt.is_hf:  # the initial model: read where it is
+            hf_dir = ckpt.path
+        elif ckpt.is_hf:  # an HF checkpoint that keep_last_checkpoints may delete: its model files, linked
+            hf_dir = async_eval.link_model_files(ckpt.path, self.hf_export_dir(ckpt.step))
+        else:
+            hf_dir = self.hf_export_dir(ckpt.step)
+            if not hf_dir.is_dir():
+                t0 = time.perf_counter()
+                ckpt.export_hf(hf_dir)
+                log.info("HF export of step %d: %s (%.1f s)", ckpt.step, hf_dir, time.perf_counter() - t0)
+        self.async_evals.launch(ckpt.step, hf_dir, tasks)
+
+    def _relaunch_async(self, step: int, tracker, final: bool) -> None:
+        """On a re-run: start the evals of an earlier segment's step that are missing (its HF dir is kept until
+        they are written)."""
+        if step in self.async_evals.jobs or not self._missing_tasks(step):
+            return
+        hf_dir = self.hf_export_dir(step)
+        if not hf_dir.is_dir():
+            raise TrainingError(f"the evals of step {step} are missing and its HF model dir {hf_dir} is gone; "
+                                "evaluate that checkpoint with a new run (model.path=...) or delete the run dir")
+        self._launch_async(Checkpoint(hf_dir, step), tracker, final)
+
+    def _collect_async(self, tracker, wait: bool = False) -> None:
+        """Log the finished background evals to the tracker at their step and drop what they no longer need
+        (their marker; their HF dir unless ``training.export_hf`` keeps it)."""
+        ae = self.async_evals
+        for step in (ae.wait() if wait else ae.poll()):
+            if step in ae.failures():
+                continue
+            out_dir = self.run_dir / "evals" / f"step{step}"
+            for name in self.cfg.eval.tasks:
+                f = out_dir / f"{name}.json"
+                if f.is_file():
+                    rec = json.loads(f.read_text())
+                    tracker.log({f"eval/{name}/{k}": v for k, v in rec["metrics"].items()}, step)
+            (out_dir / async_eval.MARKER).unlink(missing_ok=True)
+            end = self.start_step + self.num_steps
+            mode = self.cfg.training.export_hf
+            kept = not self.framework.initial_checkpoint().is_hf and (
+                mode == ExportHF.every or (mode == ExportHF.final and step == end))
+            hf_dir = self.hf_export_dir(step)
+            if hf_dir.is_dir() and not kept:
+                shutil.rmtree(hf_dir)
+                with contextlib.suppress(OSError):  # hf/ itself when it is empty now
+                    hf_dir.parent.rmdir()
+
+    def _finish_async(self, tracker, end: int) -> None:
+        """Wait for the background evals, log them; any that failed is an error naming its step and log."""
+        self._collect_async(tracker, wait=True)
+        self.async_evals.close()
+        failed = self.async_evals.failures()
+        if failed:
+            step, why = next(iter(sorted(failed.items())))
+            raise TrainingError(f"the background evals of step {step} failed: {why}; re-run the same command to "
+                                "run the missing evals again")
+        missing = {s: self._missing_tasks(s) for s in self.async_evals.jobs if self._missing_tasks(s)}
+        if missing:
+            raise TrainingError(f"background evals ended without writing {missing}; re-run the same command")
 
     def _all_evaluated(self) -> Dict[int, Dict[str, dict]]:
         out: Dict[int, Dict[str, dict]] = {}

@@ -15,6 +15,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.app.settings import log_overrides
+from pretrain_exp.core.config import EvalMode
 from pretrain_exp.core.errors import ConfigError, PretrainExpError
 
 MODEL_INITS = ("checkpoint", "random")  #: ``model.init``
@@ -144,6 +145,12 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
                               "whole run; it cannot train spans added between segments")
         if cfg.cpdt.experiments or cfg.insertion.withheld:
             raise ConfigError("insertion.dynamic", "not combined with cpdt.* or insertion.withheld")
+        if cfg.eval.mode == EvalMode["async"]:
+            raise ConfigError("eval.mode", "async evals finish after the next segment has started, but "
+                              "insertion.dynamic decides each segment from the evals of the one before; use "
+                              "eval.mode=inline or eval.mode=distributed")
+    if cfg.eval.async_launcher not in ("auto", "local", "slurm"):
+        raise ConfigError("eval.async_launcher", f"must be one of auto, local, slurm; got {cfg.eval.async_launcher!r}")
     return cfg
 
 

@@ -149,6 +149,8 @@ class EvalConf:
 
     on_load: bool = False  #: also evaluate the initial checkpoint before training
     mode: EvalMode = EvalMode.inline  #: inline | distributed | async (:data:`EvalMode`)
+    #: where ``async`` evals run: auto (slurm if the run was launched on SLURM, else local) | local | slurm
+    async_launcher: str = "auto"
     batch_size: int = 8  #: sequences per forward pass
     bootstrap_samples: int = 1000  #: resamples for the 95% CIs
     tasks: Dict[str, Any] = field(default_factory=dict)  #: name -> eval config (schema per eval type)

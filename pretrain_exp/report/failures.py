@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 from pretrain_exp.report.jobs import Job, find_job_dirs, is_job_dir, load_job, natural_key, walk
+from pretrain_exp.report.pending import describe_pending
 
 _SUBMITIT_LOG = re.compile(r"^(?P<job_id>.+)_(?P<rank>\d+)_log\.(?P<kind>out|err)$")
 
@@ -96,9 +97,11 @@ def failure_reason(job: Job, logs: Sequence[Path]) -> str:
         found = last_error_line(_read_log(p))
         if found[0] > best[0]:
             best, where = found, p
+    pending = describe_pending(job.path)
+    pending = f"; {pending}" if pending else ""
     if where is None:
-        return "no results.json and no error in its logs (still running, or killed?)"
-    return f"{best[1]} ({where.name})"
+        return f"no results.json and no error in its logs (still running, or killed?){pending}"
+    return f"{best[1]} ({where.name}){pending}"
 
 
 def collect(root: Path) -> Tuple[List[Job], List[dict]]:

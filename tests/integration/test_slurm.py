@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -141,3 +142,23 @@ def test_a_preempted_job_is_requeued_and_resumes_from_its_checkpoint(tmp_path):
             break
         time.sleep(1)
     assert "COMPLETED" in sacct
+
+
+def test_async_evals_run_as_their_own_slurm_jobs(tmp_path):
+    """``eval.mode=async`` under the SLURM launcher: each segment's evals are a one-task SLURM job of their own
+    (the run's partition and limits), submitted while the run trains on; results.json waits for them."""
+    sweep_dir = tmp_path / "sweep"
+    run_sweep(tmp_path, sweep_dir, "eval.mode=async", "training.num_steps=8")
+    job = job_dirs(sweep_dir)[0]
+    assert json.loads((job / "results.json").read_text())["step"] == 8
+    log = (job / "pretrain_exp.log").read_text()
+    started = re.findall(r"evaluating step (\d+) in the background \(SLURM job (\d+)\)", log)
+    assert [s for s, _ in started] == ["4", "8"], log[-3000:]
+    run_ids = slurm_job_ids(sweep_dir)
+    for step, job_id in started:
+        assert job_id not in run_ids
+        for task in ("insertion_loss", "memorization", "perplexity"):
+            assert (job / "evals" / f"step{step}" / f"{task}.json").is_file()
+        state = subprocess.run(["sacct", "-j", job_id, "-n", "-X", "-o", "State,Partition"], capture_output=True,
+                               text=True, timeout=60).stdout.split()
+        assert state == ["COMPLETED", "debug"], state

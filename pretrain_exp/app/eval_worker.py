@@ -1,0 +1,63 @@
+"""The process of a background eval (``eval.mode=async``, :mod:`pretrain_exp.app.async_eval`)::
+
+    python -m pretrain_exp.app.eval_worker <config.resolved.yaml> <step> <hf dir> [--log FILE]
+
+evaluates the tasks of ``step`` missing in ``<run dir>/evals/step<N>/`` on the HF model dir, exactly as an
+``inline`` eval does (:meth:`Experiment.evaluate <pretrain_exp.app.experiment.Experiment.evaluate>`), without
+Hydra and without writing anything else into the run dir. Exit status 2 with one ``error:`` line for an error of
+the user's making.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from pretrain_exp.core.errors import PretrainExpError
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the missing evals of one step (module docstring); returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--log" in argv:  # a SLURM job: output into the step's log, as the local process's
+        i = argv.index("--log")
+        log_file = argv[i + 1]
+        del argv[i:i + 2]
+        fh = open(log_file, "a")
+        os.dup2(fh.fileno(), 1)
+        os.dup2(fh.fileno(), 2)
+    if len(argv) != 3:
+        print("usage: python -m pretrain_exp.app.eval_worker <config.resolved.yaml> <step> <hf dir>", file=sys.stderr)
+        return 2
+    from pretrain_exp.core.secrets import install_log_redaction, redact
+
+    install_log_redaction()
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][eval][%(name)s][%(levelname)s] - %(message)s",
+                        force=True)
+    from frameworks.base import Checkpoint
+    from pretrain_exp.app.experiment import Experiment
+    from pretrain_exp.app.tracking import NullTracker
+    from pretrain_exp.app.validate import load_resolved
+    from pretrain_exp.core.config import EvalMode
+
+    try:
+        cfg = load_resolved(argv[0])
+        cfg.eval.mode = EvalMode.inline
+        cfg.insertion.verify = False  # the run verified its plan; this process only reads it
+        if cfg.training.num_threads > 0:
+            import torch
+
+            torch.set_num_threads(cfg.training.num_threads)
+        exp = Experiment(cfg)
+        exp.evaluate(Checkpoint(Path(argv[2]), int(argv[1])), NullTracker())
+    except PretrainExpError as e:
+        print(f"error: {redact(' '.join(str(e).split()))}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
