@@ -22,8 +22,9 @@ from tests.kill_trials import SETUPS, Phase, landed_in, phases_of, plan_trials
 ROOT = Path(__file__).resolve().parents[2]
 TRIALS = int(os.environ.get("KILL_TRIALS", "0"))  #: 0: the tier's default below
 #: trials per setup when KILL_TRIALS is unset (0: one per phase of the timeline, at least 10); the 2-rank torchrun
-#: setup runs a short chain in the test tier (each of its runs starts two ranks), KILL_TRIALS=N runs N of every setup
-TIER_TRIALS = {"torchrun": 3}
+#: setup runs a short chain in the test tier (each of its runs starts two ranks), and olmo2 (olmo_core's trainer and
+#: checkpoints behind its own config) half a chain; KILL_TRIALS=N runs N of every setup
+TIER_TRIALS = {"torchrun": 3, "olmo2": 5}
 
 
 def harness(*args: str, out: Path) -> dict:

@@ -111,7 +111,7 @@ def test_a_preempted_job_is_requeued_and_resumes_from_its_checkpoint(tmp_path):
     """USR2 (what SLURM sends before preemption/timeout) mid-training: submitit checkpoints the Hydra job,
     requeues it, and the re-run continues from the job's newest checkpoint instead of starting over."""
     sweep_dir = tmp_path / "sweep"
-    overrides = ["seed=0", "training.num_steps=48", "training.checkpoint_interval=4",
+    overrides = ["seed=0", "training.num_steps=24", "training.checkpoint_interval=4",
                  "insertion.experiments.fictional_bios.repetitions=[0,1,2,4]", "eval=[insertion_loss]"]
     proc = subprocess.Popen(sweep_cmd(sweep_dir, *overrides), cwd=ROOT, env=env(tmp_path),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -131,10 +131,10 @@ def test_a_preempted_job_is_requeued_and_resumes_from_its_checkpoint(tmp_path):
     log = (job / "pretrain_exp.log").read_text()
     assert "resuming from" in log, log[-2000:]
     res = json.loads((job / "results.json").read_text())
-    assert res["step"] == 48
+    assert res["step"] == 24
     trained_steps = [json.loads(line)["step"] for line in (job / "metrics.jsonl").read_text().splitlines()
                      if "train/loss" in line]
-    assert trained_steps.count(1) == 1 and max(trained_steps) == 48  # resumed, not restarted from step 1
+    assert trained_steps.count(1) == 1 and max(trained_steps) == 24  # resumed, not restarted from step 1
     for _ in range(60):  # the accounting record lags the job's end by a few seconds
         sacct = subprocess.run(["sacct", "-n", "-X", "-j", job_id, "-o", "State"], capture_output=True,
                                text=True).stdout
