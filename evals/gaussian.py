@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from evals.base import EvalContext, EvalResult
 from evals.scoring import model_device
+from evals.shard import map_batches
 from evals.stats import bootstrap_ci, permutation_p_value
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.insertion.noise import make_noise
@@ -71,17 +72,19 @@ def embedding_gradients(model, rows: List[np.ndarray], batch_size: int) -> torch
     """
     emb = model.get_input_embeddings()
     device = model_device(model)
-    out = []
-    for b in range(0, len(rows), batch_size):
-        ids = torch.from_numpy(np.stack(rows[b:b + batch_size]).astype(np.int64)).to(device)
+
+    def grads(batch: List[np.ndarray]) -> torch.Tensor:
+        ids = torch.from_numpy(np.stack(batch).astype(np.int64)).to(device)
         e = emb(ids).detach().float().requires_grad_(True)
         logits = model(inputs_embeds=e.to(emb.weight.dtype), attention_mask=torch.ones_like(ids)).logits
         n, L = ids.shape
         loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
                                reduction="none").view(n, L - 1).mean(dim=1)
         g = torch.autograd.grad(loss.sum(), e)[0].float()  # rows are independent: row r's grad is d loss_r / d e_r
-        out.append((g / g.flatten(1).norm(dim=1).clamp_min(1e-30)[:, None, None]).cpu())
-    return torch.cat(out)
+        return (g / g.flatten(1).norm(dim=1).clamp_min(1e-30)[:, None, None]).cpu()
+
+    # batch by batch, sharded over the ranks under eval.mode=distributed (evals.shard)
+    return torch.cat(map_batches(grads, [rows[b:b + batch_size] for b in range(0, len(rows), batch_size)]))
 
 
 def pattern_scores(grads: torch.Tensor, seeds: np.ndarray, sigma: float) -> np.ndarray:

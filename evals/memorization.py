@@ -14,6 +14,7 @@ import torch
 
 from evals.base import EvalContext, EvalResult
 from evals.scoring import greedy_decode, plan_item_rows
+from evals.shard import map_batches
 from evals.stats import per_dup_summary
 from pretrain_exp.core.errors import ConfigError
 
@@ -57,10 +58,13 @@ def memorization(cfg: MemorizationConf, ctx: EvalContext) -> EvalResult:
     items.sort(key=lambda i: -cont[i])
     info = plan_item_rows(plan)
     rows = []
-    for b in range(0, len(items), ctx.batch_size):
-        batch = items[b:b + ctx.batch_size]
+
+    def decode(batch):
         prompts = torch.from_numpy(np.stack([plan.item_tokens(i)[:P].astype(np.int64) for i in batch]))
-        generated = greedy_decode(ctx.model, prompts, cont[batch[0]]).numpy()
+        return greedy_decode(ctx.model, prompts, cont[batch[0]]).numpy()
+
+    batches = [items[b:b + ctx.batch_size] for b in range(0, len(items), ctx.batch_size)]
+    for batch, generated in zip(batches, map_batches(decode, batches)):  # sharded under eval.mode=distributed
         for r, i in enumerate(batch):
             c = cont[i]
             hits = generated[r, :c] == plan.item_tokens(i)[P:P + c]

@@ -28,6 +28,9 @@ class EvalSpec:
 
     config_target: str
     fn_target: str
+    #: whether its model forwards go through :func:`evals.shard.map_batches` (``eval.mode=distributed`` runs it on
+    #: every rank); the lm-eval-scored evals (``benchmark``, ``lm_eval``) run on rank 0 only
+    sharded: bool = True
 
     @property
     def config(self) -> type:
@@ -40,16 +43,16 @@ class EvalSpec:
         return load(self.fn_target)
 
 
-def _spec(module: str, conf: str, fn: str) -> EvalSpec:
-    return EvalSpec(f"evals.{module}:{conf}", f"evals.{module}:{fn}")
+def _spec(module: str, conf: str, fn: str, sharded: bool = True) -> EvalSpec:
+    return EvalSpec(f"evals.{module}:{conf}", f"evals.{module}:{fn}", sharded)
 
 
 EVALS: Dict[str, EvalSpec] = {
-    "benchmark": _spec("benchmark", "BenchmarkConf", "benchmark"),
+    "benchmark": _spec("benchmark", "BenchmarkConf", "benchmark", sharded=False),
     "gaussian": _spec("gaussian", "GaussianConf", "gaussian"),
     "insertion_loss": _spec("insertion_loss", "InsertionLossConf", "insertion_loss"),
     "knowledge": _spec("knowledge", "KnowledgeConf", "knowledge"),
-    "lm_eval": _spec("lm_eval", "LmEvalConf", "lm_eval_tasks"),
+    "lm_eval": _spec("lm_eval", "LmEvalConf", "lm_eval_tasks", sharded=False),
     "memorization": _spec("memorization", "MemorizationConf", "memorization"),
     "mia": _spec("mia", "MiaConf", "mia"),
     "perplexity": _spec("perplexity", "PerplexityConf", "perplexity"),

@@ -1,5 +1,9 @@
 """Model-facing helpers shared by the evals: per-token losses of variable-length sequences, greedy decoding,
-plan item labels."""
+plan item labels.
+
+Every model forward of the evals runs batch by batch through :func:`evals.shard.map_batches`, so under
+``eval.mode=distributed`` the ranks score disjoint batches of the very batching one process uses (same
+composition and order) and gather the results: the same numbers as ``inline``."""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ from typing import Any, List, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from evals.shard import map_batches
 
 
 def model_device(model: Any) -> torch.device:
@@ -22,24 +28,27 @@ def plan_item_rows(plan: Any) -> List[dict]:
              "dup_count": int(plan.item_dup_count[i])} for i in range(plan.num_items)]
 
 
-def _padded_batches(model: Any, seqs: List[np.ndarray], batch_size: int, min_length: int):
-    """Forward ``seqs`` (int64 arrays) in batches of ``batch_size``, longest first, right-padded; sequences shorter
-    than ``min_length`` are skipped. Yields ``(indices into seqs, ids (b, width) on the model's device, logits
-    (b, width, vocab))`` per batch; only the logits of real (unpadded) positions are meaningful.
+def _length_batches(seqs: List[np.ndarray], batch_size: int, min_length: int) -> List[List[int]]:
+    """Indices into ``seqs`` per batch of ``batch_size``, longest first; sequences shorter than ``min_length`` are
+    skipped (the batches :func:`_forward` scores, identical in one process and under :func:`~evals.shard.sharded`)."""
+    order = [i for i in sorted(range(len(seqs)), key=lambda i: -seqs[i].size) if seqs[i].size >= min_length]
+    return [order[b:b + batch_size] for b in range(0, len(order), batch_size)]
+
+
+def _forward(model: Any, seqs: List[np.ndarray], idx: List[int]):
+    """Forward the sequences ``idx`` (int64 arrays, longest first) right-padded as one batch. Returns ``(ids
+    (b, width) on the model's device, logits (b, width, vocab))``; only the logits of real (unpadded) positions are
+    meaningful.
 
     No ``attention_mask``: under causal attention a real token never sees the padding to its right, and the
     positions of real tokens are ``0..n-1`` either way, so their logits are those of the unpadded sequence (and
     the model takes its plain causal path, as lm-eval's ``HFLM`` scores)."""
-    device = model_device(model)
-    order = [i for i in sorted(range(len(seqs)), key=lambda i: -seqs[i].size) if seqs[i].size >= min_length]
-    for b in range(0, len(order), batch_size):
-        idx = order[b:b + batch_size]
-        width = seqs[idx[0]].size
-        ids = torch.zeros((len(idx), width), dtype=torch.long)
-        for r, i in enumerate(idx):
-            ids[r, :seqs[i].size] = torch.from_numpy(seqs[i])
-        ids = ids.to(device)
-        yield idx, ids, model(input_ids=ids).logits
+    width = seqs[idx[0]].size
+    ids = torch.zeros((len(idx), width), dtype=torch.long)
+    for r, i in enumerate(idx):
+        ids[r, :seqs[i].size] = torch.from_numpy(seqs[i])
+    ids = ids.to(model_device(model))
+    return ids, model(input_ids=ids).logits
 
 
 @torch.no_grad()
@@ -59,11 +68,16 @@ def token_losses(model: Any, sequences: Sequence[np.ndarray], batch_size: int) -
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     seqs = [np.asarray(s, dtype=np.int64) for s in sequences]
     out: List[np.ndarray] = [np.empty(0, np.float32) for _ in seqs]
-    for idx, ids, logits in _padded_batches(model, seqs, batch_size, min_length=2):
-        for r, i in enumerate(idx):
-            n = seqs[i].size
-            loss = F.cross_entropy(logits[r, :n - 1].float(), ids[r, 1:n], reduction="none")
-            out[i] = loss.cpu().numpy().astype(np.float32)
+
+    def score(idx: List[int]) -> List[np.ndarray]:
+        ids, logits = _forward(model, seqs, idx)
+        return [F.cross_entropy(logits[r, :seqs[i].size - 1].float(), ids[r, 1:seqs[i].size], reduction="none")
+                .cpu().numpy().astype(np.float32) for r, i in enumerate(idx)]
+
+    batches = _length_batches(seqs, batch_size, min_length=2)
+    for idx, losses in zip(batches, map_batches(score, batches)):
+        for i, loss in zip(idx, losses):
+            out[i] = loss
     return out
 
 
@@ -119,11 +133,20 @@ def continuation_scores(model: Any, contexts: Sequence[Sequence[int]], continuat
         raise ValueError("contexts and continuations must be non-empty")
     seqs = [np.concatenate([np.asarray(a, np.int64), np.asarray(b, np.int64)]) for a, b in zip(contexts, continuations)]
     out: List[tuple] = [None] * len(seqs)  # type: ignore[list-item]
-    for idx, ids, logits in _padded_batches(model, seqs, batch_size, min_length=1):
+
+    def score(idx: List[int]) -> List[tuple]:
+        ids, logits = _forward(model, seqs, idx)
+        res = []
         for r, i in enumerate(idx):
             n, k = seqs[i].size, len(continuations[i])
             pred = logits[r, n - k - 1:n - 1].float()  # the logits that predict the continuation tokens
             target = ids[r, n - k:n]
             logp = torch.log_softmax(pred, dim=-1).gather(1, target[:, None])[:, 0]
-            out[i] = (logp.cpu().numpy().astype(np.float32), bool((pred.argmax(dim=-1) == target).all()))
+            res.append((logp.cpu().numpy().astype(np.float32), bool((pred.argmax(dim=-1) == target).all())))
+        return res
+
+    batches = _length_batches(seqs, batch_size, min_length=1)
+    for idx, scores in zip(batches, map_batches(score, batches)):
+        for i, sc in zip(idx, scores):
+            out[i] = sc
     return out

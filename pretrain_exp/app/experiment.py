@@ -45,14 +45,15 @@ import torch
 from omegaconf import OmegaConf
 
 from evals.base import EvalContext, EvalResult
-from evals.registry import run_eval
+from evals.registry import EVALS, run_eval
+from evals.shard import sharded
 from frameworks.base import Checkpoint
 from frameworks.registry import get_framework_class
 from pretrain_exp.app import async_eval
 from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.app.tracking import NullTracker, Tracker, config_dict
 from pretrain_exp.core.config import Cleanup, EvalMode, ExportHF
-from pretrain_exp.core.distributed import barrier, is_main_process, world_size
+from pretrain_exp.core.distributed import barrier, init_process_group, is_main_process, world_size
 from pretrain_exp.core.errors import ConfigError, InsertionError, PretrainExpError, TrainingError
 from pretrain_exp.core.io import disk_full_error, is_disk_full, write_json, write_text
 from pretrain_exp.core.secrets import redact_obj
@@ -289,38 +290,79 @@ class Experiment:
     def evaluate(self, ckpt: Checkpoint, tracker: Tracker) -> Dict[str, dict]:
         """Run every ``eval.tasks`` entry on ``ckpt`` (skipping tasks already saved for its step).
 
-        :returns: task name -> saved result dict (``metrics``, ``per_dup``, ``rows``).
+        Under ``eval.mode=distributed`` (:meth:`distributed_eval`) every rank calls this: rank 0 decides which
+        tasks are pending and broadcasts them, every rank loads the model from one HF dir (:meth:`_shared_hf_dir`)
+        and runs the evals inside :func:`evals.shard.sharded`, scoring its share of the batches (the lm-eval-scored
+        ``benchmark`` and ``lm_eval`` run on rank 0 alone, after the others); only rank 0 writes and logs.
+
+        :returns: task name -> saved result dict (``metrics``, ``per_dup``, ``rows``); ``{}`` on other ranks.
         """
         from transformers import AutoModelForCausalLM
 
+        distributed = self.distributed_eval()
         out_dir = self.run_dir / "evals" / f"step{ckpt.step}"
         results, pending = {}, {}
-        for name, task in self.cfg.eval.tasks.items():
+        for name, task in self.cfg.eval.tasks.items() if self.main else ():
             f = out_dir / f"{name}.json"
             if f.is_file():
                 results[name] = json.loads(f.read_text())
             else:
                 pending[name] = task
+        if distributed:  # rank 0's view of the files decides
+            names = [list(pending)]
+            torch.distributed.broadcast_object_list(names, src=0)
+            pending = {name: self.cfg.eval.tasks[name] for name in names[0]}
+            pending = dict(sorted(pending.items(), key=lambda kv: not EVALS[kv[1].type].sharded))  # stable
         if pending:
             log.info("evaluating step %d: %s", ckpt.step, ", ".join(pending))
-            with self._hf_dir(ckpt) as hf_dir:
-                model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
-                if torch.cuda.is_available():  # evals score on the run's GPU (inputs follow the model's device)
+            mine = {n: t for n, t in pending.items() if self.main or EVALS[t.type].sharded}
+            with (self._shared_hf_dir(ckpt) if distributed else self._hf_dir(ckpt)) as hf_dir:
+                model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval() if mine else None
+                if mine and torch.cuda.is_available():  # evals score on the rank's GPU (inputs follow the model)
                     model = model.to(torch.device("cuda", torch.cuda.current_device()))
                 ctx = EvalContext(model, self.tokenizer, self.plan_for_step(ckpt.step), self.held_out, ckpt.step,
                                   self.cfg.eval.batch_size,
                                   self.cfg.eval.bootstrap_samples, self.cfg.seed, self.cfg.cache_dir,
                                   row_tokens=self.rows.row, insertion=self.cfg.insertion)
-                for name, task in pending.items():
+                for name, task in mine.items():
                     t0 = time.perf_counter()
-                    res: EvalResult = run_eval(task, ctx)
+                    with sharded() if distributed and EVALS[task.type].sharded else contextlib.nullcontext():
+                        res: EvalResult = run_eval(task, ctx)
+                    if not self.main:
+                        continue
                     rec = {"task": name, "type": task.type, "step": ckpt.step, **asdict(res),
                            "seconds": time.perf_counter() - t0}
                     write_json(out_dir / f"{name}.json", rec)
                     tracker.log({f"eval/{name}/{k}": v for k, v in res.metrics.items()}, ckpt.step)
                     results[name] = rec
-                del model
-        return results
+                del model, ctx
+        return results if self.main else {}
+
+    def distributed_eval(self) -> bool:
+        """Whether the evals run on every rank (``eval.mode=distributed`` with more than one process; the process
+        group is joined here if the engine has not yet). With one process ``distributed`` is ``inline``."""
+        return self.cfg.eval.mode == EvalMode.distributed and init_process_group()
+
+    @contextlib.contextmanager
+    def _shared_hf_dir(self, ckpt: Checkpoint) -> Iterator[Path]:
+        """The one HF dir every rank reads under ``eval.mode=distributed``: the checkpoint itself (HF) or its kept
+        export ``hf/step<N>/``, written by rank 0 before a barrier if ``training.export_hf`` did not keep it, and
+        then removed by rank 0 after every rank is done with it."""
+        if ckpt.is_hf:
+            with self._hf_dir(ckpt) as d:
+                yield d
+            return
+        out, temporary = self.hf_export_dir(ckpt.step), False
+        if self.main and not out.is_dir():
+            ckpt.export_hf(out)
+            temporary = True
+        barrier()
+        try:
+            yield out
+        finally:
+            barrier()
+            if temporary:
+                shutil.rmtree(out, ignore_errors=True)
 
     def hf_export_dir(self, step: int) -> Path:
         """Where the kept HF export of the checkpoint at global step ``step`` lives: ``<run dir>/hf/step<N>/``."""
@@ -436,8 +478,8 @@ class Experiment:
             raise disk_full_error(f"training steps {start.step}->{until_step} wrote", named or newest, e) from e
 
     def _evaluate_on_main(self, ckpt: Checkpoint, tracker) -> Dict[str, dict]:
-        """Evaluate on rank 0 while the other ranks wait."""
-        out = self.evaluate(ckpt, tracker) if self.main else {}
+        """Evaluate on rank 0 while the other ranks wait (``eval.mode=distributed``: on every rank)."""
+        out = self.evaluate(ckpt, tracker) if self.main or self.distributed_eval() else {}
         barrier()
         return out
 

@@ -31,3 +31,19 @@ def barrier() -> None:
     dist = sys.modules.get("torch.distributed")  # a process group exists only if torch is already loaded
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+def init_process_group() -> bool:
+    """Join torchrun's process group (gloo on CPU; NCCL for CUDA tensors and gloo for CPU ones on GPUs, each rank
+    on GPU ``LOCAL_RANK``) if there is more than one process and it is not joined yet; the engines (accelerate,
+    OLMo-core) then use the joined group. Returns whether a process group is initialized."""
+    if world_size() == 1:
+        return False
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group(backend="cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    return True

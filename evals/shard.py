@@ -1,0 +1,84 @@
+"""Batch-level sharding of the evals' model forwards over the ranks of a ``torch.distributed`` process group.
+
+``eval.mode=distributed`` runs every eval on every rank. The evals cut their inputs into batches exactly as in one
+process (same composition, same order) and hand them to :func:`map_batches`: inside :func:`sharded`, batch ``k`` is
+scored on rank ``k % W`` and the per-batch results are all-gathered, so every rank holds the full list in batch
+order and every reduction (means, bootstrap CIs, per-dup tables) runs on identical inputs: the numbers equal those
+of one process (given the same torch thread count, since CPU kernels may reduce in a thread-dependent order).
+Outside :func:`sharded` (``inline``) :func:`map_batches` is a plain loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterable, Iterator, List, Optional, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+#: the active shard: ``(rank, world size, process group)``; None = plain loop
+_active: Optional[tuple] = None
+
+
+@contextlib.contextmanager
+def sharded(group: Any = None) -> Iterator[bool]:
+    """Shard :func:`map_batches` over ``group`` (default: the default process group) for the ``with`` block.
+
+    Yields whether sharding is on: off (a plain loop) without an initialized process group or with one rank.
+    Every rank of the group must run the same evals on the same inputs inside the block, since each
+    :func:`map_batches` call is a collective.
+    """
+    global _active
+    import torch.distributed as dist
+
+    prev = _active
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+        _active = (dist.get_rank(group), dist.get_world_size(group), group)
+    else:
+        _active = None
+    try:
+        yield _active is not None
+    finally:
+        _active = prev
+
+
+def map_batches(fn: Callable[[T], R], batches: Iterable[T]) -> List[R]:
+    """``[fn(b) for b in batches]``; inside :func:`sharded`, ``fn(batches[k])`` runs on rank ``k % W`` only and
+    the results are gathered with ``torch.distributed.all_gather_object`` (pickled: return CPU tensors or numpy
+    arrays), the full list in batch order on every rank. Nested calls (``fn`` calling :func:`map_batches`) are
+    plain loops.
+
+    :raises RuntimeError: if ``fn`` failed on another rank (this rank re-raises its own error) or the ranks
+        disagree on the number of batches; every rank raises, none is left waiting in the collective.
+    """
+    global _active
+    batches = list(batches)
+    if _active is None:
+        return [fn(b) for b in batches]
+    import torch.distributed as dist
+
+    rank, world, group = _active
+    _active = None  # fn's own calls run unsharded
+    mine, error = [], None
+    try:
+        for k in range(rank, len(batches), world):
+            mine.append((k, fn(batches[k])))
+    except Exception as e:  # noqa: BLE001  (the other ranks learn of it in the gather instead of hanging)
+        error = e
+    finally:
+        _active = (rank, world, group)
+    gathered: List[Any] = [None] * world
+    dist.all_gather_object(gathered, (len(batches), None if error is None else repr(error), mine), group=group)
+    if error is not None:
+        raise error
+    failed = [f"rank {r}: {err}" for r, (_, err, _) in enumerate(gathered) if err is not None]
+    if failed:
+        raise RuntimeError(f"map_batches: a batch failed on another rank ({'; '.join(failed)})")
+    if any(n != len(batches) for n, _, _ in gathered):
+        raise RuntimeError(f"map_batches: the ranks have {[n for n, _, _ in gathered]} batches; every rank must "
+                           "shard the same batches")
+    out: List[Any] = [None] * len(batches)
+    for _, _, part in gathered:
+        for k, res in part:
+            out[k] = res
+    return out
