@@ -9,7 +9,7 @@ wrong docs) and scores them 0-shot with lm-eval (``lm_eval.simple_evaluate``, ``
 the highest summed log-likelihood of ``" " + choice`` after the context is the prediction; ``acc_norm`` divides
 each log-likelihood by the choice's length in characters). The contamination effect is the accuracy of the
 inserted items minus that of the controls, with a 95% percentile-bootstrap CI that resamples the two groups
-independently.
+independently. Under ``eval.mode=distributed`` it runs on rank 0 alone (lm-eval scores it; see :mod:`evals.lm_eval`).
 """
 
 from __future__ import annotations

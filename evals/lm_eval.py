@@ -10,6 +10,11 @@ validation questions where lm-eval's default is the test split; every result row
 are scored 0-shot (the asset has no few-shot splits), on the already loaded model (``HFLM(pretrained=model)``).
 ``mmlu`` and ``mmlu_continuation`` expand to their 57 subject tasks; their ``acc`` is the doc-weighted mean, as
 lm-eval's groups aggregate it.
+
+Under ``eval.mode=distributed`` this eval (like ``benchmark``, also scored by lm-eval) runs on rank 0 alone, after
+the sharded evals, while the other ranks wait: lm-eval 0.4.13's ``HFLM`` splits requests over ranks only when it
+loads the model itself from a path string and sees more than one CUDA device (``gpus > 1``, its accelerate path);
+with an already loaded model, or on CPU/gloo, it is single-process by design.
 """
 
 from __future__ import annotations

@@ -314,7 +314,8 @@ class Experiment:
             pending = {name: self.cfg.eval.tasks[name] for name in names[0]}
             pending = dict(sorted(pending.items(), key=lambda kv: not EVALS[kv[1].type].sharded))  # stable
         if pending:
-            log.info("evaluating step %d: %s", ckpt.step, ", ".join(pending))
+            log.info("evaluating step %d: %s%s", ckpt.step, ", ".join(pending),
+                     f" (eval.mode=distributed over {world_size()} ranks)" if distributed else "")
             mine = {n: t for n, t in pending.items() if self.main or EVALS[t.type].sharded}
             with (self._shared_hf_dir(ckpt) if distributed else self._hf_dir(ckpt)) as hf_dir:
                 model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval() if mine else None

@@ -200,8 +200,14 @@ def test_cli_run_kill_resume_torchrun_and_continuing_a_checkpoint_with_trainer_s
     assert trained_rows(killed) == trained_rows(ref)
 
     two = runs / "two"
-    cli(*RUN, "eval=[]", "training.nproc_per_node=2", f"hydra.run.dir={two}", runs=runs)
+    proc = cli(*RUN, "eval=[insertion_loss]", "eval.mode=distributed", "training.nproc_per_node=2",
+               f"hydra.run.dir={two}", runs=runs)
     assert_two_ranks_train_what_one_trains(ref, two, steps=6, B=4)
+    # eval.mode=distributed: both ranks read one HF export per step; those export_hf=final does not keep are gone
+    assert (proc.stdout + proc.stderr).count("(eval.mode=distributed over 2 ranks)") == 3
+    assert sorted(p.parent.name for p in (two / "evals").glob("step*/insertion_loss.json")) == ["step2", "step4",
+                                                                                                "step6"]
+    assert sorted(p.name for p in (two / "hf").iterdir()) == ["step6"]
 
     cont = runs / "cont"
     no_insertions = [o for o in RUN if not o.startswith("insertion.")] + ["insertion=none"]

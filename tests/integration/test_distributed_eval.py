@@ -1,0 +1,47 @@
+"""``eval.mode=distributed`` end to end: a 2-rank HF run (torchrun, gloo) evaluates on both ranks and writes the
+evals ``inline`` writes, to the last digit."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from tests.integration.test_cli import cli
+
+pytestmark = pytest.mark.slow
+
+#: 2 steps of 4 rows (2 ranks x 2), 6 bios at dup counts 0/1/2, the initial checkpoint evaluated too
+RUN = ["experiment=tiny", "wandb=disabled", "training.num_threads=1", "training.nproc_per_node=2",
+       "training.num_steps=2", "training.checkpoint_interval=2", "training.global_batch_size=4",
+       "training.micro_batch_size=2", "insertion.experiments.fictional_bios.num_items=6",
+       "insertion.experiments.fictional_bios.repetitions=[0,1,2]", "eval.on_load=true",
+       "eval=[insertion_loss,memorization,perplexity,mia]"]
+
+
+def evals(run_dir) -> dict:
+    """``step<N>/<task>`` -> the saved eval record without its ``seconds``."""
+    return {f"{f.parent.name}/{f.stem}": {k: v for k, v in json.loads(f.read_text()).items() if k != "seconds"}
+            for f in sorted((run_dir / "evals").glob("step*/*.json"))}
+
+
+def test_distributed_evals_equal_inline_evals(tmp_path):
+    """The run trains and evaluates inline; the same run dir re-run with ``eval.mode=distributed`` (training done,
+    so only the evals of the initial and the final checkpoint run, the first before any engine joined the process
+    group) writes records equal to the inline ones in everything but ``seconds``."""
+    runs = tmp_path / "runs"
+    run_dir, inline_dir = runs / "run", tmp_path / "inline_evals"
+    cli(*RUN, "eval.mode=inline", f"hydra.run.dir={run_dir}", runs=runs)
+    inline = evals(run_dir)
+    shutil.move(run_dir / "evals", inline_dir)
+    out = cli(*RUN, "eval.mode=distributed", f"hydra.run.dir={run_dir}", runs=runs)
+    logs = out.stdout + out.stderr
+    assert logs.count("(eval.mode=distributed over 2 ranks)") == 2, logs[-3000:]
+    distributed = evals(run_dir)
+    tasks = ("insertion_loss", "memorization", "mia", "perplexity")
+    assert sorted(distributed) == [f"step{s}/{t}" for s in (0, 2) for t in tasks]
+    for key, rec in distributed.items():
+        assert rec["metrics"], key
+        assert json.dumps(rec) == json.dumps(inline[key]), key  # every float to the last digit
+    assert not (run_dir / "hf").exists()  # an HF checkpoint is read in place: no export
