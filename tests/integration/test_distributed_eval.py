@@ -7,7 +7,11 @@ import json
 import shutil
 
 import pytest
+import torch
 
+from pretrain_exp.app.experiment import Experiment
+from pretrain_exp.app.tracking import NullTracker
+from tests.conftest import make_config
 from tests.integration.test_cli import cli
 
 pytestmark = pytest.mark.slow
@@ -27,21 +31,31 @@ def evals(run_dir) -> dict:
 
 
 def test_distributed_evals_equal_inline_evals(tmp_path):
-    """The run trains and evaluates inline; the same run dir re-run with ``eval.mode=distributed`` (training done,
-    so only the evals of the initial and the final checkpoint run, the first before any engine joined the process
-    group) writes records equal to the inline ones in everything but ``seconds``."""
+    """The 2-rank run evaluates its initial checkpoint (before any engine joined the process group) and its final
+    one with ``eval.mode=distributed``; the same run dir then evaluated ``inline`` in this process (one process,
+    1 torch thread like each rank: CPU kernels may reduce in a thread-count-dependent order) writes records equal
+    in everything but ``seconds``."""
     runs = tmp_path / "runs"
-    run_dir, inline_dir = runs / "run", tmp_path / "inline_evals"
-    cli(*RUN, "eval.mode=inline", f"hydra.run.dir={run_dir}", runs=runs)
-    inline = evals(run_dir)
-    shutil.move(run_dir / "evals", inline_dir)
+    run_dir = runs / "run"
     out = cli(*RUN, "eval.mode=distributed", f"hydra.run.dir={run_dir}", runs=runs)
     logs = out.stdout + out.stderr
     assert logs.count("(eval.mode=distributed over 2 ranks)") == 2, logs[-3000:]
     distributed = evals(run_dir)
     tasks = ("insertion_loss", "memorization", "mia", "perplexity")
     assert sorted(distributed) == [f"step{s}/{t}" for s in (0, 2) for t in tasks]
+    assert not (run_dir / "hf").exists()  # an HF checkpoint is read in place: no export
+
+    shutil.move(run_dir / "evals", tmp_path / "distributed_evals")
+    exp = Experiment(make_config(*RUN, "eval.mode=inline", run_dir=run_dir))
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for ckpt in (exp.framework.initial_checkpoint(), exp.framework.latest_checkpoint()):
+            exp.evaluate(ckpt, NullTracker())
+    finally:
+        torch.set_num_threads(old)
+    inline = evals(run_dir)
+    assert sorted(inline) == sorted(distributed)
     for key, rec in distributed.items():
         assert rec["metrics"], key
         assert json.dumps(rec) == json.dumps(inline[key]), key  # every float to the last digit
-    assert not (run_dir / "hf").exists()  # an HF checkpoint is read in place: no export
