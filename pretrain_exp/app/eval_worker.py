@@ -18,10 +18,17 @@ from typing import List, Optional
 
 from pretrain_exp.core.errors import PretrainExpError
 
+#: torchrun's variables, which the eval process must not inherit from the rank that started it
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+                "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
+
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the missing evals of one step (module docstring); returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    for key in list(os.environ):  # started by rank 0 of a torchrun job: this process is a world of its own
+        if key in TORCHRUN_ENV or key.startswith("TORCHELASTIC_"):
+            del os.environ[key]
     if "--log" in argv:  # a SLURM job: output into the step's log, as the local process's
         i = argv.index("--log")
         log_file = argv[i + 1]
