@@ -543,7 +543,7 @@ class Experiment:
 
     def _collect_async(self, tracker, wait: bool = False) -> None:
         """Log the finished background evals to the tracker at their step and drop what they no longer need
-        (their marker; their HF dir unless ``training.export_hf`` keeps it)."""
+        (:meth:`_drop_async`)."""
         ae = self.async_evals
         for step in (ae.wait() if wait else ae.poll()):
             if step in ae.failures():
@@ -554,16 +554,20 @@ class Experiment:
                 if f.is_file():
                     rec = json.loads(f.read_text())
                     tracker.log({f"eval/{name}/{k}": v for k, v in rec["metrics"].items()}, step)
-            (out_dir / async_eval.MARKER).unlink(missing_ok=True)
-            end = self.start_step + self.num_steps
-            mode = self.cfg.training.export_hf
-            kept = not self.framework.initial_checkpoint().is_hf and (
-                mode == ExportHF.every or (mode == ExportHF.final and step == end))
-            hf_dir = self.hf_export_dir(step)
-            if hf_dir.is_dir() and not kept:
-                shutil.rmtree(hf_dir)
-                with contextlib.suppress(OSError):  # hf/ itself when it is empty now
-                    hf_dir.parent.rmdir()
+            self._drop_async(step)
+
+    def _drop_async(self, step: int) -> None:
+        """Remove the marker of ``step``'s written background evals and their HF dir, unless
+        ``training.export_hf`` keeps it."""
+        (self.run_dir / "evals" / f"step{step}" / async_eval.MARKER).unlink(missing_ok=True)
+        mode = self.cfg.training.export_hf
+        kept = not self.framework.initial_checkpoint().is_hf and (
+            mode == ExportHF.every or (mode == ExportHF.final and step == self.start_step + self.num_steps))
+        hf_dir = self.hf_export_dir(step)
+        if hf_dir.is_dir() and not kept:
+            shutil.rmtree(hf_dir)
+            with contextlib.suppress(OSError):  # hf/ itself when it is empty now
+                hf_dir.parent.rmdir()
 
     def _finish_async(self, tracker, end: int) -> None:
         """Wait for the background evals, log them; any that failed is an error naming its step and log."""
@@ -577,6 +581,10 @@ class Experiment:
         missing = {s: self._missing_tasks(s) for s in self.async_evals.jobs if self._missing_tasks(s)}
         if missing:
             raise TrainingError(f"background evals ended without writing {missing}; re-run the same command")
+        for marker in (self.run_dir / "evals").glob(f"step*/{async_eval.MARKER}"):  # evals written before a kill
+            step = int(marker.parent.name[4:])
+            if not self._missing_tasks(step):
+                self._drop_async(step)
 
     def _all_evaluated(self) -> Dict[int, Dict[str, dict]]:
         out: Dict[int, Dict[str, dict]] = {}

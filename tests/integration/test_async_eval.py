@@ -71,3 +71,11 @@ def test_async_evals_match_inline_and_survive_a_kill(tmp_path, tiny_model_dir):
     assert pending_evals(run_dir) == {} and not list(run_dir.glob(f"evals/step*/{MARKER}"))
     assert not (run_dir / "hf").exists()  # the linked model dirs went once their evals were written
     assert (run_dir / "evals" / "step8" / "async.log").is_file()
+
+    # killed after its last evals were written but before the run cleaned up: the re-run only tidies up
+    (run_dir / "evals" / "step8" / MARKER).write_text(json.dumps({"step": 8, "tasks": ["insertion_loss"]}))
+    (run_dir / "hf" / "step8").mkdir(parents=True)
+    again = cli(*SHORT, "eval.mode=async", f"hydra.run.dir={run_dir}", runs=runs)
+    assert "in the background (" not in again.stdout + again.stderr
+    assert not (run_dir / "evals" / "step8" / MARKER).exists() and not (run_dir / "hf").exists()
+    assert _evals(run_dir) == inline
