@@ -25,6 +25,7 @@ def restore_threads():
     torch.set_num_threads(n)
 
 
+@pytest.mark.slow
 def test_eval_throughput_reports_items_per_second(tmp_path, monkeypatch, capsys, tiny_model_dir, restore_threads):
     out = tmp_path / "out.json"
     _run(monkeypatch, "eval_throughput.py", "--reps", "1", "--json", str(out), "experiment=tiny",

@@ -324,6 +324,7 @@ def test_data_order_pickles(files):
         np.testing.assert_array_equal(clone.row_tokens(q), w)
 
 
+@pytest.mark.slow
 def test_training_rows_in_spawned_worker(files):
     """A spawned DataLoader worker must pickle the dataset (memmaps and all) and read the same rows."""
     order = DataOrder(files, L, 4, seed=2)

@@ -89,6 +89,7 @@ def test_sweep_preset_overrides_compose_with_a_tiny_base_series():
     assert exp.model.path.endswith("/base_series-tiny_llama-step0-seed0/checkpoints/checkpoint-8")
 
 
+@pytest.mark.slow
 def test_cli_accepts_sweep_presets(tmp_path):
     out = _run(["-m", "pretrain_exp", "+sweep=seeds_x_dups", "--cfg", "hydra"], ROOT, _env()).stdout
     assert "choice([0,1,4,16],[0,2,4,8])" in out and "seed: 0,1" in out
@@ -226,6 +227,7 @@ def test_base_series_checkpoints_are_continued(tmp_path, tiny_model_dir):
     assert sorted(p.name for p in (run_dir / "evals").iterdir()) == ["step8"]
 
 
+@pytest.mark.slow
 def test_report_of_benchmark_and_forgetting_results(tmp_path):
     """A job with a benchmark eval gets its clean vs contaminated row (benchmark.csv / .png, report.md) and a job
     evaluated at several steps its forgetting curve; the values are those of its results.json."""

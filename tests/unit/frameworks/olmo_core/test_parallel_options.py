@@ -72,6 +72,7 @@ def test_builders_by_name_give_the_olmo_shapes(tmp_path):
         builder_config("olmo2_1b", 100_352, 0)
 
 
+@pytest.mark.slow
 def test_random_init_config_rules(tmp_path):
     with pytest.raises(ConfigError, match="model.config"):
         make_config("experiment=scratch_olmo_core", "model.config=null", run_dir=tmp_path)
