@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from pretrain_exp.core.errors import LaunchError
-from pretrain_exp.core.io import write_json
+from pretrain_exp.core.io import default_mode, write_json
 from pretrain_exp.report.pending import MARKER
 
 log = logging.getLogger(__name__)
@@ -64,18 +64,12 @@ def link_model_files(src: Path, out: Path) -> Path:
                     os.link(f, tmp / f.name)
                 except OSError:
                     shutil.copy2(f, tmp / f.name)
-        os.chmod(tmp, 0o777 & ~_umask())
+        os.chmod(tmp, default_mode(directory=True))
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def run_launcher(run_dir: Path) -> Dict[str, Any]:

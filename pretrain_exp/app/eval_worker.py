@@ -16,8 +16,6 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from pretrain_exp.core.errors import PretrainExpError
-
 #: torchrun's variables, which the eval process must not inherit from the rank that started it
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
                 "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
@@ -39,7 +37,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if len(argv) != 3:
         print("usage: python -m pretrain_exp.app.eval_worker <config.resolved.yaml> <step> <hf dir>", file=sys.stderr)
         return 2
-    from pretrain_exp.core.secrets import install_log_redaction, redact
+    from pretrain_exp.core.secrets import install_log_redaction
 
     install_log_redaction()
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][eval][%(name)s][%(levelname)s] - %(message)s",
@@ -48,9 +46,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     from pretrain_exp.app.experiment import Experiment
     from pretrain_exp.app.tracking import NullTracker
     from pretrain_exp.app.validate import load_resolved
+    from pretrain_exp.app.worker import exit_status
     from pretrain_exp.core.config import EvalMode
 
-    try:
+    def evaluate() -> None:
         cfg = load_resolved(argv[0])
         cfg.eval.mode = EvalMode.inline
         cfg.insertion.verify = False  # the run verified its plan; this process only reads it
@@ -58,12 +57,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             import torch
 
             torch.set_num_threads(cfg.training.num_threads)
-        exp = Experiment(cfg)
-        exp.evaluate(Checkpoint(Path(argv[2]), int(argv[1])), NullTracker())
-    except PretrainExpError as e:
-        print(f"error: {redact(' '.join(str(e).split()))}", file=sys.stderr)
-        return 2
-    return 0
+        Experiment(cfg).evaluate(Checkpoint(Path(argv[2]), int(argv[1])), NullTracker())
+
+    return exit_status(evaluate)
 
 
 if __name__ == "__main__":

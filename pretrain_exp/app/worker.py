@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 from pretrain_exp.app.validate import load_resolved
 from pretrain_exp.core.distributed import is_main_process, rank
@@ -28,8 +28,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                         format=f"[%(asctime)s][rank {rank()}][%(name)s][%(levelname)s] - %(message)s")
     from pretrain_exp.app.experiment import run
 
+    return exit_status(lambda: run(load_resolved(argv[0])))
+
+
+def exit_status(fn: Callable[[], object]) -> int:
+    """Call ``fn``; 0, or 2 with one redacted ``error: ...`` line on stderr for an error of the user's making
+    (:class:`PretrainExpError`). The exit convention of every entry point without Hydra."""
     try:
-        run(load_resolved(argv[0]))
+        fn()
     except PretrainExpError as e:
         print(f"error: {redact(' '.join(str(e).split()))}", file=sys.stderr)
         return 2

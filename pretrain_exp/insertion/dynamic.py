@@ -25,6 +25,7 @@ count). Each decision is saved atomically as ``dynamic/step<a>.json`` before the
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -56,7 +57,7 @@ class DynamicConf:
     controls: int = 0  #: the last this many items of each target experiment are never inserted (dup-0 controls)
 
 
-class Policy:
+class Policy(ABC):
     """A decision rule: :meth:`choose` gives the items to insert in the next segment."""
 
     name = ""
@@ -64,6 +65,7 @@ class Policy:
     def __init__(self, conf: DynamicConf):
         self.conf = conf
 
+    @abstractmethod
     def choose(self, targets: np.ndarray, step: int, history: Dict[int, Losses], last_copy_step: np.ndarray,
                planned: np.ndarray) -> np.ndarray:
         """Items (sorted ``int64`` ids) to insert ``conf.copies`` times in the segment starting at ``step``.
@@ -74,7 +76,6 @@ class Policy:
             (``-1``: none).
         :param planned: ``bool (num_items,)``: the plan holds a copy of the item (trained by ``step`` or later).
         """
-        raise NotImplementedError
 
     def item_report(self, item: int, history: Dict[int, Losses], copy_steps: np.ndarray) -> dict:
         """Policy-specific columns of the per-item table (``copy_steps``: the item's copies' steps, sorted)."""
