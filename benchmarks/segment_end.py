@@ -2,7 +2,8 @@
 
 Each mode is one real run through the CLI (``python -m pretrain_exp <overrides> eval.mode=<mode>``, its own run dir
 under a temp dir), and the figures come from what the run records: ``results.json``'s ``timing`` (per segment the
-training seconds, checkpoint save included, and the segment-end seconds that held training up: export plus the
+training seconds, which include a synchronous checkpoint save (``hf``; ``olmo_core``/``olmo2`` save in the
+background: ``benchmarks/checkpoint_save.py``), and the segment-end seconds that held training up: export plus the
 evals, or their launch; the final wait for background evals) and each eval's ``seconds`` in ``evals/step*/``.
 
 Printed per mode: segments, mean training s/segment, mean segment-end s/segment and its ratio to the training

@@ -9,7 +9,8 @@ wrong docs) and scores them 0-shot with lm-eval (``lm_eval.simple_evaluate``, ``
 the highest summed log-likelihood of ``" " + choice`` after the context is the prediction; ``acc_norm`` divides
 each log-likelihood by the choice's length in characters). The contamination effect is the accuracy of the
 inserted items minus that of the controls, with a 95% percentile-bootstrap CI that resamples the two groups
-independently. Under ``eval.mode=distributed`` it runs on rank 0 alone (lm-eval scores it; see :mod:`evals.lm_eval`).
+independently. Under ``eval.mode=distributed`` the ranks share the docs on lm-eval's data-parallel path
+(:func:`evals.shard.simple_evaluate`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from evals.base import EvalContext, EvalResult
+from evals.shard import simple_evaluate
 from evals.stats import bootstrap_ci, bootstrap_diff_ci
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.insertion.types.benchmark import (
@@ -149,8 +151,6 @@ def score_multiple_choice(model: Any, tokenizer: Any, questions: Sequence[Tuple[
         (0.0 or 1.0) and the summed log-likelihood (nats) of each choice.
     """
     with _env(OFFLINE_ENV), tempfile.TemporaryDirectory(prefix="pe-bench-") as tmp:
-        import lm_eval
-        from lm_eval.models.huggingface import HFLM
         from lm_eval.tasks import TaskManager
 
         data = Path(tmp) / "docs.jsonl"
@@ -165,10 +165,9 @@ def score_multiple_choice(model: Any, tokenizer: Any, questions: Sequence[Tuple[
                             for m in ("acc", "acc_norm")],
             "metadata": {"version": 1.0},
         }
-        lm = HFLM(pretrained=model, tokenizer=copy.deepcopy(tokenizer), batch_size=batch_size)
-        out = lm_eval.simple_evaluate(model=lm, tasks=[task], task_manager=TaskManager(include_defaults=False),
-                                      log_samples=True, bootstrap_iters=0, random_seed=None,
-                                      numpy_random_seed=None, torch_random_seed=None)
+        out = simple_evaluate(model, copy.deepcopy(tokenizer), batch_size, tasks=[task],
+                              task_manager=TaskManager(include_defaults=False), log_samples=True, bootstrap_iters=0,
+                              random_seed=None, numpy_random_seed=None, torch_random_seed=None)
     samples = sorted(out["samples"][task_name], key=lambda s: s["doc"]["doc_index"])
     if [s["doc"]["doc_index"] for s in samples] != list(range(len(questions))):
         raise RuntimeError(f"lm-eval returned {len(samples)} samples for {len(questions)} questions")

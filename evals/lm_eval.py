@@ -11,10 +11,9 @@ are scored 0-shot (the asset has no few-shot splits), on the already loaded mode
 ``mmlu`` and ``mmlu_continuation`` expand to their 57 subject tasks; their ``acc`` is the doc-weighted mean, as
 lm-eval's groups aggregate it.
 
-Under ``eval.mode=distributed`` this eval (like ``benchmark``, also scored by lm-eval) runs on rank 0 alone, after
-the sharded evals, while the other ranks wait: lm-eval 0.4.13's ``HFLM`` splits requests over ranks only when it
-loads the model itself from a path string and sees more than one CUDA device (``gpus > 1``, its accelerate path);
-with an already loaded model, or on CPU/gloo, it is single-process by design.
+Under ``eval.mode=distributed`` every rank scores a share of the docs on lm-eval's own data-parallel path
+(:func:`evals.shard.simple_evaluate`: rank ``r`` of ``W`` takes every ``W``-th doc, rank 0 merges), with the same
+per-doc results as one process.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from evals.base import EvalContext, EvalResult
 from evals.benchmark import OFFLINE_ENV, _env
+from evals.shard import simple_evaluate
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.core.io import default_cache_dir
 from pretrain_exp.insertion.types.benchmark import MMLU_SUBJECTS, local_arrow_file
@@ -142,17 +142,14 @@ def lm_eval_tasks(cfg: LmEvalConf, ctx: EvalContext) -> EvalResult:
     :returns: ``metrics``: ``<task>/acc`` and ``<task>/acc_norm`` (where the task reports it) per task and group
         (a group's: the mean over its docs); ``rows``: one per task ``{task, split, n_docs, acc, acc_norm}``.
     """
-    import lm_eval
-    from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
     names = expand(cfg.tasks)
     configs = [stock_task_config(n, ctx.cache_dir) for n in names]
     with _env(OFFLINE_ENV):
-        lm = HFLM(pretrained=ctx.model, tokenizer=copy.deepcopy(ctx.tokenizer), batch_size=ctx.batch_size)
-        out = lm_eval.simple_evaluate(model=lm, tasks=configs, task_manager=TaskManager(include_defaults=False),
-                                      limit=cfg.limit, num_fewshot=0, bootstrap_iters=0, random_seed=None,
-                                      numpy_random_seed=None, torch_random_seed=None)
+        out = simple_evaluate(ctx.model, copy.deepcopy(ctx.tokenizer), ctx.batch_size, tasks=configs,
+                              task_manager=TaskManager(include_defaults=False), limit=cfg.limit, num_fewshot=0,
+                              bootstrap_iters=0, random_seed=None, numpy_random_seed=None, torch_random_seed=None)
     rows, metrics = [], {}
     for name in names:
         res = out["results"][name]

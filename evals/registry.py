@@ -28,8 +28,9 @@ class EvalSpec:
 
     config_target: str
     fn_target: str
-    #: whether its model forwards go through :func:`evals.shard.map_batches` (``eval.mode=distributed`` runs it on
-    #: every rank); the lm-eval-scored evals (``benchmark``, ``lm_eval``) run on rank 0 only
+    #: whether it shares its model forwards over the ranks under ``eval.mode=distributed`` (through
+    #: :func:`evals.shard.map_batches`, or lm-eval's data-parallel path via :func:`evals.shard.simple_evaluate`), so
+    #: it runs on every rank; an eval that does not runs on rank 0 alone while the others wait
     sharded: bool = True
 
     @property
@@ -48,11 +49,11 @@ def _spec(module: str, conf: str, fn: str, sharded: bool = True) -> EvalSpec:
 
 
 EVALS: Dict[str, EvalSpec] = {
-    "benchmark": _spec("benchmark", "BenchmarkConf", "benchmark", sharded=False),
+    "benchmark": _spec("benchmark", "BenchmarkConf", "benchmark"),
     "gaussian": _spec("gaussian", "GaussianConf", "gaussian"),
     "insertion_loss": _spec("insertion_loss", "InsertionLossConf", "insertion_loss"),
     "knowledge": _spec("knowledge", "KnowledgeConf", "knowledge"),
-    "lm_eval": _spec("lm_eval", "LmEvalConf", "lm_eval_tasks", sharded=False),
+    "lm_eval": _spec("lm_eval", "LmEvalConf", "lm_eval_tasks"),
     "memorization": _spec("memorization", "MemorizationConf", "memorization"),
     "mia": _spec("mia", "MiaConf", "mia"),
     "perplexity": _spec("perplexity", "PerplexityConf", "perplexity"),

@@ -11,6 +11,7 @@ Outside :func:`sharded` (``inline``) :func:`map_batches` is a plain loop.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, Callable, Iterable, Iterator, List, Optional, TypeVar
 
 T = TypeVar("T")
@@ -82,3 +83,68 @@ def map_batches(fn: Callable[[T], R], batches: Iterable[T]) -> List[R]:
         for k, res in part:
             out[k] = res
     return out
+
+
+def _global_rank(group: Any, r: int) -> int:
+    """The default group's rank of rank ``r`` of ``group`` (``None``: the default group)."""
+    import torch.distributed as dist
+
+    return dist.get_global_rank(group, r) if group is not None else r
+
+
+@functools.lru_cache(maxsize=None)
+def _rank_hflm() -> type:
+    """``lm_eval``'s ``HFLM`` with lm-eval's data-parallel ``LM`` interface (``all_gather``, ``gather_object``,
+    ``barrier``) over the active shard's process group (:func:`simple_evaluate`)."""
+    import torch
+    import torch.distributed as dist
+    from lm_eval.models.huggingface import HFLM
+
+    class RankHFLM(HFLM):
+        def all_gather(self, tensor):  # as accelerate's gather: rank-major concatenation along dim 0
+            group = _active[2]
+            t = tensor.reshape(1) if tensor.ndim == 0 else tensor.contiguous()
+            parts = [torch.empty_like(t) for _ in range(self.world_size)]
+            dist.all_gather(parts, t, group=group)
+            return torch.cat(parts, 0)
+
+        def gather_object(self, obj, dst=0):
+            group = _active[2]
+            out = [None] * self.world_size if self.rank == dst else None
+            dist.gather_object(obj, out, dst=_global_rank(group, dst), group=group)
+            return out
+
+        def barrier(self):
+            dist.barrier(group=_active[2])
+
+    return RankHFLM
+
+
+def simple_evaluate(model: Any, tokenizer: Any, batch_size: int, **kwargs: Any) -> dict:
+    """``lm_eval.simple_evaluate(model=HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size),
+    **kwargs)`` on the already loaded HF model.
+
+    Inside :func:`sharded` it takes lm-eval's own data-parallel path: the ``HFLM`` reports this process's rank and
+    the shard's world size and gathers over its process group (lm-eval's ``LM`` interface ``rank``, ``world_size``,
+    ``all_gather``, ``gather_object``, ``barrier``, which ``lm_eval.evaluator.evaluate`` uses to give rank ``r``
+    every ``W``-th doc, pad the ranks to equal request counts and merge the per-doc results on rank 0); rank 0's
+    result is then broadcast, so every rank returns the same dict. (lm-eval's own ``HFLM`` turns this on only for a
+    model it loads itself onto several GPUs through ``accelerate``.)
+
+    :returns: ``simple_evaluate``'s result dict.
+    """
+    import lm_eval
+
+    if _active is None:
+        from lm_eval.models.huggingface import HFLM
+
+        return lm_eval.simple_evaluate(model=HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size),
+                                       **kwargs)
+    import torch.distributed as dist
+
+    rank, world, group = _active
+    lm = _rank_hflm()(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+    lm._rank, lm._world_size = rank, world  # HFLM leaves a model it did not load at rank 0 of 1
+    out = [lm_eval.simple_evaluate(model=lm, **kwargs)]  # None on ranks > 0
+    dist.broadcast_object_list(out, src=_global_rank(group, 0), group=group)
+    return out[0]

@@ -123,6 +123,10 @@ class Framework(ABC):
     #: the ``training.report_to`` loggers :meth:`train` hands to its engine (none: only the run's own tracker)
     report_to: ClassVar[Tuple[str, ...]] = ()
 
+    #: whether :meth:`train` can return before its segment-end checkpoint is on disk
+    #: (``training.checkpoint_async``; :meth:`finish_checkpoints` waits for it)
+    saves_async: ClassVar[bool] = False
+
     #: whether :meth:`resolve_model` loads HF Hub model ids (``model.path=<org>/<name>``, ``model.revision``)
     loads_hub_models: ClassVar[bool] = True
 
@@ -219,9 +223,15 @@ class Framework(ABC):
         :raises TrainingError: if the framework's data path does not hand over the run's rows.
         """
 
+    def finish_checkpoints(self) -> None:
+        """Wait until every checkpoint :meth:`train` returned is complete on disk (every rank calls it; a no-op for
+        frameworks that save synchronously)."""
+
     @abstractmethod
     def train(self, start: Checkpoint, until_step: int, rows, log_fn: LogFn) -> Checkpoint:
-        """Train from ``start`` to global step ``until_step`` on ``rows`` and save a checkpoint there.
+        """Train from ``start`` to global step ``until_step`` on ``rows`` and save a checkpoint there (with
+        :attr:`saves_async` it may still be being written on return; its ``to_hf`` and :meth:`finish_checkpoints`
+        wait for it).
 
         :param rows: :class:`~pretrain_exp.data.rows.TrainingRows` covering the whole run (row 0 = first row
             after the initial checkpoint). Under ``W`` processes DP rank ``r`` trains

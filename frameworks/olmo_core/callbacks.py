@@ -7,7 +7,8 @@ the plan into an OLMo-core batch.
 - :class:`Insertions` (``pre_step``): the rank's rows from :func:`~pretrain_exp.data.schedule.rows_for`, checked
   and written; Gaussian-poisoning rows fed through :class:`~frameworks.noise_feed.NoiseFeed`;
 - :class:`StartAt`, :class:`SaveModelConfig`, :class:`ForwardMetrics`: trainer position, ``config.json`` in every
-  checkpoint, training scalars to the run's tracker.
+  checkpoint, training scalars to the run's tracker;
+- :class:`SegmentCheckpointer`: OLMo-core's checkpointer, the segment-end save left running in the background.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Dict, Mapping, Optional
 
 import numpy as np
 import torch
-from olmo_core.train.callbacks import Callback
+from olmo_core.train.callbacks import Callback, CheckpointerCallback
 
 from frameworks.base import LogFn
 from frameworks.noise_feed import NoiseFeed
@@ -113,6 +114,21 @@ class Insertions(Callback):
     def post_train_batch(self) -> None:
         if self.noise_feed is not None:
             self.noise_feed.stop()
+
+
+class SegmentCheckpointer(CheckpointerCallback):
+    """OLMo-core's ``CheckpointerCallback`` whose save at the end of a fit (a segment's last step) is not awaited:
+    with ``save_async`` OLMo-core stages the state to CPU memory and writes it in the background
+    (``Trainer.save_checkpoint_async``; ``.metadata.json`` last), and the fit returns at once. :meth:`wait` (or the
+    next save) joins it. Saves within a fit are OLMo-core's own."""
+
+    def post_train(self) -> None:
+        if self.enabled and self.step > self._latest_checkpoint_step:
+            self._checkpoints.append(self._save_checkpoint())
+
+    def wait(self) -> None:
+        """Return once the pending save (if any) is complete; re-raises its error."""
+        self._await_last_checkpoint()
 
 
 class SaveModelConfig(Callback):

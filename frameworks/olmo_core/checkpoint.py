@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -111,7 +111,8 @@ def save_hf(model, tokenizer, out_dir: Path) -> Path:
     from olmo_core.nn.hf.checkpoint import save_hf_model
 
     out_dir = Path(out_dir)
-    save_hf_model(str(out_dir), model.state_dict(), model, save_overwrite=True)
+    state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
+    save_hf_model(str(out_dir), state, model, save_overwrite=True)
     config_path = out_dir / "config.json"
     config = json.loads(config_path.read_text())
     config.update(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
@@ -125,14 +126,28 @@ def save_hf(model, tokenizer, out_dir: Path) -> Path:
 
 
 class OlmoCoreCheckpoint(Checkpoint):
-    """An OLMo-core checkpoint folder at a global step; :meth:`to_hf` converts it for the evals."""
+    """An OLMo-core checkpoint folder at a global step; :meth:`to_hf` converts it for the evals.
+
+    A checkpoint whose asynchronous save is still running carries ``wait`` (returns once ``.metadata.json`` is
+    written) and, where the trainer's model is whole in this process and still at this step, ``live_model``:
+    :meth:`to_hf` then exports those weights (equal to the saved ones) without waiting for the save or reading it.
+    """
 
     is_hf = False
 
-    def __init__(self, path: Path, step: int, tokenizer):
+    def __init__(self, path: Path, step: int, tokenizer, live_model=None, wait: Optional[Callable[[], None]] = None):
         super().__init__(Path(path), int(step))
         self.tokenizer = tokenizer
+        self.live_model, self._wait = live_model, wait
+
+    def wait(self) -> None:
+        """Return once the checkpoint is complete on disk (at once for a checkpoint saved synchronously)."""
+        if self._wait is not None:
+            self._wait()
 
     def to_hf(self, out_dir: Path) -> Path:
         """Write the HF export of this checkpoint to ``out_dir`` (see :func:`save_hf`); returns ``out_dir``."""
+        if self.live_model is not None:
+            return save_hf(self.live_model, self.tokenizer, out_dir)
+        self.wait()
         return save_hf(load_model(self.path), self.tokenizer, out_dir)

@@ -24,6 +24,15 @@ fingerprint matches. Checkpoints are OLMo-core's ``<run_dir>/checkpoints/step<N>
 (its ``CheckpointerCallback``; a re-run continues from the newest one, bit-identical on CPU), and the speed monitor's
 tokens/s (and MFU on GPUs) are forwarded to the run's tracker. Evals read an HF export
 (:class:`~frameworks.olmo_core.checkpoint.OlmoCoreCheckpoint`).
+
+Segment ends: a segment that starts where the last one stopped continues that segment's trainer in memory (one
+``Trainer``, ``fit`` again with the next ``hard_stop``), and the segment-end checkpoint is written with OLMo-core's
+asynchronous save (``training.checkpoint_async``, :class:`~frameworks.olmo_core.callbacks.SegmentCheckpointer`):
+staged to CPU memory, then written in the background while the HF export, the evals and the next segment go on.
+Where this process holds the whole model (one process, DDP), the HF export is written from the trainer's weights
+(equal to the checkpoint's); under FSDP/HSDP it waits for the save and reads it. Old checkpoints are trimmed once
+the new one is complete; a save cut short by a kill leaves ``step<N>/`` without ``.metadata.json``, which the
+re-run removes before it resumes from the newest complete checkpoint.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -42,7 +52,14 @@ import torch
 
 from frameworks.base import Checkpoint, Framework, LogFn, latest_step_dir
 from frameworks.noise_feed import NoiseFeed
-from frameworks.olmo_core.callbacks import ForwardMetrics, Insertions, SaveModelConfig, StartAt, apply_insertions
+from frameworks.olmo_core.callbacks import (
+    ForwardMetrics,
+    Insertions,
+    SaveModelConfig,
+    SegmentCheckpointer,
+    StartAt,
+    apply_insertions,
+)
 from frameworks.olmo_core.checkpoint import OlmoCoreCheckpoint, check_train_state, model_config
 from pretrain_exp.core.config import ModelConf, Precision, RunConfig
 from pretrain_exp.core.distributed import is_main_process, rank, world_size
@@ -185,9 +202,15 @@ class OlmoCoreFramework(Framework):
     supports_random_init = True  #: ``model.init=random`` with an OLMo-core builder (:func:`random_init_checkpoint`)
     lr_schedulers = SCHEDULERS  #: mapped onto OLMo-core schedulers by :func:`run_scheduler`
 
+    saves_async = True  #: ``training.checkpoint_async``: OLMo-core's asynchronous save (on unless ``false``)
+
     def __init__(self, cfg: RunConfig, model_dir: Path):
         super().__init__(cfg, model_dir)
         init_distributed(sharded=cfg.training.data_parallel in ("fsdp", "hsdp"))
+        self._trainer = None  #: the last segment's trainer, which the next segment continues in memory
+        self._last: Optional[OlmoCoreCheckpoint] = None  #: the checkpoint the last segment returned
+        self._rng: Optional[dict] = None  #: the RNG states at the end of the last segment (its checkpoint's)
+        self._saving = None  #: the checkpointer callback of the last fit (its save may still be running)
 
     @classmethod
     def resolve_model(cls, cfg: RunConfig) -> Path:
@@ -579,7 +602,6 @@ class OlmoCoreFramework(Framework):
         from olmo_core.config import DType
         from olmo_core.data import NumpyDataLoaderConfig
         from olmo_core.train import Duration, LoadStrategy, TrainerConfig
-        from olmo_core.train.callbacks import CheckpointerCallback
         from olmo_core.train.train_module import TransformerTrainModuleConfig
         from olmo_core.utils import seed_all
 
@@ -624,7 +646,8 @@ class OlmoCoreFramework(Framework):
             "pretrain_exp_insertions": Insertions(rows, dp_rank, world, self._rows_log(dp_rank), noise_feed),
             "pretrain_exp_metrics": ForwardMetrics(log_fn),
             "pretrain_exp_config": SaveModelConfig(self.model_dir / "config.json", is_main_process()),
-            "checkpointer": CheckpointerCallback(save_interval=t.checkpoint_interval, save_async=False),
+            "checkpointer": SegmentCheckpointer(save_interval=t.checkpoint_interval, save_async=self.async_save,
+                                                max_checkpoints=None),  # training.keep_last_checkpoints trims
         }
         trainer = TrainerConfig(
             save_folder=str(self.checkpoint_dir),
@@ -640,19 +663,109 @@ class OlmoCoreFramework(Framework):
         ).build(train_module, data_loader)
         return trainer
 
+    @property
+    def async_save(self) -> bool:
+        """Whether segment-end checkpoints use OLMo-core's asynchronous save (``training.checkpoint_async``, on
+        unless ``false``): the state is staged to CPU memory and written in the background; the next segment,
+        the HF export (:class:`~frameworks.olmo_core.checkpoint.OlmoCoreCheckpoint`) and the evals go on
+        meanwhile."""
+        return self.cfg.training.checkpoint_async is not False
+
     def train(self, start: Checkpoint, until_step: int, rows, log_fn: LogFn) -> Checkpoint:
         """Train from ``start`` to global step ``until_step`` (see :meth:`Framework.train`).
 
+        A segment that starts where the last one stopped continues its trainer in memory (model, optimizer, data
+        loader and RNG states are the ones its checkpoint holds), so nothing is read back from disk; any other
+        start (the first segment, a resume, a retry after a failure, Gaussian-noise runs) builds a trainer that
+        loads the newest complete checkpoint. With :attr:`async_save` the returned checkpoint may still be being
+        written: its ``wait()`` (and :meth:`finish_checkpoints`) join the save.
+
         :raises TrainingError: if OLMo-core's batches are not the run's rows, or training stops elsewhere.
         """
-        trainer = self._build_trainer(start, until_step, rows, log_fn)
+        from olmo_core.train import Duration
+
+        trainer = self._continued_trainer(start, rows, log_fn)
+        if trainer is None:
+            try:
+                self.finish_checkpoints()  # a new trainer reads the newest checkpoint from disk
+            except Exception as e:  # noqa: BLE001  (the save of a failed fit; its folder is removed below)
+                log.warning("the last checkpoint save failed (%s: %s)", type(e).__name__, e)
+            self._drop_incomplete_checkpoints()
+            trainer = self._build_trainer(start, until_step, rows, log_fn)
+        trainer.hard_stop = Duration.steps(until_step)
         log.info("training steps %d -> %d on OLMo-core", start.step, until_step)
-        trainer.fit()
-        done = self.latest_checkpoint()
-        if done is None or done.step != until_step:
-            raise TrainingError(f"OLMo-core stopped at step {done and done.step} instead of {until_step}")
-        self._trim_checkpoints(done)
-        return done
+        checkpointer = trainer.callbacks["checkpointer"]
+        self._saving = checkpointer
+        trainer.fit()  # on an error the trainer is dropped: a retry starts from the newest checkpoint on disk
+        if trainer.global_step != until_step:
+            raise TrainingError(f"OLMo-core stopped at step {trainer.global_step} instead of {until_step}")
+        from olmo_core.train.utils import EnvRngStates
+
+        keep = trainer.callbacks["pretrain_exp_insertions"].noise_feed is None  # noise hooks: built per segment
+        self._trainer, self._rng = (trainer, EnvRngStates.current_state().as_dict()) if keep else (None, None)
+        live = trainer.train_module.model if keep and checkpointer.checkpoint_pending and self._unsharded(
+            trainer) else None
+        self._last = OlmoCoreCheckpoint(self.checkpoint_dir / f"step{until_step}", until_step, self._tokenizer,
+                                        live_model=live, wait=self.finish_checkpoints)
+        if not checkpointer.checkpoint_pending:
+            self._trim_checkpoints(self._last)
+        return self._last
+
+    def _continued_trainer(self, start: Checkpoint, rows, log_fn: LogFn):
+        """The last segment's trainer, set up for the segment from ``start``, if ``start`` is where it stopped
+        (else ``None``)."""
+        trainer, last = self._trainer, self._last
+        self._trainer = None
+        if (trainer is None or last is None or start.step != trainer.global_step or Path(start.path) != last.path
+                or NoiseFeed.for_plan(rows.plan) is not None):
+            return None
+        from olmo_core.train.utils import EnvRngStates
+
+        last.live_model = None  # the model moves on from here
+        EnvRngStates.from_dict(self._rng).restore()  # as a trainer loading the checkpoint would
+        insertions = trainer.callbacks["pretrain_exp_insertions"]
+        insertions.rows, insertions.checked = rows, False
+        trainer.callbacks["pretrain_exp_metrics"].log_fn = log_fn
+        return trainer
+
+    def _unsharded(self, trainer) -> bool:
+        """Whether this process holds the whole model under its checkpoint's parameter names (one process or
+        DDP, no activation-checkpointing or compile wrappers), so :meth:`OlmoCoreCheckpoint.to_hf` can export it
+        directly."""
+        from olmo_core.distributed.parallel import DataParallelType
+
+        dp = self._dp_config(world_size(), torch.cuda.is_available())
+        if dp is not None and dp.name != DataParallelType.ddp:
+            return False
+        names = set(self.model_config(torch.cuda.is_available()).build(init_device="meta").state_dict())
+        return names == set(trainer.train_module.model.state_dict())
+
+    def finish_checkpoints(self) -> None:
+        """Wait for the asynchronous save of the last segment's checkpoint (every rank; the main process then sees
+        its ``.metadata.json``), then trim old checkpoints (``training.keep_last_checkpoints``)."""
+        saving = self._saving
+        if saving is not None and saving.checkpoint_pending:
+            t0 = time.perf_counter()
+            saving.wait()
+            path = Path(saving._latest_checkpoint_path)
+            if is_main_process():  # SaveModelConfig copies it in right after the save
+                from olmo_core.utils import wait_for
+
+                wait_for(lambda: (path / "config.json").is_file(), f"{path}/config.json")
+            log.info("checkpoint %s written in the background (waited %.2f s for it)", path, time.perf_counter() - t0)
+            if self._last is not None:
+                self._trim_checkpoints(self._last)
+
+    def _drop_incomplete_checkpoints(self) -> None:
+        """Remove ``step<N>/`` folders without ``.metadata.json`` (an asynchronous save cut short by a kill), which
+        OLMo-core would refuse to save into again; the main process removes them, then every rank goes on."""
+        if is_main_process() and self.checkpoint_dir.is_dir():
+            for d in self.checkpoint_dir.glob("step*"):
+                if d.is_dir() and d.name[4:].isdigit() and not (d / ".metadata.json").is_file():
+                    log.warning("removing %s: a checkpoint whose save did not finish", d)
+                    shutil.rmtree(d, ignore_errors=True)
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
 
     def _trim_checkpoints(self, last: Checkpoint) -> None:
         keep = self.cfg.training.keep_last_checkpoints

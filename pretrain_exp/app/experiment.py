@@ -292,8 +292,8 @@ class Experiment:
 
         Under ``eval.mode=distributed`` (:meth:`distributed_eval`) every rank calls this: rank 0 decides which
         tasks are pending and broadcasts them, every rank loads the model from one HF dir (:meth:`_shared_hf_dir`)
-        and runs the evals inside :func:`evals.shard.sharded`, scoring its share of the batches (the lm-eval-scored
-        ``benchmark`` and ``lm_eval`` run on rank 0 alone, after the others); only rank 0 writes and logs.
+        and runs the evals inside :func:`evals.shard.sharded`, scoring its share of the batches (an eval registered
+        ``sharded=False`` runs on rank 0 alone, after the others); only rank 0 writes and logs.
 
         :returns: task name -> saved result dict (``metrics``, ``per_dup``, ``rows``); ``{}`` on other ranks.
         """
@@ -430,6 +430,9 @@ class Experiment:
                     self.keep_hf_export(ckpt, final=seg_end == end)
                 evaluated[ckpt.step] = self._evaluate_segment(ckpt, tracker, final=seg_end == end)
                 timing.append({"step": ckpt.step, "train_s": t1 - t0, "segment_end_s": time.perf_counter() - t1})
+            t0 = time.perf_counter()
+            self.framework.finish_checkpoints()  # the last segment's checkpoint may still be being written
+            checkpoint_wait_s = time.perf_counter() - t0
             if not self.main:
                 return {}
             t0 = time.perf_counter()
@@ -447,7 +450,8 @@ class Experiment:
             results = summarize(cfg, self.plan, evaluated, all_evaluated, time.perf_counter() - t_start, audit)
             # this invocation's segments: training (with the checkpoint save), then what the segment's end held the
             # run for (export, evals or their launch); the final wait for background evals
-            results["timing"] = {"eval_mode": cfg.eval.mode.value, "segments": timing, "final_eval_wait_s": wait_s}
+            results["timing"] = {"eval_mode": cfg.eval.mode.value, "segments": timing, "final_eval_wait_s": wait_s,
+                                 "final_checkpoint_wait_s": checkpoint_wait_s}
             if self.dynamic is not None:
                 results["dynamic"] = dynamic.summary(self.dynamic, dynamic.report(
                     self.plan, self.dynamic, self.loss_history(end), self.additions))

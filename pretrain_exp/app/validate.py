@@ -110,6 +110,9 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
                        "it logs to metrics.jsonl and W&B only; set training.report_to=none")
             raise ConfigError(f"training.report_to[{i}]", f"{name!r} is not a logger of framework "
                               f"{cfg.framework.name!r}; {allowed}")
+    if t.checkpoint_async and not framework.saves_async:
+        raise ConfigError("training.checkpoint_async", f"framework {cfg.framework.name!r} saves checkpoints "
+                          "synchronously (its engine has no asynchronous save); set it to null or false")
     if cfg.framework.may_use_run_lr_schedule() and t.lr_scheduler not in framework.lr_schedulers:
         raise ConfigError("training.lr_scheduler", f"unknown scheduler {t.lr_scheduler!r} for framework "
                           f"{cfg.framework.name!r}; allowed: {sorted(framework.lr_schedulers)}")

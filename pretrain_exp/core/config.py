@@ -185,6 +185,9 @@ class TrainingConf:
     activation_checkpointing: bool = False  #: olmo_core: OLMo-core's full activation checkpointing
     attention: str = "sdpa"  #: olmo_core attention backend: ``sdpa`` (torch) or ``flash`` (flash-attn 2)
     keep_last_checkpoints: int = 1  #: checkpoints kept in the run dir (0 = all, e.g. for checkpoint sweeps)
+    checkpoint_async: Optional[bool] = None  #: write the segment-end checkpoint in the background while the run
+    #: goes on (``null``: the engine's way; olmo_core/olmo2: OLMo-core's asynchronous save, on by default; hf: the
+    #: HF Trainer saves synchronously, so only ``null``/``false``)
     cleanup: Cleanup = Cleanup.none
     log_rows: bool = False  #: olmo_core/olmo2: write ``rows/rank<r>.jsonl`` (rows and token sha256 trained per step)
     export_hf: ExportHF = ExportHF.final  #: olmo_core/olmo2: HF exports kept in ``hf/step<N>/`` (``none``/``final``/

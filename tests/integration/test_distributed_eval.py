@@ -16,12 +16,14 @@ from tests.integration.test_cli import cli
 
 pytestmark = pytest.mark.slow
 
-#: 2 steps of 4 rows (2 ranks x 2), 6 bios at dup counts 0/1/2, the initial checkpoint evaluated too
+#: 2 steps of 4 rows (2 ranks x 2), 6 bios at dup counts 0/1/2, the initial checkpoint evaluated too; lm_eval: 5
+#: ARC-Easy docs on lm-eval's data-parallel path
 RUN = ["experiment=tiny", "wandb=disabled", "training.num_threads=1", "training.nproc_per_node=2",
        "training.num_steps=2", "training.checkpoint_interval=2", "training.global_batch_size=4",
        "training.micro_batch_size=2", "insertion.experiments.fictional_bios.num_items=6",
        "insertion.experiments.fictional_bios.repetitions=[0,1,2]", "eval.on_load=true",
-       "eval=[insertion_loss,memorization,perplexity,mia]"]
+       "eval=[insertion_loss,memorization,perplexity,mia,lm_eval]", "eval.tasks.lm_eval.tasks=[arc_easy]",
+       "eval.tasks.lm_eval.limit=5"]
 
 
 def evals(run_dir) -> dict:
@@ -41,7 +43,7 @@ def test_distributed_evals_equal_inline_evals(tmp_path):
     logs = out.stdout + out.stderr
     assert logs.count("(eval.mode=distributed over 2 ranks)") == 2, logs[-3000:]
     distributed = evals(run_dir)
-    tasks = ("insertion_loss", "memorization", "mia", "perplexity")
+    tasks = ("insertion_loss", "lm_eval", "memorization", "mia", "perplexity")
     assert sorted(distributed) == [f"step{s}/{t}" for s in (0, 2) for t in tasks]
     assert not (run_dir / "hf").exists()  # an HF checkpoint is read in place: no export
 

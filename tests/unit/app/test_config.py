@@ -84,6 +84,7 @@ def test_composition_errors_name_the_key(override, needle, tmp_path):
     (["training.lr_scheduler=cosine_with_typo"], "training.lr_scheduler"),
     (["model.path=/x"], "model"),
     (["+eval.tasks.foo.type=nope"], "eval.tasks.foo.type"),
+    (["training.checkpoint_async=true"], "training.checkpoint_async"),  # the default run is hf: no async save
 ])
 def test_validation_errors_name_the_key(overrides, key, tmp_path):
     with pytest.raises(ConfigError) as e:

@@ -16,17 +16,23 @@ from evals.base import EvalContext
 from evals.gaussian import GaussianConf
 from evals.insertion_loss import InsertionLossConf
 from evals.knowledge import KnowledgeConf
+from evals.lm_eval import LmEvalConf
 from evals.memorization import MemorizationConf
 from evals.mia import MiaConf
 from evals.perplexity import PerplexityConf
 from evals.registry import run_eval
 from evals.shard import map_batches, sharded
 from pretrain_exp.insertion.schema import InsertionConf
-from tests.conftest import make_plan, random_item
+from tests.conftest import CACHE_DIR, make_plan, random_item
 
 TASKS = {"insertion_loss": InsertionLossConf(), "memorization": MemorizationConf(prefix_length=4, max_new_tokens=6),
          "perplexity": PerplexityConf(), "mia": MiaConf(), "knowledge": KnowledgeConf(),
-         "gaussian": GaussianConf(max_rows_per_item=2, permutations=50)}
+         "gaussian": GaussianConf(max_rows_per_item=2, permutations=50),
+         # lm-eval's data-parallel path: 7 ARC-Easy docs (4 on rank 0, 3 + lm-eval's padding on rank 1)
+         "lm_eval": LmEvalConf(tasks=["arc_easy"], limit=7)}
+#: multiple-choice questions for the benchmark eval's scorer (``score_multiple_choice``), 5: an odd split
+QUESTIONS = [(f"Question {k}: which word comes {k} after the start?",
+              ["one", "two three", "four", "five six"][: 2 + k % 3], k % 2) for k in range(5)]
 
 
 def _contexts(model_dir: str) -> dict:
@@ -54,7 +60,7 @@ def _contexts(model_dir: str) -> dict:
     return {"insertion_loss": ctx(plan), "memorization": ctx(plan), "mia": ctx(plan),
             "perplexity": ctx(plan, held_out=held_out),
             "knowledge": ctx(kplan, insertion=InsertionConf(seed=0, experiments=facts)),
-            "gaussian": ctx(noise, row_tokens=lambda q: data[q])}
+            "gaussian": ctx(noise, row_tokens=lambda q: data[q]), "lm_eval": ctx(None, cache_dir=str(CACHE_DIR))}
 
 
 def _run_all(model_dir: str) -> dict:
@@ -66,6 +72,11 @@ def _run_all(model_dir: str) -> dict:
         res = run_eval(TASKS[name], ctx)
         handle.remove()
         out[name] = {"result": json.dumps(asdict(res)), "forwards": len(calls)}
+    from evals.benchmark import score_multiple_choice
+
+    ctx = _contexts(model_dir)["insertion_loss"]
+    out["multiple_choice"] = {"result": json.dumps(score_multiple_choice(ctx.model, ctx.tokenizer, QUESTIONS, 3)),
+                              "forwards": 0}
     return out
 
 
@@ -95,10 +106,11 @@ def test_map_batches_is_a_plain_loop_without_a_process_group():
 
 @pytest.mark.slow
 def test_two_gloo_ranks_give_exactly_the_numbers_of_one_process(tmp_path, tiny_model_dir):
-    """insertion_loss, memorization, perplexity, mia, knowledge and gaussian, sharded over 2 spawned gloo ranks,
-    return metrics, per_dup and rows identical (as JSON text: every float to the last digit) to one process, and
-    each rank ran a strict share of the forwards. Both sides use 1 torch thread: CPU matmuls may reduce in a
-    thread-count-dependent order, so only equal thread settings make the comparison fair."""
+    """insertion_loss, memorization, perplexity, mia, knowledge, gaussian and the lm-eval-scored lm_eval and
+    benchmark scorer, sharded over 2 spawned gloo ranks, return metrics, per_dup and rows identical (as JSON text:
+    every float to the last digit) to one process, and each rank ran a strict share of the forwards. Both sides use
+    1 torch thread: CPU matmuls may reduce in a thread-count-dependent order, so only equal thread settings make the
+    comparison fair."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -111,10 +123,13 @@ def test_two_gloo_ranks_give_exactly_the_numbers_of_one_process(tmp_path, tiny_m
     finally:
         torch.set_num_threads(old)
     for name, ref in inline.items():
-        assert json.loads(ref["result"])["metrics"], name  # each eval scored something
+        assert json.loads(ref["result"]), name  # each eval scored something
         for r in ranks:
             assert r[name]["result"] == ref["result"], name
         shares = [r[name]["forwards"] for r in ranks]
-        assert sum(shares) == ref["forwards"] and min(shares) > 0, (name, shares, ref["forwards"])
+        if name == "lm_eval":  # each rank scored its docs (+ lm-eval's padding to equal request counts)
+            assert 0 < max(shares) < ref["forwards"], (shares, ref["forwards"])
+        elif name != "multiple_choice":
+            assert sum(shares) == ref["forwards"] and min(shares) > 0, (name, shares, ref["forwards"])
     assert ranks[1]["error"] == "ZeroDivisionError: integer division or modulo by zero"
     assert ranks[0]["error"].startswith("RuntimeError: map_batches: a batch failed on another rank (rank 1: ")
