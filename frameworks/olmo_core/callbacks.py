@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Dict, Mapping, Optional
 
@@ -125,6 +126,16 @@ class SegmentCheckpointer(CheckpointerCallback):
     def post_train(self) -> None:
         if self.enabled and self.step > self._latest_checkpoint_step:
             self._checkpoints.append(self._save_checkpoint())
+
+    def _save_checkpoint(self, save_async: Optional[bool] = None, ephemeral: bool = False) -> str:
+        """OLMo-core's save, and the metric ``checkpoint/hold_s``: the seconds it held the training loop (the whole
+        write when synchronous; waiting for the previous save plus staging to CPU memory when asynchronous)."""
+        from olmo_core.train.common import ReduceType
+
+        t0 = time.perf_counter()
+        path = super()._save_checkpoint(save_async=save_async, ephemeral=ephemeral)
+        self.trainer.record_metric("checkpoint/hold_s", time.perf_counter() - t0, reduce_type=ReduceType.max)
+        return path
 
     def wait(self) -> None:
         """Return once the pending save (if any) is complete; re-raises its error."""

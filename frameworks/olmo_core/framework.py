@@ -735,8 +735,9 @@ class OlmoCoreFramework(Framework):
         from olmo_core.distributed.parallel import DataParallelType
 
         dp = self._dp_config(world_size(), torch.cuda.is_available())
-        if dp is not None and dp.name != DataParallelType.ddp:
-            return False
+        sharded = dp is not None and dp.name != DataParallelType.ddp
+        if sharded or self._ac_config() is not None or self.cfg.training.compile:
+            return False  # wrapped blocks: OLMo-core's HF converter needs the plain module types
         names = set(self.model_config(torch.cuda.is_available()).build(init_device="meta").state_dict())
         return names == set(trainer.train_module.model.state_dict())
 

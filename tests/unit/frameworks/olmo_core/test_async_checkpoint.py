@@ -59,6 +59,9 @@ def test_async_checkpoints_equal_sync_ones_segments_continue_in_memory_and_a_cut
                                                                                "model.safetensors")
     assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
     assert results["true"]["timing"]["final_checkpoint_wait_s"] >= 0
+    for run_dir in (sync, asyn):  # the seconds each save held training, forwarded with OLMo-core's metrics
+        metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert len([m["checkpoint/hold_s"] for m in metrics if "checkpoint/hold_s" in m]) >= 2
 
     # a kill during the background write of step 6 leaves step6/ without .metadata.json: the re-run removes it,
     # resumes from step 4 and writes the same step 6
