@@ -38,6 +38,9 @@ pytestmark = [
 
 BASE = ["hydra/launcher=slurm_cpu", "hydra.launcher.partition=debug", "experiment=tiny", "wandb=disabled",
         "training.num_threads=1"]
+#: a run of one 4-step segment evaluated by insertion_loss alone (tests of the launcher, not of the training)
+ONE_SEGMENT = ["training.num_steps=4", "insertion.experiments.fictional_bios.repetitions=[0,1,2,4]",
+               "eval=[insertion_loss]"]
 
 
 def sweep_cmd(sweep_dir: Path, *overrides: str) -> list[str]:
@@ -68,12 +71,13 @@ def job_dirs(sweep_dir: Path) -> list[Path]:
 
 def test_2x2_sweep_runs_as_array_tasks_and_the_report_gathers_4_jobs(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    run_sweep(tmp_path, sweep_dir, "seed=0,1", "training.learning_rate=0.005,0.01")
+    # one 4-step segment and the one eval the report reads (per-dup losses): the sweep, not the training, is tested
+    run_sweep(tmp_path, sweep_dir, "seed=0,1", "training.learning_rate=0.005,0.01", *ONE_SEGMENT)
     jobs = job_dirs(sweep_dir)
     assert len(jobs) == 4
     for job in jobs:
         assert (job / "config.resolved.yaml").is_file() and (job / "results.json").is_file(), job
-        assert json.loads((job / "results.json").read_text())["step"] == 12
+        assert json.loads((job / "results.json").read_text())["step"] == 4
     assert len(slurm_job_ids(sweep_dir)) == 1, "all four jobs should be tasks of one SLURM array"
     report = subprocess.run([sys.executable, "-m", "pretrain_exp.report", str(sweep_dir)], cwd=ROOT,
                             env=env(tmp_path), capture_output=True, text=True, timeout=300)
@@ -87,11 +91,12 @@ def test_2x2_sweep_runs_as_array_tasks_and_the_report_gathers_4_jobs(tmp_path):
 
 def test_nproc_per_node_2_runs_two_ranks_under_torchrun_in_the_job(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    run_sweep(tmp_path, sweep_dir, "training.nproc_per_node=2", "hydra.launcher.cpus_per_task=2", "seed=0")
+    run_sweep(tmp_path, sweep_dir, "training.nproc_per_node=2", "hydra.launcher.cpus_per_task=2", "seed=0",
+              *ONE_SEGMENT)
     (job,) = job_dirs(sweep_dir)
     ranks = sorted(p.parent.name for p in (job / "torchrun").rglob("stderr.log"))
     assert ranks == ["0", "1"]
-    assert json.loads((job / "results.json").read_text())["step"] == 12
+    assert json.loads((job / "results.json").read_text())["step"] == 4
 
 
 def test_an_over_asking_job_fails_fast_with_a_clear_message(tmp_path):
