@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
-from scipy.stats import rankdata
 
 from evals.base import EvalContext, EvalResult
 from evals.scoring import plan_item_rows, token_losses
@@ -96,6 +95,8 @@ def roc_auc(members: np.ndarray, nonmembers: np.ndarray) -> np.ndarray:
         ``n1, n0 >= 1``.
     :returns: AUC in ``[0, 1]``, shape ``(...)`` (a 0-d array for 1-d inputs); 0.5 = chance.
     """
+    from scipy.stats import rankdata  # here, not at import: the CLI imports this module to register its schema
+
     m, o = np.asarray(members, dtype=np.float64), np.asarray(nonmembers, dtype=np.float64)
     n1, n0 = m.shape[-1], o.shape[-1]
     ranks = rankdata(np.concatenate([m, o], axis=-1), axis=-1)
