@@ -7,11 +7,30 @@ from __future__ import annotations
 import csv
 import json
 import os
+import sys
 
 import pytest
 
 from tests.conftest import make_config
 from tests.wandb_records import history, of_type
+
+
+def test_a_disabled_tracker_writes_metrics_jsonl_without_importing_wandb(tmp_path, monkeypatch):
+    from pretrain_exp.app.tracking import Tracker
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # any `import wandb` now raises ImportError
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cfg = make_config("experiment=tiny", "wandb=disabled", run_dir=run_dir)
+    with Tracker(cfg) as t:
+        t.log({"train/loss": 2.5, "train/grad_norm": float("nan")}, 3)
+        t.log_media({"plots/x": None}, 3)
+        t.log_results({"per_dup": [{"dup_count": 0}]}, {}, 3)
+        t.log_artifacts()
+        assert t.run is None and t.wandb_dir is None
+    assert [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [
+        {"step": 3, "train/loss": 2.5}]
+    assert sorted(p.name for p in run_dir.iterdir()) == ["metrics.jsonl"]  # no wandb/ dir, no wandb_id.txt
 
 
 def test_a_self_hosted_login_counts_and_a_key_for_another_host_does_not(tmp_path, monkeypatch):
