@@ -20,16 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.segment_end import run_cli  # noqa: E402
 
 DEFAULT = ["experiment=scratch_olmo_core", "model.config=olmo2_60M", "training.num_steps=6",
            "training.checkpoint_interval=2", "training.keep_last_checkpoints=0", "eval=[insertion_loss]",
@@ -40,14 +39,7 @@ DEFAULT = ["experiment=scratch_olmo_core", "model.config=olmo2_60M", "training.n
 def run(async_save: bool, overrides: list, out: Path) -> dict:
     """One run; returns its figures (module docstring)."""
     run_dir = out / ("async" if async_save else "sync")
-    cmd = [sys.executable, "-m", "pretrain_exp", *overrides, f"training.checkpoint_async={str(async_save).lower()}",
-           f"hydra.run.dir={run_dir}", "wandb=disabled"]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=os.environ | {"WANDB_SILENT": "true"})
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"checkpoint_async={async_save}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
-    res = json.loads((run_dir / "results.json").read_text())
+    res, wall = run_cli([*overrides, f"training.checkpoint_async={str(async_save).lower()}"], run_dir)
     segs = res["timing"]["segments"]
     saves, holds = [], []
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():

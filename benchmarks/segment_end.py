@@ -28,23 +28,28 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(overrides: list, run_dir: Path) -> Tuple[dict, float]:
+    """``python -m pretrain_exp *overrides`` into ``run_dir`` (W&B disabled); returns its ``results.json`` and the
+    wall seconds. Exits with the run's stderr tail if it fails."""
+    cmd = [sys.executable, "-m", "pretrain_exp", *overrides, f"hydra.run.dir={run_dir}", "wandb=disabled"]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=os.environ | {"WANDB_SILENT": "true"})
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(overrides)}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+    return json.loads((run_dir / "results.json").read_text()), wall
 
 
 def run_mode(mode: str, overrides: list, nproc: int, out: Path) -> dict:
     """One run in ``mode``; returns its figures (see the module docstring)."""
     run_dir = out / mode
-    cmd = [sys.executable, "-m", "pretrain_exp", *overrides, f"eval.mode={mode}", f"hydra.run.dir={run_dir}",
-           "wandb=disabled"]
-    if nproc > 1:
-        cmd.append(f"training.nproc_per_node={nproc}")
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=os.environ | {"WANDB_SILENT": "true"})
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"{mode}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
-    res = json.loads((run_dir / "results.json").read_text())
+    ranks = [f"training.nproc_per_node={nproc}"] if nproc > 1 else []
+    res, wall = run_cli([*overrides, f"eval.mode={mode}", *ranks], run_dir)
     segs = res["timing"]["segments"]
     train = statistics.mean(s["train_s"] for s in segs)
     end = statistics.mean(s["segment_end_s"] for s in segs)
