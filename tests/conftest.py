@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,31 @@ def compose(*overrides: str, run_dir: str | Path = "/nonexistent-run-dir"):
 def make_config(*overrides: str, run_dir: str | Path) -> ExperimentConfig:
     """A validated :class:`ExperimentConfig` for ``overrides``."""
     return to_config(compose(*overrides, run_dir=run_dir))
+
+
+_FAILED_FILES: set = set()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed:
+        _FAILED_FILES.add(item.path)
+    return report
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _remove_module_tmp_dirs(request, tmp_path_factory):
+    """Remove what a module's fixtures made with ``tmp_path_factory`` when the module ends, unless one of its
+    tests failed. pytest itself removes a passing test's ``tmp_path`` at once (``tmp_path_retention_policy =
+    failed`` in setup.cfg) but keeps module-scoped dirs until the session ends; some hold OLMo checkpoints
+    (up to 1.3 GB), and the suite's peak disk use must stay near its largest single test's (~2.2 GB)."""
+    base = tmp_path_factory.getbasetemp()
+    before = set(base.iterdir())
+    yield
+    if request.path not in _FAILED_FILES:
+        for path in set(base.iterdir()) - before:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
