@@ -5,6 +5,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # tcmalloc makes CPU training ~2x faster (fewer page faults on the big LM-head buffers); used when present
+# pytest-xdist workers for `make test` / `make test-fast` (about half the suite waits on subprocesses and I/O)
+TEST_JOBS ?= 2
 PRELOAD = LD_PRELOAD=$$(ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 2>/dev/null || true)
 
 .PHONY: help install demo test test-fast lint bench gpu-test gpu-bench dry-run clean
@@ -31,10 +33,10 @@ demo: install ## run the embedded default experiment (python -m pretrain_exp): S
 	$(PRELOAD) $(PY) -m pretrain_exp $(ARGS)
 
 test: install ## run all tests except GPU ones (what CI runs)
-	$(PRELOAD) $(PY) -m pytest -m "not gpu" -q $(ARGS)
+	$(PRELOAD) $(PY) -m pytest -m "not gpu" -q -n $(TEST_JOBS) --dist loadgroup $(ARGS)
 
 test-fast: install ## run the tests not marked slow, gpu or network (under 3 minutes)
-	$(PRELOAD) $(PY) -m pytest -m "not slow and not gpu and not network" -q $(ARGS)
+	$(PRELOAD) $(PY) -m pytest -m "not slow and not gpu and not network" -q -n $(TEST_JOBS) --dist loadgroup $(ARGS)
 
 lint: install ## flake8 + isort check
 	$(PY) -m flake8 pretrain_exp frameworks evals tests benchmarks

@@ -48,6 +48,16 @@ def make_config(*overrides: str, run_dir: str | Path) -> ExperimentConfig:
     return to_config(compose(*overrides, run_dir=run_dir))
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``make test`` runs two workers), the SLURM tests share one worker: the local cluster
+    has 8 CPUs, and two jobs asking for them at once would queue behind each other."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
 _FAILED_FILES: set = set()
 
 
