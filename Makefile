@@ -4,9 +4,9 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# tcmalloc makes CPU training ~2x faster (fewer page faults on the big LM-head buffers); used when present
-# pytest-xdist workers for `make test` / `make test-fast` (about half the suite waits on subprocesses and I/O)
+# pytest-xdist workers for `make test` / `make test-fast` (run one at a time, the suite kept ~1 of 2 cores busy)
 TEST_JOBS ?= 2
+# tcmalloc makes CPU training ~2x faster (fewer page faults on the big LM-head buffers); used when present
 PRELOAD = LD_PRELOAD=$$(ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 2>/dev/null || true)
 
 .PHONY: help install demo test test-fast lint bench gpu-test gpu-bench dry-run clean
