@@ -20,8 +20,8 @@ Safety: ``.pt`` files are read with ``torch.load(weights_only=True)``; ``train.p
 numpy arrays, which are allow-listed by :data:`~frameworks.base.TRAIN_STATE_SAFE_GLOBALS` (nothing else; any
 other type is refused).
 OLMo's ``.safetensors`` variant (``olmo/safetensors_util.py``) stores each key as a base64 pickle of
-``(key tuple, value_is_pickled)`` and non-tensor values as pickled bytes; those pickles are decoded by a
-restricted unpickler that accepts plain Python values only (no globals at all). torch's own weights-only
+``(key tuple, value_is_pickled)`` and non-tensor values as pickled bytes; those pickles are read opcode by
+opcode (``pickletools.genops``), never run, and may hold plain Python values only. torch's own weights-only
 unpickler cannot serve here: it rejects the protocol-4 ``FRAME`` opcode these pickles use. Nothing this project
 writes (plans, manifests, checkpoints) is pickled.
 """
@@ -29,9 +29,8 @@ writes (plans, manifests, checkpoints) is pickled.
 from __future__ import annotations
 
 import base64
-import io
 import logging
-import pickle
+import pickletools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -100,22 +99,82 @@ def read_config(ckpt_dir: str | Path) -> Dict[str, Any]:
 # ------------------------------------------------------------------------------------------------ safetensors
 
 
-class _PlainUnpickler(pickle.Unpickler):
-    """Unpickles plain Python values (str, int, float, bool, None, tuple, list, dict) and refuses every global."""
-
-    def find_class(self, module, name):
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: only plain values are allowed")
+_PUSH_ARG = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINBYTES", "BINBYTES", "BINBYTES8",
+             "BININT", "BININT1", "BININT2", "LONG1", "LONG4", "INT", "LONG", "BINFLOAT", "FLOAT"}
+_PUSH_CONST = {"NONE": None, "NEWTRUE": True, "NEWFALSE": False}
+_TUPLE_N = {"TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3}
 
 
 def _plain_unpickle(data: bytes) -> Any:
-    return _PlainUnpickler(io.BytesIO(data)).load()
+    """The plain value (str, bytes, int, float, bool, None, tuple, list, dict) of pickle ``data``, read from its
+    opcodes (``pickletools.genops``) without running it: a global, or an opcode that builds anything else,
+    raises ``ValueError``. Opcodes: ``Lib/pickletools.py``."""
+    stack: list = []
+    marks: list = []
+    memo: Dict[int, Any] = {}
+
+    def since_mark() -> list:
+        i = marks.pop()
+        items = stack[i:]
+        del stack[i:]
+        return items
+
+    for op, arg, _ in pickletools.genops(data):
+        name = op.name
+        if name in ("PROTO", "FRAME"):
+            continue
+        if name == "STOP":
+            return stack.pop()
+        if name in _PUSH_ARG:
+            stack.append(arg)
+        elif name in _PUSH_CONST:
+            stack.append(_PUSH_CONST[name])
+        elif name == "MARK":
+            marks.append(len(stack))
+        elif name in ("EMPTY_TUPLE", "EMPTY_LIST", "EMPTY_DICT"):
+            stack.append({"EMPTY_TUPLE": (), "EMPTY_LIST": [], "EMPTY_DICT": {}}[name])
+        elif name in _TUPLE_N:
+            n = _TUPLE_N[name]
+            items = tuple(stack[-n:])
+            del stack[-n:]
+            stack.append(items)
+        elif name == "TUPLE":
+            stack.append(tuple(since_mark()))
+        elif name == "LIST":
+            stack.append(since_mark())
+        elif name == "DICT":
+            items = since_mark()
+            stack.append(dict(zip(items[::2], items[1::2])))
+        elif name == "APPEND":
+            stack[-2].append(stack.pop())
+        elif name == "APPENDS":
+            items = since_mark()
+            stack[-1].extend(items)
+        elif name == "SETITEM":
+            v, k = stack.pop(), stack.pop()
+            stack[-1][k] = v
+        elif name == "SETITEMS":
+            items = since_mark()
+            stack[-1].update(zip(items[::2], items[1::2]))
+        elif name == "MEMOIZE":
+            memo[len(memo)] = stack[-1]
+        elif name in ("BINPUT", "LONG_BINPUT", "PUT"):
+            memo[arg] = stack[-1]
+        elif name in ("BINGET", "LONG_BINGET", "GET"):
+            stack.append(memo[arg])
+        elif name in ("GLOBAL", "STACK_GLOBAL"):
+            what = arg.replace(" ", ".") if name == "GLOBAL" else f"{stack[-2]}.{stack[-1]}"
+            raise ValueError(f"refusing to load {what}: only plain values are allowed")
+        else:
+            raise ValueError(f"pickle opcode {name} builds more than a plain value")
+    raise ValueError("pickle without STOP")
 
 
 def read_olmo_safetensors(path: str | Path) -> Dict[str, Any]:
     """Read a ``.safetensors`` file written by OLMo's ``state_dict_to_safetensors_file`` into a nested dict.
 
     Source: allenai/OLMo ``olmo/safetensors_util.py`` (key = urlsafe-base64 pickle of ``(keys, value_is_pickled)``;
-    a pickled value is a ``uint8`` tensor of pickle bytes). Pickles are decoded with globals refused.
+    a pickled value is a ``uint8`` tensor of pickle bytes). Pickles are read from their opcodes, never run.
 
     :raises CheckpointError: if the file cannot be read, a key is not an OLMo key, or a value needs a global.
     """
