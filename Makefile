@@ -45,10 +45,14 @@ lint: install ## flake8 + isort check
 bench: install ## plan-building and Plan.apply benchmark (prints times, memory and ratios)
 	$(PY) benchmarks/plan_build.py $(ARGS)
 
-gpu-test: install ## run the GPU tests (tests/gpu, marker gpu: OLMo-core FSDP bf16, hf bf16 sdpa, evals on GPU)
+# The GPU targets run in the environment that holds CUDA torch: `make gpu-test PY=python` uses that interpreter as it
+# is (nothing installed; the project installed there or run from this checkout); without PY= they use .venv.
+GPU_DEPS := $(if $(filter command line,$(origin PY)),,install)
+
+gpu-test: $(GPU_DEPS) ## run the GPU tests (tests/gpu: OLMo-core bf16, exact continuation vs OLMo-core, hf bf16 sdpa, evals)
 	$(PY) -m pytest -m gpu tests/gpu -v $(ARGS)
 
-gpu-bench: install ## tokens/s/GPU and MFU of the OLMo-2 1B shape, insertions on/off, olmo_core and hf
+gpu-bench: $(GPU_DEPS) ## tokens/s/GPU, MFU and memory of the OLMo-2 1B shape: olmo_core, hf, bare OLMo-core, insertion on/off
 	$(PY) benchmarks/gpu_throughput.py $(ARGS)
 
 dry-run: install ## print the composed config of the default run (add ARGS="key=value ...")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -138,11 +139,150 @@ def hf_config_of(config: str, out: Path, cache_dir: str) -> Path:
     return Path(hf_dir) / "config.json"
 
 
+class GpuMemoryPoll:
+    """Peak GPU memory in use (GiB, ``nvidia-smi``'s ``memory.used`` of the device: the CUDA context and the
+    allocator's reserve included) while the ``with`` block runs, sampled every 200 ms; ``None`` without
+    ``nvidia-smi`` (CPU)."""
+
+    def __enter__(self):
+        import shutil
+        import threading
+
+        self.peak_mib: Optional[float] = None
+        self.proc = None
+        if shutil.which("nvidia-smi") is None:
+            return self
+        self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                                      "-i", "0", "-lms", "200"], stdout=subprocess.PIPE, text=True)
+
+        def read():
+            for line in self.proc.stdout:
+                try:
+                    self.peak_mib = max(self.peak_mib or 0.0, float(line.strip()))
+                except ValueError:
+                    continue
+
+        self.thread = threading.Thread(target=read, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait()
+            self.thread.join(timeout=5)
+
+    @property
+    def peak_gib(self) -> Optional[float]:
+        return None if self.peak_mib is None else self.peak_mib / 1024
+
+
 def run_one(overrides: List[str], run_dir: Path, env: Dict[str, str]) -> None:
     cmd = [sys.executable, "-m", "pretrain_exp", *overrides, f"hydra.run.dir={run_dir}"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}\nexit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+
+
+def steady_median(metrics_path: Path, name: str, warmup: int) -> Optional[float]:
+    """Median of metric ``name`` over the steps after ``warmup`` in a ``metrics.jsonl`` (``None`` if absent)."""
+    values = [m[name] for m in map(json.loads, metrics_path.read_text().splitlines())
+              if name in m and m["step"] > warmup]
+    return float(statistics.median(values)) if values else None
+
+
+def dolma2_token_file(cache_dir: str) -> Path:
+    """The Shakespeare corpus's dolma2 token file in the cache (written by the project's runs before)."""
+    for meta in sorted(Path(cache_dir, "tokens").glob("shakespeare-*/tokens.json")):
+        info = json.loads(meta.read_text())
+        if info["eos_token_id"] == 100257 and info["dtype"] == "uint32":
+            return meta.parent / info["files"][0]
+    raise FileNotFoundError(f"{cache_dir}/tokens: no dolma2 tokens of the Shakespeare corpus (run a config first)")
+
+
+def bare_olmo_core(setup: Setup, token_file: Path, run_dir: Path) -> None:
+    """The anchor: OLMo-core's own ``Trainer`` on the same shape, tokens, micro-batch, precision, attention and
+    compile setting as the project's ``olmo_core`` runs, with nothing of the project in the loop (AdamW at a
+    constant LR 4e-4, a loader of 4 workers, no checkpoint). Writes ``metrics.jsonl`` with the same names as a run
+    (``train/tokens_per_s`` from OLMo-core's ``throughput/device/TPS``)."""
+    import torch
+    from olmo_core.config import DType
+    from olmo_core.data import NumpyDataLoaderConfig, NumpyDatasetDType, NumpyFSLDatasetConfig, TokenizerConfig
+    from olmo_core.nn.attention.backend import AttentionBackendName
+    from olmo_core.nn.transformer import TransformerConfig
+    from olmo_core.optim import AdamWConfig, ConstantScheduler
+    from olmo_core.train import Duration, TrainerConfig, prepare_training_environment
+    from olmo_core.train.callbacks import Callback, CheckpointerCallback
+    from olmo_core.train.train_module import TransformerTrainModuleConfig
+
+    L, B = setup.sequence_length, setup.micro_batch
+    cuda = torch.cuda.is_available()
+    prepare_training_environment(backend=None)
+    config = getattr(TransformerConfig, setup.config)(vocab_size=100_352)
+    if cuda:
+        config.block.sequence_mixer.backend = (AttentionBackendName.flash_2 if setup.attention == "flash"
+                                               else AttentionBackendName.torch)
+    model = config.build(init_device="meta")
+    module = TransformerTrainModuleConfig(
+        rank_microbatch_size=B * L, max_sequence_length=L, optim=AdamWConfig(lr=4e-4), scheduler=ConstantScheduler(),
+        max_grad_norm=1.0, autocast_precision=DType.bfloat16 if setup.precision == "bf16" else None,
+        compile_model=setup.compile).build(model, device=torch.device("cuda" if cuda else "cpu"))
+    dataset = NumpyFSLDatasetConfig(paths=[str(token_file)], sequence_length=L, dtype=NumpyDatasetDType.uint32,
+                                    tokenizer=TokenizerConfig.dolma2(), work_dir=str(run_dir / "work")).build()
+    loader = NumpyDataLoaderConfig(global_batch_size=B * L, seed=0, num_workers=4 if cuda else 0,
+                                   prefetch_factor=2 if cuda else None, work_dir=str(run_dir / "work")).build(dataset)
+    out = run_dir / "metrics.jsonl"
+
+    class Record(Callback):
+        def log_metrics(self, step, metrics):
+            rec = {"step": step, **{k: float(v) for k, v in metrics.items()}}
+            if "throughput/device/TPS" in metrics:
+                rec["train/tokens_per_s"] = float(metrics["throughput/device/TPS"])
+            with open(out, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+
+    TrainerConfig(save_folder=str(run_dir / "checkpoints"), max_duration=Duration.steps(setup.steps),
+                  metrics_collect_interval=1, device="cuda" if cuda else "cpu",
+                  callbacks={"record": Record(), "checkpointer": CheckpointerCallback(enabled=False)},
+                  ).build(module, loader).fit()
+
+
+def probe_micro_batch(setup: Setup, sizes: List[int]) -> List[tuple]:
+    """``[(micro-batch, fits, peak allocated GiB)]``: one OLMo-core training step (forward with its loss,
+    backward, AdamW step) of ``setup``'s model at sequence length ``L`` in bf16 autocast for each micro-batch size
+    in increasing order, until one runs out of GPU memory (``torch.cuda.OutOfMemoryError``)."""
+    import torch
+    from olmo_core.nn.attention.backend import AttentionBackendName
+    from olmo_core.nn.transformer import TransformerConfig
+
+    out = []
+    L = setup.sequence_length
+    for mb in sorted(sizes):
+        config = getattr(TransformerConfig, setup.config)(vocab_size=100_352)
+        config.block.sequence_mixer.backend = AttentionBackendName.torch
+        model = optim = None
+        try:
+            model = config.build(init_device="cuda")
+            model.init_weights(device=torch.device("cuda"))
+            optim = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+            torch.cuda.reset_peak_memory_stats()
+            ids = torch.randint(0, 100_278, (mb, L + 1), device="cuda")
+            for _ in range(2):
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = model(ids[:, :-1], labels=ids[:, 1:]).loss
+                loss.backward()
+                optim.step()
+                optim.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            out.append((mb, True, torch.cuda.max_memory_allocated() / 2**30))
+        except torch.cuda.OutOfMemoryError:
+            out.append((mb, False, None))
+        finally:
+            del model, optim
+            torch.cuda.empty_cache()
+        if not out[-1][1]:
+            break
+    return out
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -155,45 +295,142 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=10, help="steps left out of the median (compilation)")
     ap.add_argument("--fraction", type=float, default=0.015, help="share of training tokens the plan rewrites")
-    ap.add_argument("--attention", choices=["flash", "sdpa"], default="flash")
-    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--attention", default="sdpa",
+                    help="olmo_core attention backends, comma-separated: sdpa, flash (flash-attn 2; skipped with a "
+                         "note where it is not installed)")
+    ap.add_argument("--compile", default="on", help="olmo_core torch.compile settings, comma-separated: on, off")
+    ap.add_argument("--no-compile", action="store_true", help="same as --compile off")
+    ap.add_argument("--insertion", default="off,on", help="insertion plan settings, comma-separated: off, on")
+    ap.add_argument("--bare", action=argparse.BooleanOptionalAction, default=True,
+                    help="also OLMo-core's own trainer (the anchor), with the first olmo_core variant's settings")
+    ap.add_argument("--probe-micro-batch", default="",
+                    help="micro-batch sizes to try in one OLMo-core step each (largest that fits), e.g. 4,8,16,32")
+    ap.add_argument("--hf-config", type=Path, default=None,
+                    help="HF config.json of --config (default: exported from its from-scratch checkpoint)")
     ap.add_argument("--peak-tflops", type=float, default=H100_BF16_DENSE_TFLOPS)
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run of the same code path")
-    ap.add_argument("--out", type=Path, default=None, help="keep the run dirs here (default: a temp dir)")
+    ap.add_argument("--out", type=Path, default=None, help="keep the run dirs here (default: a temp dir, each run "
+                    "dir removed once measured)")
+    ap.add_argument("--bare-run", type=Path, default=None, help=argparse.SUPPRESS)  # internal: the anchor's process
     args = ap.parse_args(argv)
+    compile_modes = ["off"] if args.no_compile else [c for c in args.compile.split(",") if c]
     if args.tiny:
         setup = Setup("olmo2_14M", 128, 4, 3, 1, "fp32", False, "sdpa", 1.0)
+        compile_modes, attentions = ["off"], ["sdpa"]
     else:
         setup = Setup(args.config, args.sequence_length, args.micro_batch, args.steps, args.warmup, "bf16",
-                      not args.no_compile, args.attention, args.peak_tflops)
+                      compile_modes[0] == "on", args.attention.split(",")[0], args.peak_tflops)
+        attentions = [a for a in args.attention.split(",") if a]
     cache_dir = os.environ.get("PRETRAIN_EXP_CACHE", str(Path.home() / ".cache" / "pretrain_exp"))
+    if args.bare_run is not None:
+        bare_olmo_core(setup, dolma2_token_file(cache_dir), args.bare_run)
+        return 0
+    import importlib.util
+
+    if "flash" in attentions and importlib.util.find_spec("flash_attn") is None:
+        print("note: flash-attn is not installed here; the flash rows are left out")
+        attentions = [a for a in attentions if a != "flash"] or ["sdpa"]
     env = os.environ | {"PRETRAIN_EXP_CACHE": cache_dir, "WANDB_SILENT": "true", "PYTHONPATH": str(ROOT)}
     fpt = flops_per_token(setup.config, setup.sequence_length)
     frameworks = [f for f in args.frameworks.split(",") if f]
+    insertions = [i == "on" for i in args.insertion.split(",") if i]
+    device = "CPU"
+    import torch
+
+    if torch.cuda.is_available():
+        device = torch.cuda.get_device_name()
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp:
         out = args.out or Path(tmp)
-        hf_config = hf_config_of(setup.config, out / "hf-config", cache_dir) if "hf" in frameworks else None
+        hf_config = None
+        if "hf" in frameworks:
+            hf_config = args.hf_config or hf_config_of(setup.config, out / "hf-config", cache_dir)
+        variants = []
         for fw in frameworks:
-            for insertion in (False, True):
-                run_dir = out / f"{fw}-{'insert' if insertion else 'plain'}"
-                run_one(run_overrides(fw, setup, insertion, args.fraction, hf_config), run_dir, env)
-                tps = steady_tokens_per_s(run_dir / "metrics.jsonl", setup.warmup)
-                rows.append((fw, insertion, plan_fraction(run_dir), tps, mfu(tps, fpt, setup.peak_tflops)))
-    print(f"{setup.config}, L={setup.sequence_length}, micro-batch {setup.micro_batch}, {setup.steps} steps "
-          f"(median after {setup.warmup}), {setup.precision}, compile={setup.compile}, attention={setup.attention}, "
-          f"{fpt / 1e9:.2f} GFLOP/token, peak {setup.peak_tflops:g} TFLOP/s")
-    print(f"{'framework':<10} {'insertions':>10} {'plan share':>10} {'tokens/s/GPU':>13} {'MFU':>7}")
-    for fw, ins, frac, tps, m in rows:
-        print(f"{fw:<10} {'on' if ins else 'off':>10} {100 * frac:>9.2f}% {tps:>13,.0f} {100 * m:>6.1f}%")
-    by = {(fw, ins): tps for fw, ins, _, tps, _ in rows}
+            if fw == "olmo_core":
+                variants += [(fw, c == "on", a) for c in compile_modes for a in attentions]
+            else:
+                variants.append((fw, False, "sdpa"))
+        for fw, comp, attn in variants:
+            s = Setup(**{**setup.__dict__, "compile": comp, "attention": attn})
+            for insertion in insertions:
+                name = f"{fw}-{'compile' if comp else 'eager'}-{attn}-{'insert' if insertion else 'plain'}"
+                run_dir = out / name
+                with GpuMemoryPoll() as mem:
+                    run_one(run_overrides(fw, s, insertion, args.fraction, hf_config) + ["training.export_hf=none"],
+                            run_dir, env)
+                rows.append(measure(run_dir, fw, comp, attn, insertion, s, fpt, mem.peak_gib))
+                if args.out is None:
+                    shutil.rmtree(run_dir, ignore_errors=True)
+        if args.bare and "olmo_core" in frameworks:
+            s = Setup(**{**setup.__dict__, "compile": compile_modes[0] == "on", "attention": attentions[0]})
+            run_dir = out / "olmo_core-bare"
+            run_dir.mkdir(parents=True, exist_ok=True)
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--bare-run", str(run_dir), "--config", s.config,
+                   "--sequence-length", str(s.sequence_length), "--micro-batch", str(s.micro_batch), "--steps",
+                   str(s.steps), "--warmup", str(s.warmup), "--attention", s.attention,
+                   "--compile", "on" if s.compile else "off"] + (["--tiny"] if args.tiny else [])
+            with GpuMemoryPoll() as mem:
+                proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{' '.join(cmd)}\nexit {proc.returncode}\n{proc.stderr[-4000:]}")
+            rows.append(measure(run_dir, "olmo_core (bare OLMo-core Trainer)", s.compile, s.attention, False, s, fpt,
+                                mem.peak_gib))
+    print(f"{device}: {setup.config}, L={setup.sequence_length}, micro-batch {setup.micro_batch}, {setup.steps} "
+          f"steps (median after {setup.warmup}), {setup.precision}, {fpt / 1e9:.2f} GFLOP/token, peak "
+          f"{setup.peak_tflops:g} TFLOP/s")
+    head = (f"{'framework':<36} {'compile':>7} {'attn':>5} {'insert':>6} {'plan share':>10} {'tokens/s/GPU':>13} "
+            f"{'MFU':>6} {'data wait':>9} {'peak mem':>9} {'reserved':>9}")
+    print(head)
+
+    def gib(x):
+        return "n/a" if x is None else f"{x:.1f} GiB"
+
+    for r in rows:
+        wait = "n/a" if r["data_wait_pct"] is None else f"{r['data_wait_pct']:.2f}%"
+        print(f"{r['framework']:<36} {'on' if r['compile'] else 'off':>7} {r['attention']:>5} "
+              f"{'on' if r['insertion'] else 'off':>6} {100 * r['plan_share']:>9.2f}% {r['tps']:>13,.0f} "
+              f"{100 * r['mfu']:>5.1f}% {wait:>9} {gib(r['peak_gib']):>9} {gib(r['reserved_gib']):>9}")
     goals = {"olmo_core": 0.45, "hf": 0.35}
+    by = {(r["framework"], r["compile"], r["attention"], r["insertion"]): r["tps"] for r in rows}
+    bare = next((r["tps"] for r in rows if r["framework"].startswith("olmo_core (bare")), None)
+    for fw, comp, attn in variants:
+        if (fw, comp, attn, True) in by and (fw, comp, attn, False) in by:
+            ratio = by[(fw, comp, attn, True)] / by[(fw, comp, attn, False)]
+            print(f"{fw} (compile {'on' if comp else 'off'}, {attn}): insertion on / off = {ratio:.3f} "
+                  f"(goal >= 0.99)")
     for fw in frameworks:
-        ratio = by[(fw, True)] / by[(fw, False)]
-        best = max(m for f, _, _, _, m in rows if f == fw)
-        print(f"{fw}: insertion on / off = {ratio:.3f} (goal >= 0.99); MFU {100 * best:.1f}% "
-              f"(goal >= {100 * goals[fw]:.0f}%)")
+        best = max(r["mfu"] for r in rows if r["framework"] == fw)
+        print(f"{fw}: best MFU {100 * best:.1f}% (goal >= {100 * goals[fw]:.0f}%)")
+    if bare is not None:
+        s = setup.compile, setup.attention
+        for insertion in insertions:
+            key = ("olmo_core", *s, insertion)
+            if key in by:
+                print(f"olmo_core (compile {'on' if s[0] else 'off'}, {s[1]}, insertion "
+                      f"{'on' if insertion else 'off'}) / bare OLMo-core = {by[key] / bare:.3f} (goal >= 0.98)")
+    if args.probe_micro_batch:
+        if not torch.cuda.is_available():
+            print("micro-batch probe: needs a GPU")
+        else:
+            sizes = [int(x) for x in args.probe_micro_batch.split(",")]
+            for mb, fits, peak in probe_micro_batch(setup, sizes):
+                result = f"fits, peak allocated {peak:.1f} GiB" if fits else "out of memory"
+                print(f"micro-batch {mb} x {setup.sequence_length}: {result}")
     return 0
+
+
+def measure(run_dir: Path, fw: str, comp: bool, attn: str, insertion: bool, setup: Setup, fpt: int,
+            peak_gib: Optional[float]) -> dict:
+    """One table row from a finished run dir's ``metrics.jsonl`` (and ``plan.npz``)."""
+    metrics = run_dir / "metrics.jsonl"
+    tps = steady_tokens_per_s(metrics, setup.warmup)
+    return {"framework": fw, "compile": comp, "attention": attn, "insertion": insertion,
+            "plan_share": plan_fraction(run_dir), "tps": tps, "mfu": mfu(tps, fpt, setup.peak_tflops),
+            "data_wait_pct": steady_median(metrics, "throughput/device/data loading (%)", setup.warmup),
+            "peak_gib": peak_gib,
+            "reserved_gib": max((m["gpu_memory/GPU reserved mem (GiB)"] for m in map(json.loads, metrics.read_text()
+                                 .splitlines()) if "gpu_memory/GPU reserved mem (GiB)" in m), default=None)}
 
 
 if __name__ == "__main__":

@@ -127,4 +127,6 @@ def test_throughput_benchmark_runs_on_the_gpu(tmp_path):
                          cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
                          timeout=1800)
     assert out.returncode == 0, out.stderr[-4000:]
-    assert "olmo_core: insertion on / off" in out.stdout and "hf: insertion on / off" in out.stdout
+    assert "olmo_core (compile off, sdpa): insertion on / off" in out.stdout
+    assert "hf (compile off, sdpa): insertion on / off" in out.stdout
+    assert "/ bare OLMo-core = " in out.stdout

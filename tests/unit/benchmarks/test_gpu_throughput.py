@@ -51,6 +51,9 @@ def test_tiny_run_prints_the_table(tmp_path):
                          cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT), "WANDB_SILENT": "true"},
                          capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, out.stderr[-4000:]
-    assert "olmo_core: insertion on / off" in out.stdout and "hf: insertion on / off" in out.stdout
-    assert bench.plan_fraction(tmp_path / "olmo_core-insert") > 0
-    assert bench.plan_fraction(tmp_path / "hf-plain") == 0.0
+    assert "olmo_core (compile off, sdpa): insertion on / off" in out.stdout
+    assert "hf (compile off, sdpa): insertion on / off" in out.stdout
+    assert "olmo_core (compile off, sdpa, insertion off) / bare OLMo-core = " in out.stdout
+    assert bench.plan_fraction(tmp_path / "olmo_core-eager-sdpa-insert") > 0
+    assert bench.plan_fraction(tmp_path / "hf-eager-sdpa-plain") == 0.0
+    assert bench.steady_tokens_per_s(tmp_path / "olmo_core-bare" / "metrics.jsonl", 1) > 0

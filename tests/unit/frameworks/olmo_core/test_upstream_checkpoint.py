@@ -37,18 +37,18 @@ MINIMAL = ["framework=olmo_core", "model=local", "insertion=none", "eval=[]", "w
            "training.log_rows=true", "training.checkpoint_interval=1"]
 
 
-def upstream(save_folder: Path, work_dir: Path, hard_stop: int, paths) -> None:
+def upstream(save_folder: Path, work_dir: Path, hard_stop: int, paths, *flags: str) -> None:
+    """Run :mod:`upstream_run` (OLMo-core alone) to ``hard_stop``; ``flags``: ``--device cuda``, ``--bf16``."""
     env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2"}
-    cmd = [sys.executable, "-m", "tests.unit.frameworks.olmo_core.upstream_run", str(save_folder), str(work_dir),
-           str(hard_stop), *map(str, paths)]
+    cmd = [sys.executable, "-m", "tests.unit.frameworks.olmo_core.upstream_run", *flags, str(save_folder),
+           str(work_dir), str(hard_stop), *map(str, paths)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-@pytest.fixture(scope="module")
-def fixture(tmp_path_factory) -> dict:
-    """``{"step3", "ref", "steps": {k: {"index", "loss"}}}``: OLMo-core's run to step 3 and its own continuation."""
-    root = tmp_path_factory.mktemp("upstream")
+def build_fixture(root: Path, last: int = 6, *flags: str) -> dict:
+    """OLMo-core's run to step 3 (``run/step3``) and its own continuation of it to step ``last`` (``ref/``), both
+    run with ``flags`` (:func:`upstream`): ``{"step3", "ref", "steps": {k: {"index", "loss"}}, "paths"}``."""
     source = json.loads((tiny_checkpoint("olmo3_tiny", CACHE_DIR) / "config.json").read_text())["dataset"]["paths"][0]
     tokens = np.fromfile(source, dtype=np.uint32)[:2400].tolist()  # dolma2 tokens of the Shakespeare corpus
     cuts = np.cumsum([0, 300, 411, 250, 325, 517, 280, 300])
@@ -56,15 +56,22 @@ def fixture(tmp_path_factory) -> dict:
     paths = [root / "data" / "part-0.npy", root / "data" / "part-1.npy"]
     write_token_file(paths[0], docs[:4], np.uint32, EOS)  # 1290 tokens: 20 chunks of 64 = 40 instances
     write_token_file(paths[1], docs[4:], np.uint32, EOS)  # 1100 tokens: 17 chunks = 34 instances
-    upstream(root / "run", root / "work", 3, paths)
+    upstream(root / "run", root / "work", 3, paths, *flags)
     shutil.copytree(root / "run", root / "ref", ignore=shutil.ignore_patterns("upstream_steps.jsonl"))
-    upstream(root / "ref", root / "work", 6, paths)  # OLMo-core's own continuation: resumes from ref/step3
+    # OLMo-core's own continuation: resumes from ref/step3
+    upstream(root / "ref", root / "work", last, paths, *flags)
     steps = {}
     for line in (root / "ref" / "upstream_steps.jsonl").read_text().splitlines():
         rec = json.loads(line)
         steps.setdefault(rec["step"], {"index": [], "loss": rec["loss"]})["index"] += rec["index"]
-    assert sorted(steps) == [4, 5, 6]
+    assert sorted(steps) == list(range(4, last + 1))
     return {"step3": root / "run" / "step3", "ref": root / "ref", "steps": steps, "paths": paths}
+
+
+@pytest.fixture(scope="module")
+def fixture(tmp_path_factory) -> dict:
+    """``{"step3", "ref", "steps": {k: {"index", "loss"}}}``: OLMo-core's run to step 3 and its own continuation."""
+    return build_fixture(tmp_path_factory.mktemp("upstream"))
 
 
 def project_cli(*args: str, run_dir: Path) -> None:

