@@ -360,6 +360,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     run_one(run_overrides(fw, s, insertion, args.fraction, hf_config) + ["training.export_hf=none"],
                             run_dir, env)
                 rows.append(measure(run_dir, fw, comp, attn, insertion, s, fpt, mem.peak_gib))
+                print(f"measured {name}: {rows[-1]}", flush=True)
                 if args.out is None:
                     shutil.rmtree(run_dir, ignore_errors=True)
         if args.bare and "olmo_core" in frameworks:
@@ -376,6 +377,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 raise RuntimeError(f"{' '.join(cmd)}\nexit {proc.returncode}\n{proc.stderr[-4000:]}")
             rows.append(measure(run_dir, "olmo_core (bare OLMo-core Trainer)", s.compile, s.attention, False, s, fpt,
                                 mem.peak_gib))
+            print(f"measured bare OLMo-core: {rows[-1]}", flush=True)
     print(f"{device}: {setup.config}, L={setup.sequence_length}, micro-batch {setup.micro_batch}, {setup.steps} "
           f"steps (median after {setup.warmup}), {setup.precision}, {fpt / 1e9:.2f} GFLOP/token, peak "
           f"{setup.peak_tflops:g} TFLOP/s")
