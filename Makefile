@@ -50,10 +50,10 @@ bench: install ## plan-building and Plan.apply benchmark (prints times, memory a
 GPU_DEPS := $(if $(filter command line,$(origin PY)),,install)
 
 gpu-test: $(GPU_DEPS) ## run the GPU tests (tests/gpu: OLMo-core bf16, exact continuation vs OLMo-core, hf bf16 sdpa, evals)
-	$(PY) -m pytest -m gpu tests/gpu -v $(ARGS)
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m pytest -m gpu tests/gpu -v $(ARGS)
 
 gpu-bench: $(GPU_DEPS) ## tokens/s/GPU, MFU and memory of the OLMo-2 1B shape: olmo_core, hf, bare OLMo-core, insertion on/off
-	$(PY) benchmarks/gpu_throughput.py $(ARGS)
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PY) benchmarks/gpu_throughput.py $(ARGS)
 
 dry-run: install ## print the composed config of the default run (add ARGS="key=value ...")
 	$(PY) -m pretrain_exp --cfg job $(ARGS)

@@ -112,7 +112,7 @@ def _olmo_core_sides(tmp: Path, long: int, threads: int, fraction: float) -> Dic
 
     def theirs(steps: int, out: Path) -> None:
         parallel._WORLD_MESH = None
-        model = model_config(exp.model_dir).build(init_device="cpu")
+        model = model_config(exp.model_dir, cuda=False).build(init_device="cpu")
         train_module = TransformerTrainModuleConfig(
             rank_microbatch_size=t.micro_batch_size * L, max_sequence_length=L, optim=fw.optim_config(),
             max_grad_norm=fw.max_grad_norm, z_loss_multiplier=fw.z_loss_multiplier, scheduler=fw.scheduler(),

@@ -25,8 +25,9 @@ from pretrain_exp.core.io import apply_default_modes
 def model_config(ckpt_dir: Path, cuda: Optional[bool] = None):
     """The ``olmo_core.nn.transformer.TransformerConfig`` in ``<ckpt_dir>/config.json`` (key ``model``).
 
-    Without CUDA the attention backend is switched to ``torch`` (SDPA with an explicit sliding-window mask),
-    since OLMo-3's default ``flash_2`` needs a GPU; the weights and the model's function are unchanged.
+    Without CUDA (``cuda=False``: also for a model built on the CPU of a GPU machine, which may lack flash-attn)
+    the attention backend is switched to ``torch`` (SDPA with an explicit sliding-window mask), since OLMo-3's
+    default ``flash_2`` needs a GPU and the flash-attn package; the weights and the model's function are unchanged.
 
     :raises CheckpointError: if ``config.json`` is missing or has no ``model`` entry.
     """
@@ -97,7 +98,7 @@ def load_model(ckpt_dir: Path):
     state_dir = ckpt_dir / "model_and_optim" if (ckpt_dir / "model_and_optim").is_dir() else ckpt_dir
     if not (state_dir / ".metadata").is_file():
         raise CheckpointError(f"{ckpt_dir}: no model state (neither model_and_optim/.metadata nor .metadata)")
-    model = model_config(ckpt_dir).build(init_device="cpu")
+    model = model_config(ckpt_dir, cuda=False).build(init_device="cpu")  # a CPU build: no flash-attn needed
     state = {"model": model.state_dict()}
     dcp.load(state, checkpoint_id=str(state_dir), storage_reader=RemoteFileSystemReader(str(state_dir)), no_dist=True)
     model.load_state_dict(state["model"])

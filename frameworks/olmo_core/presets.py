@@ -108,6 +108,23 @@ def builder_config(name: str, vocab_size: int, init_seed: int):
     return config
 
 
+def cpu_attention(config):
+    """A copy of OLMo-core ``TransformerConfig`` ``config`` whose attention uses the ``torch`` backend (SDPA), for
+    a build on the CPU: OLMo-3's builders default to ``flash_2``, which OLMo-core refuses to build without the
+    flash-attn package (also on a GPU machine). The parameters are the same for every backend."""
+    import copy
+
+    from olmo_core.nn.attention.backend import AttentionBackendName
+
+    out = copy.deepcopy(config)
+    mixer = out.block.sequence_mixer
+    if mixer is not None and getattr(mixer, "backend", None) not in (None, AttentionBackendName.torch):
+        mixer.backend = AttentionBackendName.torch
+    if mixer is not None and hasattr(mixer, "use_flash"):
+        mixer.use_flash = None
+    return out
+
+
 def random_init_checkpoint(model, cache_dir: str | Path) -> Path:
     """The step-0 checkpoint of a from-scratch run (``model.init=random``): OLMo-core builder ``model.config``
     (:func:`builder_config`) for the vocabulary of ``model.tokenizer`` (default dolma2) padded to a multiple of
@@ -132,7 +149,7 @@ def random_init_checkpoint(model, cache_dir: str | Path) -> Path:
 
     def build(tmp: Path) -> dict:
         torch.manual_seed(int(model.init_seed))
-        net = config.build(init_device="cpu")
+        net = cpu_attention(config).build(init_device="cpu")
         net.init_weights(device=torch.device("cpu"))
         save_model_and_optim_state(str(tmp), net)
         (tmp / "config.json").write_text(json.dumps({"model": config.as_config_dict()}, indent=2))

@@ -1,0 +1,35 @@
+"""From-scratch checkpoints of OLMo-core builders on a GPU machine without flash-attn (the device's setting,
+simulated here by reporting CUDA as available): OLMo-3's builders default to the ``flash_2`` attention backend,
+which OLMo-core refuses to build without the flash-attn package; the CPU builds must use SDPA."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+
+import pytest
+import torch
+
+pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
+
+from frameworks.olmo_core.checkpoint import load_model, model_config  # noqa: E402
+from frameworks.olmo_core.presets import random_init_checkpoint  # noqa: E402
+from pretrain_exp.core.config import ModelConf  # noqa: E402
+from pretrain_exp.data.assets import tokenizer_dir  # noqa: E402
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flash_attn") is not None, reason="flash-attn is installed here")
+def test_olmo3_scratch_checkpoint_builds_and_loads_where_cuda_is_reported_without_flash_attn(cache_dir, tmp_path,
+                                                                                            monkeypatch):
+    cache = tmp_path / "cache"
+    shutil.copytree(tokenizer_dir("dolma2", cache_dir), cache / "tokenizers" / "dolma2")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    ckpt = random_init_checkpoint(ModelConf(name="t", init="random", config="olmo3_14M", init_seed=0), cache)
+    saved = json.loads((ckpt / "config.json").read_text())["model"]["block"]["sequence_mixer"]
+    assert saved["backend"] == "flash_2"  # the builder's own config is what the checkpoint records
+    assert model_config(ckpt).block.sequence_mixer.backend == "flash_2"  # a GPU run picks its own backend
+    model = load_model(ckpt)  # a CPU build: SDPA
+    with torch.no_grad():
+        logits = model(torch.tensor([[1, 2, 3, 4]]))
+    assert logits.shape == (1, 4, 100_352) and torch.isfinite(logits).all()
