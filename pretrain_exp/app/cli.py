@@ -27,6 +27,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from pretrain_exp import conf_dir
 from pretrain_exp.app.config import register_configs
 from pretrain_exp.app.validate import to_config
 from pretrain_exp.core.errors import PretrainExpError
@@ -36,8 +37,8 @@ from pretrain_exp.core.secrets import install_log_redaction, redact, redact_obj
 
 log = logging.getLogger("pretrain_exp")
 install_log_redaction()  # before Hydra logs the overrides
-#: the Hydra config groups (``conf/`` at the top of the checkout)
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+#: the Hydra config groups (``conf/`` of the checkout, ``pretrain_exp/conf`` of an installed wheel)
+CONF_DIR = conf_dir()
 register_configs()
 
 #: files Hydra and the entry point write before any training (the Hydra files, the resolved config and the

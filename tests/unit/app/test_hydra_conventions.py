@@ -33,8 +33,8 @@ def test_a_key_added_with_plus_that_no_schema_has_is_refused(tmp_path):
 
 
 def test_gradient_checkpointing_and_report_to_reach_the_hf_trainer(tmp_path, tiny_model_dir):
-    from frameworks.hf.framework import CHECKPOINTING_ARG, HFFramework
     from pretrain_exp.app.validate import validate
+    from pretrain_exp.frameworks.hf.framework import CHECKPOINTING_ARG, HFFramework
 
     cfg = make_config("experiment=tiny", "training.gradient_checkpointing=true", "training.report_to=[tensorboard,csv]",
                       run_dir=tmp_path)

@@ -28,9 +28,9 @@ from tests.conftest import CACHE_DIR, ROOT, compose, make_config
 pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
 pytestmark = pytest.mark.slow  # the fixture is two OLMo-core runs (~1 min on 2 cores)
 
-from frameworks.olmo_core.checkpoint import check_train_state, load_model  # noqa: E402
-from frameworks.olmo_core.framework import OlmoCoreFramework, holds_optim_state  # noqa: E402
-from frameworks.olmo_core.presets import tiny_checkpoint  # noqa: E402
+from pretrain_exp.frameworks.olmo_core.checkpoint import check_train_state, load_model  # noqa: E402
+from pretrain_exp.frameworks.olmo_core.framework import OlmoCoreFramework, holds_optim_state  # noqa: E402
+from pretrain_exp.frameworks.olmo_core.presets import tiny_checkpoint  # noqa: E402
 
 EOS = 100257
 MINIMAL = ["framework=olmo_core", "model=local", "insertion=none", "eval=[]", "wandb=disabled",
@@ -199,8 +199,8 @@ def test_three_step_continuation_on_two_processes_equals_olmo_cores(fixture, tmp
 
 def test_an_insertion_plan_lands_on_olmo_cores_rows(fixture, tmp_path, monkeypatch):
     """With a plan, steps 4-6 train OLMo-core's instances with exactly the planned rows' tokens."""
-    from frameworks.olmo_core import framework as olmo_core_framework
     from pretrain_exp.app.experiment import Experiment
+    from pretrain_exp.frameworks.olmo_core import framework as olmo_core_framework
 
     seen = []
 
