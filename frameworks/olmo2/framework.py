@@ -207,25 +207,11 @@ class Olmo2Framework(OlmoCoreFramework):
 
         return read_config(self.source_dir)
 
-    @property
-    def tokenizer_path(self) -> str:
-        """``model.tokenizer``; a bare ``tokenizer.json`` file (no ``tokenizer_config.json`` to name EOS and pad)
-        becomes an HF tokenizer dir in the cache, built once, whose EOS and pad are the checkpoint's
-        ``model.eos_token_id`` / ``model.pad_token_id``."""
-        path = super().tokenizer_path
-        if not (path.endswith(".json") and Path(path).is_file()):
-            return path
-        from pretrain_exp.data.tokenize import load_tokenizer
-
+    def recorded_special_ids(self) -> tuple:
+        """``(eos, pad)`` of the OLMo-2 checkpoint: ``config.yaml`` ``model.eos_token_id`` / ``model.pad_token_id``
+        (a bare ``tokenizer.json`` names neither; :meth:`OlmoCoreFramework.tokenizer_path`)."""
         model = self.source_config.get("model") or {}
-        eos, pad = model.get("eos_token_id"), model.get("pad_token_id")
-        key = hashlib.sha256(Path(path).read_bytes() + json.dumps([eos, pad]).encode()).hexdigest()[:16]
-
-        def build(tmp: Path) -> dict:
-            load_tokenizer(path, self.cfg.cache_dir, eos_token_id=eos, pad_token_id=pad).save_pretrained(str(tmp))
-            return {"tokenizer_file": path, "eos_token_id": eos, "pad_token_id": pad}
-
-        return str(build_once(Path(self.cfg.cache_dir) / "tokenizers" / f"olmo2-{Path(path).stem}-{key}", build))
+        return model.get("eos_token_id"), model.get("pad_token_id")
 
     def optim_config(self):
         """The run's OLMo-core ``AdamWConfig`` (:func:`run_optim_config`): the checkpoint's optimizer and param

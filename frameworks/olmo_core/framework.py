@@ -309,8 +309,33 @@ class OlmoCoreFramework(Framework):
 
     @property
     def tokenizer_path(self) -> str:
-        """``model.tokenizer``, else the dolma2 tokenizer (OLMo-2 and OLMo-3)."""
-        return self.cfg.model.tokenizer or self.DEFAULT_TOKENIZER
+        """``model.tokenizer``, else the dolma2 tokenizer (OLMo-2 and OLMo-3). A bare ``tokenizer.json`` file (no
+        ``tokenizer_config.json`` to name EOS and pad) becomes an HF tokenizer dir in the cache, built once, whose
+        EOS and pad are the ids the checkpoint records (:meth:`recorded_special_ids`)."""
+        path = self.cfg.model.tokenizer or self.DEFAULT_TOKENIZER
+        if not (path.endswith(".json") and Path(path).expanduser().is_file()):
+            return path
+        import hashlib
+
+        from pretrain_exp.data.assets import build_once
+        from pretrain_exp.data.tokenize import load_tokenizer
+
+        path = str(Path(path).expanduser())
+        eos, pad = self.recorded_special_ids()
+        key = hashlib.sha256(Path(path).read_bytes() + json.dumps([eos, pad]).encode()).hexdigest()[:16]
+
+        def build(tmp: Path) -> dict:
+            load_tokenizer(path, self.cfg.cache_dir, eos_token_id=eos, pad_token_id=pad).save_pretrained(str(tmp))
+            return {"tokenizer_file": path, "eos_token_id": eos, "pad_token_id": pad}
+
+        name = f"{self.cfg.framework.name}-{Path(path).stem}-{key}"
+        return str(build_once(Path(self.cfg.cache_dir) / "tokenizers" / name, build))
+
+    def recorded_special_ids(self) -> tuple:
+        """``(eos, pad)`` token ids the checkpoint's run recorded (``None`` where it records none): OLMo-core's
+        ``config.json`` ``dataset.tokenizer.eos_token_id`` / ``pad_token_id``."""
+        tok = (self.experiment_config.get("dataset") or {}).get("tokenizer") or {}
+        return tok.get("eos_token_id"), tok.get("pad_token_id")
 
     @property
     def vocab_size(self) -> int:
