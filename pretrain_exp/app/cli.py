@@ -91,6 +91,9 @@ def main(cfg: DictConfig) -> None:
         exp = to_config(cfg)
         if sweep and exp.wandb.group is None:  # the jobs of a sweep side by side in W&B
             exp.wandb.group = Path(HydraConfig.get().sweep.dir).name
+        overrides = HydraConfig.get().job.override_dirname
+        if sweep and overrides and exp.wandb.name == exp.run_name:  # each job by its overrides, not the shared name
+            exp.wandb.name = f"{exp.run_name}-{overrides}"
         # one process per run dir (core.runlock); torchrun ranks run under this one, and in a multi-node job the
         # other nodes' tasks under node 0's
         with RunDirLock(run_dir) if job_nodes().rank == 0 else contextlib.nullcontext():

@@ -90,7 +90,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     print_report(rep)
     if args.wandb != "disabled":
-        log_report_wandb(rep, args.out or args.dir, args.wandb, args.wandb_project)
+        # the group of a sweep's jobs is its dir name (the CLI's default wandb.group)
+        log_report_wandb(rep, args.out or args.dir, args.wandb, args.wandb_project, group=args.dir.resolve().name)
     if not rep["rows"] and all(j.results is None for j in rep["jobs"]):
         print(f"error: {Path(args.dir).resolve()}: no job has results.json ({len(rep['failed'])} failed)",
               file=sys.stderr)
