@@ -15,8 +15,8 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 # torch is pinned through a constraint file so that nothing pulls a newer torch with GBs of CUDA wheels here;
-# setup.cfg keeps the range (torch>=2.4,<2.14) that GPU users install against.
-$(STAMP): setup.cfg setup.py
+# pyproject.toml keeps the range (torch>=2.10,<2.14) that GPU users install against.
+$(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	echo "torch==2.13.0" > $(VENV)/torch-constraint.txt
 	$(PY) -m pip install -q -c $(VENV)/torch-constraint.txt torch==2.13.0 2>&1 | grep -v "is ignored" || true

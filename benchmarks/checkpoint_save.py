@@ -61,7 +61,7 @@ def same_weights(a: Path, b: Path) -> bool:
     """Whether two OLMo-core checkpoints hold bit-identical model weights."""
     import torch
 
-    from frameworks.olmo_core.checkpoint import load_model
+    from pretrain_exp.frameworks.olmo_core.checkpoint import load_model
 
     wa, wb = load_model(a).state_dict(), load_model(b).state_dict()
     return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)

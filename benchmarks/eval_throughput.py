@@ -3,10 +3,11 @@
 The items are the plan items of a run (default: the embedded default run, ``make demo``: the fictional
 biographies, SmolLM2-135M); the model is the run's initial HF checkpoint, loaded once and handed to both sides.
 
-- ``insertion_loss`` (:func:`evals.insertion_loss.insertion_loss`: mean loss of each item's tokens after its first)
-  against ``HFLM.loglikelihood`` on ``(decode(item[:1]), decode(item[1:]))``;
-- ``memorization`` (:func:`evals.memorization.memorization`: greedy continuation of a ``prefix_length``-token
-  prefix, ``max_new_tokens`` tokens) against ``HFLM.generate_until`` on ``decode(item[:prefix_length])`` with
+- ``insertion_loss`` (:func:`pretrain_exp.evals.insertion_loss.insertion_loss`: mean loss of each item's tokens after
+  its first) against ``HFLM.loglikelihood`` on ``(decode(item[:1]), decode(item[1:]))``;
+- ``memorization`` (:func:`pretrain_exp.evals.memorization.memorization`: greedy continuation of a
+  ``prefix_length``-token prefix, ``max_new_tokens`` tokens) against ``HFLM.generate_until`` on
+  ``decode(item[:prefix_length])`` with
   ``max_gen_toks = max_new_tokens``, greedy (``do_sample=False``), no stop string (HFLM adds EOS).
 
 Both sides use the run's ``eval.batch_size`` and one torch thread; each is timed ``--reps`` times, interleaved
@@ -57,11 +58,11 @@ def main() -> None:
     from lm_eval.models.huggingface import HFLM
     from transformers import AutoModelForCausalLM
 
-    from evals.base import EvalContext
-    from evals.insertion_loss import InsertionLossConf, insertion_loss
-    from evals.memorization import MemorizationConf, memorization
     from pretrain_exp.app.experiment import Experiment
     from pretrain_exp.app.prefetch import compose_run_config
+    from pretrain_exp.evals.base import EvalContext
+    from pretrain_exp.evals.insertion_loss import InsertionLossConf, insertion_loss
+    from pretrain_exp.evals.memorization import MemorizationConf, memorization
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = compose_run_config(["wandb=disabled", f"run_dir={Path(tmp) / 'run'}", *args.overrides])

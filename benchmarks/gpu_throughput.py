@@ -103,7 +103,7 @@ def flops_per_token(config: str, sequence_length: int, vocab_size: int = 100_352
     """OLMo-core's idealised training FLOPs per token (``Transformer.num_flops_per_token``) of builder ``config``."""
     import torch
 
-    from frameworks.olmo_core.presets import builder_config
+    from pretrain_exp.frameworks.olmo_core.presets import builder_config
 
     with torch.device("meta"):
         model = builder_config(config, vocab_size, 0).build(init_device="meta")
@@ -128,11 +128,11 @@ def plan_fraction(run_dir: Path) -> float:
 
 def hf_config_of(config: str, out: Path, cache_dir: str) -> Path:
     """The HF ``config.json`` of OLMo-core builder ``config``: its seeded from-scratch checkpoint exported with
-    OLMo-core's own HF converter (:class:`~frameworks.olmo_core.checkpoint.OlmoCoreCheckpoint`)."""
-    from frameworks.olmo_core.checkpoint import OlmoCoreCheckpoint
-    from frameworks.olmo_core.presets import random_init_checkpoint
+    OLMo-core's own HF converter (:class:`~pretrain_exp.frameworks.olmo_core.checkpoint.OlmoCoreCheckpoint`)."""
     from pretrain_exp.core.config import ModelConf
     from pretrain_exp.data.tokenize import load_tokenizer
+    from pretrain_exp.frameworks.olmo_core.checkpoint import OlmoCoreCheckpoint
+    from pretrain_exp.frameworks.olmo_core.presets import random_init_checkpoint
 
     ckpt = random_init_checkpoint(ModelConf(name="bench", init="random", config=config, init_seed=0), cache_dir)
     hf_dir = OlmoCoreCheckpoint(ckpt, 0, load_tokenizer("dolma2", cache_dir)).to_hf(out)

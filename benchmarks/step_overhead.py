@@ -1,7 +1,8 @@
 """Step time of the run's training path against the bare engines, on the same model, rows and batch (CPU).
 
-- ``hf``: the ``hf`` framework's :meth:`train <frameworks.hf.framework.HFFramework.train>` (``model=tiny_llama``,
-  the run's :class:`~pretrain_exp.data.rows.TrainingRows` with its plan, the rank-layout sampler, its callbacks)
+- ``hf``: the ``hf`` framework's :meth:`train <pretrain_exp.frameworks.hf.framework.HFFramework.train>`
+  (``model=tiny_llama``, the run's :class:`~pretrain_exp.data.rows.TrainingRows` with its plan, the rank-layout sampler,
+  its callbacks)
   against a bare ``transformers.Trainer`` on the same model dir, the same rows (already holding the insertions, as a
   plain list) and the same batch, micro-batch, optimizer and schedule settings, no callbacks (goal >= 0.99x);
 - ``olmo_core``: the ``olmo_core`` framework's ``train`` (tiny OLMo-3-shaped preset, the insertion callback, a plan
@@ -93,8 +94,8 @@ def _olmo_core_sides(tmp: Path, long: int, threads: int, fraction: float) -> Dic
     from olmo_core.train import Duration, LoadStrategy, TrainerConfig
     from olmo_core.train.train_module import TransformerTrainModuleConfig
 
-    from frameworks.olmo_core.checkpoint import model_config
-    from frameworks.olmo_core.presets import TINY_DATA
+    from pretrain_exp.frameworks.olmo_core.checkpoint import model_config
+    from pretrain_exp.frameworks.olmo_core.presets import TINY_DATA
 
     _, L, B, _ = TINY_DATA["olmo3_tiny"]
     items = tmp / "items.jsonl"
@@ -165,7 +166,7 @@ def main() -> None:
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    for name in ("transformers", "olmo_core", "pretrain_exp", "frameworks"):
+    for name in ("transformers", "olmo_core", "pretrain_exp"):
         logging.getLogger(name).setLevel(logging.WARNING)
     torch.set_num_threads(args.threads)
     out = {}

@@ -10,7 +10,7 @@ the highest summed log-likelihood of ``" " + choice`` after the context is the p
 each log-likelihood by the choice's length in characters). The contamination effect is the accuracy of the
 inserted items minus that of the controls, with a 95% percentile-bootstrap CI that resamples the two groups
 independently. Under ``eval.mode=distributed`` the ranks share the docs on lm-eval's data-parallel path
-(:func:`evals.shard.simple_evaluate`).
+(:func:`pretrain_exp.evals.shard.simple_evaluate`).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from evals.base import EvalContext, EvalResult
-from evals.shard import simple_evaluate
-from evals.stats import bootstrap_ci, bootstrap_diff_ci
 from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.evals.base import EvalContext, EvalResult
+from pretrain_exp.evals.shard import simple_evaluate
+from pretrain_exp.evals.stats import bootstrap_ci, bootstrap_diff_ci
 from pretrain_exp.insertion.types.benchmark import (
     BenchmarkDoc,
     check_benchmark,

@@ -21,8 +21,8 @@ Per experiment and dup count ``d > 0``, every trained pattern ``i`` is scored on
 ``effect = mean_i D_i`` (negative = remembered) with a percentile-bootstrap 95% CI over the patterns, and a
 two-sided permutation p-value: under the null (the model is independent of every pattern) the patterns of the
 group and the controls are exchangeable, so the statistic is recomputed with the pattern labels of the pool
-(group + controls) permuted (:func:`~evals.stats.permutation_p_value`). With a handful of patterns per group
-the percentile bootstrap under-covers (it ignores the variation of the controls and of small samples); the
+(group + controls) permuted (:func:`~pretrain_exp.evals.stats.permutation_p_value`). With a handful of patterns per
+group the percentile bootstrap under-covers (it ignores the variation of the controls and of small samples); the
 permutation p-value is the test to read.
 """
 
@@ -36,11 +36,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from evals.base import EvalContext, EvalResult
-from evals.scoring import model_device
-from evals.shard import map_batches
-from evals.stats import bootstrap_ci, permutation_p_value
 from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.evals.base import EvalContext, EvalResult
+from pretrain_exp.evals.scoring import model_device
+from pretrain_exp.evals.shard import map_batches
+from pretrain_exp.evals.stats import bootstrap_ci, permutation_p_value
 from pretrain_exp.insertion.noise import make_noise
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ def embedding_gradients(model, rows: List[np.ndarray], batch_size: int) -> torch
         g = torch.autograd.grad(loss.sum(), e)[0].float()  # rows are independent: row r's grad is d loss_r / d e_r
         return (g / g.flatten(1).norm(dim=1).clamp_min(1e-30)[:, None, None]).cpu()
 
-    # batch by batch, sharded over the ranks under eval.mode=distributed (evals.shard)
+    # batch by batch, sharded over the ranks under eval.mode=distributed (pretrain_exp.evals.shard)
     return torch.cat(map_batches(grads, [rows[b:b + batch_size] for b in range(0, len(rows), batch_size)]))
 
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from evals.base import EvalContext, EvalResult
-from evals.scoring import plan_item_rows, token_losses
-from evals.stats import per_dup_summary
+from pretrain_exp.evals.base import EvalContext, EvalResult
+from pretrain_exp.evals.scoring import plan_item_rows, token_losses
+from pretrain_exp.evals.stats import per_dup_summary
 
 
 @dataclass

@@ -30,10 +30,10 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from evals.base import EvalContext, EvalResult
-from evals.scoring import continuation_scores
-from evals.stats import bootstrap_ci, bootstrap_diff_ci
 from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.evals.base import EvalContext, EvalResult
+from pretrain_exp.evals.scoring import continuation_scores
+from pretrain_exp.evals.stats import bootstrap_ci, bootstrap_diff_ci
 from pretrain_exp.insertion.types.knowledge import (
     PROBE_KINDS,
     facts_by_item,

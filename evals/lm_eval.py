@@ -12,8 +12,8 @@ are scored 0-shot (the asset has no few-shot splits), on the already loaded mode
 lm-eval's groups aggregate it.
 
 Under ``eval.mode=distributed`` every rank scores a share of the docs on lm-eval's own data-parallel path
-(:func:`evals.shard.simple_evaluate`: rank ``r`` of ``W`` takes every ``W``-th doc, rank 0 merges), with the same
-per-doc results as one process.
+(:func:`pretrain_exp.evals.shard.simple_evaluate`: rank ``r`` of ``W`` takes every ``W``-th doc, rank 0 merges), with
+the same per-doc results as one process.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from evals.base import EvalContext, EvalResult
-from evals.benchmark import OFFLINE_ENV, _env
-from evals.shard import simple_evaluate
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.core.io import default_cache_dir
+from pretrain_exp.evals.base import EvalContext, EvalResult
+from pretrain_exp.evals.benchmark import OFFLINE_ENV, _env
+from pretrain_exp.evals.shard import simple_evaluate
 from pretrain_exp.insertion.types.benchmark import MMLU_SUBJECTS, local_arrow_file
 
 KEY = "eval.tasks.lm_eval"
@@ -100,6 +100,67 @@ def _stock_index(folder: str) -> Dict[str, Any]:
     return TaskManager(include_defaults=False, include_path=str(root / folder)).task_index
 
 
+def _yaml_function(path: Path, qual: str) -> Any:
+    """The function ``qual`` (``module.fn``) of a ``!function`` tag in the task YAML ``path``: the module file next
+    to the YAML, else an importable module (lm-eval's rule).
+
+    :raises ImportError: naming the YAML when neither has the function.
+    """
+    import importlib
+    import importlib.util
+    import sys
+
+    mod_name, _, fn = qual.rpartition(".")
+    local = (path.parent / f"{mod_name.replace('.', '/')}.py").resolve()
+    try:
+        if local.is_file():
+            key = f"_lm_eval_yaml_functions.{local.with_suffix('').as_posix().strip('/').replace('/', '.')}"
+            module = sys.modules.get(key)
+            if module is None:
+                spec = importlib.util.spec_from_file_location(key, local)
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+                sys.modules[key] = module
+        else:
+            module = importlib.import_module(mod_name)
+        return getattr(module, fn)
+    except (ImportError, AttributeError) as e:
+        raise ImportError(f"{path}: !function {qual}: {e}") from e
+
+
+def load_task_yaml(path: str | Path, _seen: Tuple[Path, ...] = ()) -> Dict[str, Any]:
+    """An lm-eval task YAML as a config dict, as lm-eval reads it: its ``include`` files merged first (the file's
+    own keys win) and ``!function module.fn`` tags resolved to the functions (:func:`_yaml_function`). Plain
+    PyYAML, no private lm-eval module.
+
+    :raises ValueError: on an include cycle or a YAML that is not a mapping (naming the file).
+    """
+    import yaml
+
+    path = Path(path).expanduser().resolve()
+    if path in _seen:
+        raise ValueError(f"{path}: include cycle")
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_constructor("!function", lambda loader, node: _yaml_function(path, loader.construct_scalar(node)))
+    with path.open("rb") as fh:
+        cfg = yaml.load(fh, Loader=Loader)  # noqa: S506 (SafeLoader plus the !function tag)
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: an lm-eval task YAML must be a mapping, not {type(cfg).__name__}")
+    includes = cfg.pop("include", None)
+    if includes is None:
+        return cfg
+    merged: Dict[str, Any] = {}
+    for inc in includes if isinstance(includes, list) else [includes]:
+        base = load_task_yaml(inc if Path(inc).is_absolute() else path.parent / inc, (*_seen, path))
+        base.pop("task_list", None)  # a task list belongs to the included file only
+        merged.update(base)
+    merged.update(cfg)
+    return merged
+
+
 def stock_task_config(name: str, cache_dir: str | Path | None = None) -> Dict[str, Any]:
     """lm-eval's own config of stock task ``name`` (its YAML with ``include`` and ``!function`` resolved), with
     the data source replaced by the local Arrow file of :data:`LOCAL_DATA` (module docstring). Pass it to
@@ -107,8 +168,6 @@ def stock_task_config(name: str, cache_dir: str | Path | None = None) -> Dict[st
 
     :raises ConfigError: for a task without local data.
     """
-    from lm_eval.tasks._yaml_loader import load_yaml
-
     if name not in LOCAL_DATA:
         raise ConfigError(f"{KEY}.tasks", f"no local data for lm-eval task {name!r}; allowed: {ALLOWED}")
     entry = _stock_index(_task_folder(name)).get(name)
@@ -116,7 +175,7 @@ def stock_task_config(name: str, cache_dir: str | Path | None = None) -> Dict[st
         raise ConfigError(f"{KEY}.tasks", f"lm-eval has no task {name!r}")
     folder, split = LOCAL_DATA[name]
     cache = Path(cache_dir if cache_dir is not None else default_cache_dir())
-    cfg = copy.deepcopy(load_yaml(entry.yaml_path, resolve_func=True))
+    cfg = load_task_yaml(entry.yaml_path)
     cfg.update(dataset_path="arrow", dataset_name=None,
                dataset_kwargs={"data_files": {split: str(local_arrow_file(folder, split, cache))},
                                "cache_dir": str(cache / "hf_datasets")},

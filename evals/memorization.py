@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from evals.base import EvalContext, EvalResult
-from evals.scoring import greedy_decode, plan_item_rows
-from evals.shard import map_batches
-from evals.stats import per_dup_summary
 from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.evals.base import EvalContext, EvalResult
+from pretrain_exp.evals.scoring import greedy_decode, plan_item_rows
+from pretrain_exp.evals.shard import map_batches
+from pretrain_exp.evals.stats import per_dup_summary
 
 
 @dataclass

@@ -31,9 +31,9 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from evals.base import EvalContext, EvalResult
-from evals.scoring import plan_item_rows, token_losses
 from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.evals.base import EvalContext, EvalResult
+from pretrain_exp.evals.scoring import plan_item_rows, token_losses
 
 log = logging.getLogger(__name__)
 

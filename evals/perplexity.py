@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from evals.base import EvalContext, EvalResult
-from evals.scoring import token_losses
+from pretrain_exp.evals.base import EvalContext, EvalResult
+from pretrain_exp.evals.scoring import token_losses
 
 
 @dataclass

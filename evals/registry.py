@@ -1,8 +1,8 @@
 """The eval registry: eval type name -> its config schema and its function, as ``"module:attr"`` strings.
 
-Each eval is one module of :mod:`evals` with a config dataclass (its ``conf/eval/<name>.yaml`` extends
-``schema/eval/<type>``) and a function ``fn(cfg, ctx: EvalContext) -> EvalResult`` (:mod:`evals.base`). A new eval
-is that module, one line in :data:`EVALS`, one YAML and its tests. Looking up a name imports only that eval.
+Each eval is one module of :mod:`pretrain_exp.evals` with a config dataclass (its ``conf/eval/<name>.yaml`` extends
+``schema/eval/<type>``) and a function ``fn(cfg, ctx: EvalContext) -> EvalResult`` (:mod:`pretrain_exp.evals.base`). A
+new eval is that module, one line in :data:`EVALS`, one YAML and its tests. Looking up a name imports only that eval.
 
 Contract (DESIGN.md section 7): an eval takes a loaded HF causal LM plus its config node and returns a flat
 dict of float metrics and optional per-item rows. Evals that score insertion experiments also return
@@ -29,7 +29,8 @@ class EvalSpec:
     config_target: str
     fn_target: str
     #: whether it shares its model forwards over the ranks under ``eval.mode=distributed`` (through
-    #: :func:`evals.shard.map_batches`, or lm-eval's data-parallel path via :func:`evals.shard.simple_evaluate`), so
+    #: :func:`pretrain_exp.evals.shard.map_batches`, or lm-eval's data-parallel path via
+    #: :func:`pretrain_exp.evals.shard.simple_evaluate`), so
     #: it runs on every rank; an eval that does not runs on rank 0 alone while the others wait
     sharded: bool = True
 
@@ -45,7 +46,7 @@ class EvalSpec:
 
 
 def _spec(module: str, conf: str, fn: str, sharded: bool = True) -> EvalSpec:
-    return EvalSpec(f"evals.{module}:{conf}", f"evals.{module}:{fn}", sharded)
+    return EvalSpec(f"pretrain_exp.evals.{module}:{conf}", f"pretrain_exp.evals.{module}:{fn}", sharded)
 
 
 EVALS: Dict[str, EvalSpec] = {

@@ -1,7 +1,7 @@
 """Model-facing helpers shared by the evals: per-token losses of variable-length sequences, greedy decoding,
 plan item labels.
 
-Every model forward of the evals runs batch by batch through :func:`evals.shard.map_batches`, so under
+Every model forward of the evals runs batch by batch through :func:`pretrain_exp.evals.shard.map_batches`, so under
 ``eval.mode=distributed`` the ranks score disjoint batches of the very batching one process uses (same
 composition and order) and gather the results: the same numbers as ``inline``."""
 
@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from evals.shard import map_batches
+from pretrain_exp.evals.shard import map_batches
 
 
 def model_device(model: Any) -> torch.device:
@@ -30,7 +30,8 @@ def plan_item_rows(plan: Any) -> List[dict]:
 
 def _length_batches(seqs: List[np.ndarray], batch_size: int, min_length: int) -> List[List[int]]:
     """Indices into ``seqs`` per batch of ``batch_size``, longest first; sequences shorter than ``min_length`` are
-    skipped (the batches :func:`_forward` scores, identical in one process and under :func:`~evals.shard.sharded`)."""
+    skipped (the batches :func:`_forward` scores, identical in one process and under
+    :func:`~pretrain_exp.evals.shard.sharded`)."""
     order = [i for i in sorted(range(len(seqs)), key=lambda i: -seqs[i].size) if seqs[i].size >= min_length]
     return [order[b:b + batch_size] for b in range(0, len(order), batch_size)]
 

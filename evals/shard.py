@@ -102,6 +102,23 @@ def _rank_hflm() -> type:
     from lm_eval.models.huggingface import HFLM
 
     class RankHFLM(HFLM):
+        """``HFLM`` on an already loaded model as rank ``shard_rank`` of ``shard_world`` (lm-eval's ``HFLM``
+        reports rank 0 of 1 for a model it did not load itself)."""
+
+        shard_rank, shard_world = 0, 1
+
+        def __init__(self, *, shard_rank: int, shard_world: int, **kwargs):
+            super().__init__(**kwargs)
+            self.shard_rank, self.shard_world = shard_rank, shard_world
+
+        @property
+        def rank(self) -> int:  # lm-eval's LM interface
+            return self.shard_rank
+
+        @property
+        def world_size(self) -> int:
+            return self.shard_world
+
         def all_gather(self, tensor):  # as accelerate's gather: rank-major concatenation along dim 0
             group = _active[2]
             t = tensor.reshape(1) if tensor.ndim == 0 else tensor.contiguous()
@@ -144,8 +161,7 @@ def simple_evaluate(model: Any, tokenizer: Any, batch_size: int, **kwargs: Any) 
     import torch.distributed as dist
 
     rank, world, group = _active
-    lm = _rank_hflm()(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
-    lm._rank, lm._world_size = rank, world  # HFLM leaves a model it did not load at rank 0 of 1
+    lm = _rank_hflm()(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, shard_rank=rank, shard_world=world)
     out = [lm_eval.simple_evaluate(model=lm, **kwargs)]  # None on ranks > 0
     dist.broadcast_object_list(out, src=_global_rank(group, 0), group=group)
     return out[0]

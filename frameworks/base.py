@@ -111,7 +111,8 @@ class Framework(ABC):
     once, or ``model.path``) that also holds the tokenizer and ``config.json``'s ``vocab_size``.
     """
 
-    #: whether :meth:`train` adds Gaussian-poisoning noise (through :class:`~frameworks.noise_feed.NoiseFeed`)
+    #: whether :meth:`train` adds Gaussian-poisoning noise (through
+    #: :class:`~pretrain_exp.frameworks.noise_feed.NoiseFeed`)
     applies_embedding_noise: ClassVar[bool] = False
     #: whether ``model.init=random`` (pretraining from the engine's own initialisation of ``model.config``) works
     supports_random_init: ClassVar[bool] = False
@@ -143,18 +144,18 @@ class Framework(ABC):
         """The initial checkpoint's dir (an asset is fetched and converted once into the cache).
 
         ``model.path`` is a local HF model dir or a Hub model id (with ``model.revision``), resolved to its
-        snapshot in the HF cache by :func:`frameworks.hub.hub_snapshot` (which honours ``HF_HOME``,
+        snapshot in the HF cache by :func:`pretrain_exp.frameworks.hub.hub_snapshot` (which honours ``HF_HOME``,
         ``HF_HUB_OFFLINE`` and ``HF_TOKEN``).
 
         :raises CheckpointError: if ``model.path`` is neither an HF model dir nor a Hub model that can be found, or
             ``model.url`` is set (HF checkpoints are not downloaded by URL).
         :raises ConfigError: (``model.revision``) for a revision the Hub model lacks, or one set with a local dir.
         """
-        from frameworks.hub import hub_snapshot, is_hub_id
         from pretrain_exp.data.assets import hf_model_dir
+        from pretrain_exp.frameworks.hub import hub_snapshot, is_hub_id
 
         if cfg.model.init == "random":
-            from frameworks.hf.scratch import random_init_model_dir
+            from pretrain_exp.frameworks.hf.scratch import random_init_model_dir
 
             return random_init_model_dir(cfg.model, cfg.cache_dir)
         if cfg.model.asset is not None:

@@ -37,7 +37,7 @@ again. A broken transfer continues from the bytes already in ``.part`` with an H
 checkpoint whose files are all present gets a ``.download-complete.json`` listing them; a later call that finds
 it (and the listed files at the listed sizes) sends no request at all.
 
-CLI: ``python -m frameworks.download {olmo2,olmo_core} <base_url> <step> <dest>``.
+CLI: ``python -m pretrain_exp.frameworks.download {olmo2,olmo_core} <base_url> <step> <dest>``.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
+from pretrain_exp.core.commands import prog
 from pretrain_exp.core.errors import CheckpointError
 from pretrain_exp.core.io import file_lock
 from pretrain_exp.core.retry import MAX_DELAY_S, RetryPolicy, TransientError, backoff_delay  # noqa: F401
@@ -440,11 +441,12 @@ def model_checkpoint_dir(layout: str, model, cache_dir: str | os.PathLike, prese
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m frameworks.download {olmo2,olmo_core} <base_url> <step> <dest>``; prints the checkpoint dir.
+    """``python -m pretrain_exp.frameworks.download {olmo2,olmo_core} <base_url> <step> <dest>``; prints the checkpoint
+    dir.
 
     Returns the exit status: 0 on success, 2 on a :class:`CheckpointError` (printed as one ``error:`` line).
     """
-    ap = argparse.ArgumentParser(prog="python -m frameworks.download",
+    ap = argparse.ArgumentParser(prog=prog("pretrain-exp-download", "pretrain_exp.frameworks.download"),
                                  description="Download an OLMo-2 (step<N>-unsharded) or OLMo-core (step<N>) "
                                              "checkpoint: resumable, size-checked, retried, cached.")
     ap.add_argument("layout", choices=["olmo2", "olmo_core"])

@@ -23,16 +23,16 @@ from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.core.registry import load, lookup
 
 FRAMEWORKS = {
-    "hf": "frameworks.hf.framework:HFFramework",
-    "olmo_core": "frameworks.olmo_core.framework:OlmoCoreFramework",
-    "olmo2": "frameworks.olmo2.framework:Olmo2Framework",
+    "hf": "pretrain_exp.frameworks.hf.framework:HFFramework",
+    "olmo_core": "pretrain_exp.frameworks.olmo_core.framework:OlmoCoreFramework",
+    "olmo2": "pretrain_exp.frameworks.olmo2.framework:Olmo2Framework",
 }
 
 #: framework -> its schema (a :class:`~pretrain_exp.core.config.FrameworkConf` subclass)
 SCHEMAS = {
-    "hf": "frameworks.hf.config:HFConf",
-    "olmo_core": "frameworks.olmo_core.config:OlmoCoreConf",
-    "olmo2": "frameworks.olmo2.config:Olmo2Conf",
+    "hf": "pretrain_exp.frameworks.hf.config:HFConf",
+    "olmo_core": "pretrain_exp.frameworks.olmo_core.config:OlmoCoreConf",
+    "olmo2": "pretrain_exp.frameworks.olmo2.config:Olmo2Conf",
 }
 
 OLMO_HINT = "pip install -e '.[olmo]' (ai2-olmo-core==3.0.0)"

@@ -14,12 +14,13 @@ import transformers
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 
+from pretrain_exp import conf_dir
 from pretrain_exp.app.config import ExperimentConfig, register_configs
 from pretrain_exp.app.validate import to_config
 from pretrain_exp.insertion.plan import Plan
 
 ROOT = Path(__file__).resolve().parents[1]
-CONF_DIR = ROOT / "conf"
+CONF_DIR = conf_dir()  # conf/ of this checkout (pretrain_exp/conf when the package is installed)
 CACHE_DIR = Path(os.environ.get("PRETRAIN_EXP_CACHE", Path.home() / ".cache" / "pretrain_exp"))
 
 register_configs()

@@ -25,8 +25,8 @@ Runs start by ``fork`` of this (pre-imported) process by default, which skips th
     KILL_TRIALS=50 python -m pytest tests/integration/test_kill_trials.py -m slow
 
 Sources: the run dir layout of :mod:`pretrain_exp.app.experiment`; checkpoint completeness markers of
-:mod:`frameworks.hf.framework` (``trainer_state.json``) and :mod:`frameworks.olmo_core.framework`
-(``.metadata.json``).
+:mod:`pretrain_exp.frameworks.hf.framework` (``trainer_state.json``) and
+:mod:`pretrain_exp.frameworks.olmo_core.framework` (``.metadata.json``).
 """
 
 from __future__ import annotations
@@ -345,7 +345,7 @@ def weight_digests(setup: Setup, ckpt_dir: Path) -> Dict[str, str]:
         else:
             import torch
 
-            from frameworks.olmo_core.checkpoint import load_model
+            from pretrain_exp.frameworks.olmo_core.checkpoint import load_model
 
             torch.set_num_threads(1)
             state = {k: v.detach().numpy() for k, v in load_model(ckpt_dir).state_dict().items()}
@@ -692,15 +692,15 @@ def _preimport() -> None:
     import transformers
     import wandb  # noqa: F401
 
-    import frameworks.hf.framework  # noqa: F401
     import pretrain_exp.app.cli  # noqa: F401
     import pretrain_exp.app.experiment  # noqa: F401
+    import pretrain_exp.frameworks.hf.framework  # noqa: F401
 
     transformers.Trainer, transformers.AutoModelForCausalLM  # resolve the lazy modules (and peft) now
     for f in sorted((ROOT / "evals").glob("*.py")):
         importlib.import_module(f"evals.{f.stem}")
     try:
-        import frameworks.olmo_core.framework  # noqa: F401
+        import pretrain_exp.frameworks.olmo_core.framework  # noqa: F401
     except ImportError:
         pass
 

@@ -1,11 +1,12 @@
 """The ``hf`` framework: continual pretraining of any HF causal LM with ``transformers.Trainer``.
 
 Rows come from :class:`~pretrain_exp.data.rows.TrainingRows` through
-:class:`~frameworks.hf.sampler.RankLayoutSampler`, so global step ``k`` trains rows ``[(k-1)*B, k*B)`` of the run
-whatever the micro-batch size and gradient accumulation (``B = micro_batch_size * grad_accum * world_size``), and
+:class:`~pretrain_exp.frameworks.hf.sampler.RankLayoutSampler`, so global step ``k`` trains rows ``[(k-1)*B, k*B)`` of
+the run whatever the micro-batch size and gradient accumulation (``B = micro_batch_size * grad_accum * world_size``),
+and
 under ``W`` processes DP rank ``r`` trains :func:`~pretrain_exp.data.schedule.rows_for` ``(k, r, W, B)`` (OLMo's
 rank layout; :meth:`HFFramework.peek_rows` reads them back for the verifier). Gaussian-poisoning noise goes
-through :class:`~frameworks.noise_feed.NoiseFeed`, started per micro-batch with the rows the batch carries.
+through :class:`~pretrain_exp.frameworks.noise_feed.NoiseFeed`, started per micro-batch with the rows the batch carries.
 
 Checkpoints are the Trainer's own
 ``<run_dir>/checkpoints/checkpoint-<k>`` dirs (model, optimizer, scheduler, RNG states, ``trainer_state.json``);
@@ -35,13 +36,13 @@ from transformers import (
 )
 from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
 
-from frameworks.base import Checkpoint, Framework, LogFn, latest_step_dir
-from frameworks.hf.sampler import RankLayoutSampler
-from frameworks.noise_feed import NoiseFeed
 from pretrain_exp.core.config import Precision
 from pretrain_exp.core.distributed import world_size
 from pretrain_exp.core.errors import CheckpointError
 from pretrain_exp.core.io import apply_default_modes
+from pretrain_exp.frameworks.base import Checkpoint, Framework, LogFn, latest_step_dir
+from pretrain_exp.frameworks.hf.sampler import RankLayoutSampler
+from pretrain_exp.frameworks.noise_feed import NoiseFeed
 
 log = logging.getLogger(__name__)
 #: the ``TrainingArguments`` field of ``training.gradient_checkpointing`` (transformers 5 renamed it)
@@ -135,7 +136,8 @@ class HFFramework(Framework):
     """Continue an HF causal LM with ``transformers.Trainer`` (module docstring)."""
 
     applies_embedding_noise = True
-    supports_random_init = True  #: ``model.init=random``: :func:`~frameworks.hf.scratch.random_init_model_dir`
+    #: ``model.init=random``: :func:`~pretrain_exp.frameworks.hf.scratch.random_init_model_dir`
+    supports_random_init = True
     #: ``TrainingArguments.report_to`` integrations (W&B excepted: it is the run's own tracker) and ``csv``
     report_to = tuple(sorted(set(INTEGRATION_TO_CALLBACK) - {"wandb"})) + ("csv",)
     #: every ``transformers`` ``SchedulerType`` (``training.lr_scheduler`` is passed to ``TrainingArguments``)
@@ -152,7 +154,7 @@ class HFFramework(Framework):
         return None if found is None else Checkpoint(found[1], self.cfg.model.checkpoint_step + found[0])
 
     def sampler(self, dp_world: int) -> RankLayoutSampler:
-        """The sampler of the run's rows for ``dp_world`` processes (:mod:`frameworks.hf.sampler`)."""
+        """The sampler of the run's rows for ``dp_world`` processes (:mod:`pretrain_exp.frameworks.hf.sampler`)."""
         t = self.cfg.training
         return RankLayoutSampler(self.cfg.model.checkpoint_step, t.num_steps, t.global_batch_size,
                                  t.micro_batch_size, dp_world)
@@ -161,7 +163,7 @@ class HFFramework(Framework):
         """The rows DP rank ``dp_rank`` of ``dp_world`` trains at global step ``step``, read through the path
         training reads them: :meth:`sampler` indices (as ``accelerate`` shards them) into ``rows`` (the
         :class:`~pretrain_exp.data.rows.TrainingRows` dataset, which applies the plan). See
-        :meth:`Framework.peek_rows <frameworks.base.Framework.peek_rows>`."""
+        :meth:`Framework.peek_rows <pretrain_exp.frameworks.base.Framework.peek_rows>`."""
         idx = self.sampler(dp_world).rank_indices(step, dp_rank)
         if only is not None:
             idx = idx[np.isin(idx + rows.first_row, np.asarray(only, dtype=np.int64))]

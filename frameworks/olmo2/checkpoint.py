@@ -4,7 +4,8 @@ Layout, as written by OLMo's ``FullCheckpointer.save_checkpoint`` (allenai/OLMo 
 
     config.yaml                     TrainConfig dump (``model:``, ``optimizer:``, ``scheduler:``, ``data:``, ...)
     model.pt | model.safetensors    model state: ``transformer.wte.weight``, ``transformer.blocks.{i}.att_proj.weight``,
-                                    ... (fused QKV and SwiGLU projections; see :mod:`frameworks.olmo2.convert`)
+                                    ... (fused QKV and SwiGLU projections; see
+                                    :mod:`pretrain_exp.frameworks.olmo2.convert`)
     optim.pt | optim.safetensors    ``FSDP.optim_state_dict`` of OLMo's AdamW: ``state`` keyed by parameter name,
                                     ``param_groups`` with ``params`` and ``param_names`` (FSDP's
                                     ``_fsdp_wrapped_module.`` prefix in the names); optional
@@ -17,8 +18,8 @@ Memory: ``model.pt``/``optim.pt`` are memory-mapped (``torch.load(weights_only=T
 copy-on-write), so a 7B/13B state is paged in as it is used rather than read whole first.
 
 Safety: ``.pt`` files are read with ``torch.load(weights_only=True)``; ``train.pt`` needs ``pathlib`` paths and
-numpy arrays, which are allow-listed by :data:`~frameworks.base.TRAIN_STATE_SAFE_GLOBALS` (nothing else; any
-other type is refused).
+numpy arrays, which are allow-listed by :data:`~pretrain_exp.frameworks.base.TRAIN_STATE_SAFE_GLOBALS` (nothing else;
+any other type is refused).
 OLMo's ``.safetensors`` variant (``olmo/safetensors_util.py``) stores each key as a base64 pickle of
 ``(key tuple, value_is_pickled)`` and non-tensor values as pickled bytes; those pickles are read opcode by
 opcode (``pickletools.genops``), never run, and may hold plain Python values only. torch's own weights-only
@@ -38,8 +39,8 @@ from typing import Any, Dict, Optional
 import torch
 import yaml
 
-from frameworks.base import TRAIN_STATE_SAFE_GLOBALS
 from pretrain_exp.core.errors import CheckpointError
+from pretrain_exp.frameworks.base import TRAIN_STATE_SAFE_GLOBALS
 
 log = logging.getLogger(__name__)
 
@@ -258,7 +259,7 @@ def read_optim_state(ckpt_dir: str | Path) -> Optional[Dict[str, Any]]:
 
 def read_train_state(ckpt_dir: str | Path) -> Dict[str, Any]:
     """``train.pt`` of a checkpoint, loaded with ``weights_only=True`` and
-    :data:`~frameworks.base.TRAIN_STATE_SAFE_GLOBALS`.
+    :data:`~pretrain_exp.frameworks.base.TRAIN_STATE_SAFE_GLOBALS`.
 
     :raises CheckpointError: if the file is missing, or holds a type outside the allow-list (the message names
         the refused global), or lacks ``global_step``.
@@ -282,7 +283,8 @@ def read_train_state(ckpt_dir: str | Path) -> Dict[str, Any]:
 def read_checkpoint(ckpt_dir: str | Path, *, optimizer: bool = True) -> OLMo2Checkpoint:
     """Read every file of an OLMo-2 ``step<N>-unsharded/`` folder.
 
-    :param ckpt_dir: the local checkpoint folder (e.g. from :func:`frameworks.download.download_olmo2_checkpoint`).
+    :param ckpt_dir: the local checkpoint folder (e.g. from
+    :func:`pretrain_exp.frameworks.download.download_olmo2_checkpoint`).
     :param optimizer: also read ``optim.*`` (a missing optimizer file gives ``optim_state=None`` and a warning).
     :raises CheckpointError: if the folder, ``config.yaml``, the model file or ``train.pt`` is missing or unreadable.
     """

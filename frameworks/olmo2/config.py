@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from frameworks.olmo_core.config import LR_SCHEDULES, OlmoCoreConf
+from pretrain_exp.frameworks.olmo_core.config import LR_SCHEDULES, OlmoCoreConf
 
 __all__ = ["LR_SCHEDULES", "Olmo2Conf"]
 

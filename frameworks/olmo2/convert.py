@@ -35,10 +35,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from frameworks.olmo2.checkpoint import read_checkpoint
-from frameworks.olmo2.data_order import DataOrderParams, TrainPosition, data_order, train_position
 from pretrain_exp.core.errors import CheckpointError, ConfigError
 from pretrain_exp.core.io import apply_default_modes, default_mode
+from pretrain_exp.frameworks.olmo2.checkpoint import read_checkpoint
+from pretrain_exp.frameworks.olmo2.data_order import DataOrderParams, TrainPosition, data_order, train_position
 
 #: OLMo ``ModelConfig`` defaults (allenai/OLMo ``olmo/config.py``) for the keys read here, used when a
 #: ``config.yaml`` leaves one out (checkpoints normally carry the full dump).
@@ -229,7 +229,7 @@ ADAMW_GROUP_FIELDS = ("lr", "initial_lr", "betas", "eps", "weight_decay", "amsgr
 
 
 def convert_optim_state(optim_state: Dict[str, Any], config: Dict[str, Any]) -> Dict[str, Any]:
-    """OLMo-2 AdamW state (from :func:`~frameworks.olmo2.checkpoint.read_optim_state`) -> the same state in
+    """OLMo-2 AdamW state (from :func:`~pretrain_exp.frameworks.olmo2.checkpoint.read_optim_state`) -> the same state in
     OLMo-core parameter names.
 
     Returns ``{"state": {core_name: {"step": float32 scalar tensor, "exp_avg": T, "exp_avg_sq": T}},
@@ -453,8 +453,8 @@ def load_converted(ckpt_dir: str | Path, *, optimizer: bool = True, dtype: str =
     :param dtype: OLMo-core parameter dtype of :attr:`ConvertedCheckpoint.model_config` (the state keeps the
         saved dtype; ``load_state_dict`` casts).
     :param attn_backend: see :func:`transformer_config`.
-    :param path_prefixes: see :func:`~frameworks.olmo2.data_order.data_order`.
-    :param remote_ok: see :func:`~frameworks.olmo2.data_order.data_order`.
+    :param path_prefixes: see :func:`~pretrain_exp.frameworks.olmo2.data_order.data_order`.
+    :param remote_ok: see :func:`~pretrain_exp.frameworks.olmo2.data_order.data_order`.
     :raises CheckpointError: for a missing/unreadable file or a state that does not match ``config.yaml``.
     :raises ConfigError: for a ``config.yaml`` setting that is not reproduced (naming its key).
     """

@@ -1,18 +1,19 @@
 """The ``olmo2`` framework: continue an OLMo-2 (old OLMo trainer) ``step<N>-unsharded/`` checkpoint on OLMo-core.
 
 The checkpoint (a tiny preset, ``model.path``, or ``<model.url>/step<model.checkpoint_step>-unsharded/``
-downloaded once) is converted once by :mod:`frameworks.olmo2.convert` — weights and AdamW moments un-fused into
-OLMo-core's OLMo-2 model — and saved as an OLMo-core checkpoint without trainer state (``config.json`` + torch
+downloaded once) is converted once by :mod:`pretrain_exp.frameworks.olmo2.convert` — weights and AdamW moments un-fused
+into OLMo-core's OLMo-2 model — and saved as an OLMo-core checkpoint without trainer state (``config.json`` + torch
 DCP shards of model and optimizer) in the cache. Training is then exactly the ``olmo_core`` framework's
-(:class:`~frameworks.olmo_core.framework.OlmoCoreFramework`): OLMo-core's Trainer, insertions by ``pre_step``
-callback, the trainer placed at step ``S`` with its data loader at batch ``S``. Before anything is converted, the
+(:class:`~pretrain_exp.frameworks.olmo_core.framework.OlmoCoreFramework`): OLMo-core's Trainer, insertions by
+``pre_step`` callback, the trainer placed at step ``S`` with its data loader at batch ``S``. Before anything is
+converted, the
 run's config must reproduce the checkpoint's position and data order (``train.pt``'s step; ``config.yaml``'s
 sequence length, global batch size and seed with OLMo-2 seed ``S`` ≡ OLMo-core seed ``S−1``); a mismatch is one
 error naming the key to set.
 
 With ``framework.lr_schedule=checkpoint``, the default of ``conf/framework/olmo2.yaml``, the run continues the
 checkpoint's optimizer (AdamW betas, eps, weight decay and OLMo-2's decay / no-decay param groups,
-:func:`~frameworks.olmo2.convert.adamw_config`), its ``max_grad_norm`` and its own schedule and peak LR
+:func:`~pretrain_exp.frameworks.olmo2.convert.adamw_config`), its ``max_grad_norm`` and its own schedule and peak LR
 (``config.yaml`` ``optimizer`` and ``scheduler``, at the trainer's absolute step and tokens seen);
 ``framework.lr_schedule=run`` applies ``training.*`` from step S. The checkpoint's ``data.instance_filter`` masks
 the loss of repetitive instances through OLMo-core's ``InstanceFilterConfig``.
@@ -32,10 +33,10 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
-from frameworks.olmo_core.framework import OlmoCoreFramework
 from pretrain_exp.core.config import ModelConf, RunConfig
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.data.assets import build_once
+from pretrain_exp.frameworks.olmo_core.framework import OlmoCoreFramework
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,8 @@ def olmo2_checkpoint_dir(model: ModelConf, cache_dir: str, settings_only: bool =
         :meth:`Olmo2Framework.checkpoint_settings` reads), not the weights.
     :raises CheckpointError: if ``model.path`` has no ``config.yaml``.
     """
-    from frameworks.download import model_checkpoint_dir
-    from frameworks.olmo2.presets import tiny_checkpoint
+    from pretrain_exp.frameworks.download import model_checkpoint_dir
+    from pretrain_exp.frameworks.olmo2.presets import tiny_checkpoint
 
     return model_checkpoint_dir("olmo2", model, cache_dir, tiny_checkpoint, settings_only)
 
@@ -59,8 +60,8 @@ def check_continuation(cfg: RunConfig, source: Path) -> None:
     :raises ConfigError: naming ``model.checkpoint_step``, ``training.sequence_length``,
         ``training.global_batch_size`` or ``data.seed`` with the value the checkpoint needs.
     """
-    from frameworks.olmo2.checkpoint import read_config, read_train_state
-    from frameworks.olmo2.data_order import data_order, train_position
+    from pretrain_exp.frameworks.olmo2.checkpoint import read_config, read_train_state
+    from pretrain_exp.frameworks.olmo2.data_order import data_order, train_position
 
     position = train_position(read_train_state(source))
     order = data_order(read_config(source), position, remote_ok=True)
@@ -83,15 +84,15 @@ def check_continuation(cfg: RunConfig, source: Path) -> None:
 
 def run_optim_config(cfg: RunConfig, config: dict):
     """The OLMo-core ``AdamWConfig`` the run trains with. ``framework.lr_schedule=checkpoint``: the checkpoint's
-    optimizer (:func:`~frameworks.olmo2.convert.adamw_config` of its ``config.yaml``: peak LR, betas, eps, weight
-    decay and OLMo-2's decay / no-decay parameter groups); ``run``: ``training.learning_rate``, ``adam_beta1``,
+    optimizer (:func:`~pretrain_exp.frameworks.olmo2.convert.adamw_config` of its ``config.yaml``: peak LR, betas, eps,
+    weight decay and OLMo-2's decay / no-decay parameter groups); ``run``: ``training.learning_rate``, ``adam_beta1``,
     ``adam_beta2`` and ``weight_decay`` in one group (OLMo-core's default eps).
 
     :raises ConfigError: naming the ``config.yaml`` key of an optimizer that is not reproduced.
     """
     from olmo_core.optim import AdamWConfig
 
-    from frameworks.olmo2.convert import adamw_config
+    from pretrain_exp.frameworks.olmo2.convert import adamw_config
 
     if cfg.framework.lr_schedule == "checkpoint":
         return adamw_config(config)
@@ -100,9 +101,9 @@ def run_optim_config(cfg: RunConfig, config: dict):
 
 
 def run_max_grad_norm(cfg: RunConfig, config: dict) -> Optional[float]:
-    """Gradient clipping of the run: the checkpoint's ``max_grad_norm`` (:func:`~frameworks.olmo2.convert
+    """Gradient clipping of the run: the checkpoint's ``max_grad_norm`` (:func:`~pretrain_exp.frameworks.olmo2.convert
     .max_grad_norm`) with ``framework.lr_schedule=checkpoint``, else ``training.max_grad_norm``."""
-    from frameworks.olmo2.convert import max_grad_norm
+    from pretrain_exp.frameworks.olmo2.convert import max_grad_norm
 
     if cfg.framework.lr_schedule == "checkpoint":
         return max_grad_norm(config, cfg.model.checkpoint_step)
@@ -116,8 +117,8 @@ def convert_to_olmo_core(cfg: RunConfig, source: Path) -> Path:
     import torch
     from olmo_core.distributed.checkpoint import save_model_and_optim_state
 
-    from frameworks.olmo2.checkpoint import read_config
-    from frameworks.olmo2.convert import load_converted, optimizer_state_for
+    from pretrain_exp.frameworks.olmo2.checkpoint import read_config
+    from pretrain_exp.frameworks.olmo2.convert import load_converted, optimizer_state_for
 
     optim_config = run_optim_config(cfg, read_config(source))
     key = hashlib.sha256(json.dumps([str(Path(source).resolve()), optim_config.as_config_dict()],
@@ -202,29 +203,15 @@ class Olmo2Framework(OlmoCoreFramework):
     @functools.cached_property
     def source_config(self) -> dict:
         """The OLMo-2 ``config.yaml`` of the checkpoint this run continues."""
-        from frameworks.olmo2.checkpoint import read_config
+        from pretrain_exp.frameworks.olmo2.checkpoint import read_config
 
         return read_config(self.source_dir)
 
-    @property
-    def tokenizer_path(self) -> str:
-        """``model.tokenizer``; a bare ``tokenizer.json`` file (no ``tokenizer_config.json`` to name EOS and pad)
-        becomes an HF tokenizer dir in the cache, built once, whose EOS and pad are the checkpoint's
-        ``model.eos_token_id`` / ``model.pad_token_id``."""
-        path = super().tokenizer_path
-        if not (path.endswith(".json") and Path(path).is_file()):
-            return path
-        from pretrain_exp.data.tokenize import load_tokenizer
-
+    def recorded_special_ids(self) -> tuple:
+        """``(eos, pad)`` of the OLMo-2 checkpoint: ``config.yaml`` ``model.eos_token_id`` / ``model.pad_token_id``
+        (a bare ``tokenizer.json`` names neither; :meth:`OlmoCoreFramework.tokenizer_path`)."""
         model = self.source_config.get("model") or {}
-        eos, pad = model.get("eos_token_id"), model.get("pad_token_id")
-        key = hashlib.sha256(Path(path).read_bytes() + json.dumps([eos, pad]).encode()).hexdigest()[:16]
-
-        def build(tmp: Path) -> dict:
-            load_tokenizer(path, self.cfg.cache_dir, eos_token_id=eos, pad_token_id=pad).save_pretrained(str(tmp))
-            return {"tokenizer_file": path, "eos_token_id": eos, "pad_token_id": pad}
-
-        return str(build_once(Path(self.cfg.cache_dir) / "tokenizers" / f"olmo2-{Path(path).stem}-{key}", build))
+        return model.get("eos_token_id"), model.get("pad_token_id")
 
     def optim_config(self):
         """The run's OLMo-core ``AdamWConfig`` (:func:`run_optim_config`): the checkpoint's optimizer and param
@@ -302,14 +289,14 @@ class Olmo2Framework(OlmoCoreFramework):
     @classmethod
     def checkpoint_settings(cls, model: ModelConf, cache_dir: str) -> Dict[str, Any]:
         """The run settings of an OLMo-2 checkpoint: :meth:`DataOrderParams.overrides
-        <frameworks.olmo2.data_order.DataOrderParams.overrides>` of its ``config.yaml`` and ``train.pt`` (token
-        files, seed with ``first_epoch`` 1, sequence length, global batch size, step), ``data.dtype`` =
+        <pretrain_exp.frameworks.olmo2.data_order.DataOrderParams.overrides>` of its ``config.yaml`` and ``train.pt``
+        (token files, seed with ``first_epoch`` 1, sequence length, global batch size, step), ``data.dtype`` =
         ``data.memmap_dtype`` and ``model.tokenizer`` from ``tokenizer.identifier``
         (:func:`~pretrain_exp.data.assets.tokenizer_for_identifier`). See :meth:`Framework.checkpoint_settings
-        <frameworks.base.Framework.checkpoint_settings>`."""
-        from frameworks.olmo2.checkpoint import read_config, read_train_state
-        from frameworks.olmo2.data_order import data_order, train_position
+        <pretrain_exp.frameworks.base.Framework.checkpoint_settings>`."""
         from pretrain_exp.data.assets import tokenizer_for_identifier
+        from pretrain_exp.frameworks.olmo2.checkpoint import read_config, read_train_state
+        from pretrain_exp.frameworks.olmo2.data_order import data_order, train_position
 
         source = olmo2_checkpoint_dir(model, cache_dir, settings_only=True)
         config = read_config(source)

@@ -3,9 +3,10 @@ the plan into an OLMo-core batch.
 
 - :func:`apply_insertions`: check that a rank batch holds the run's rows and write the planned spans with
   :meth:`Plan.apply <pretrain_exp.insertion.plan.Plan.apply>` (used by :class:`Insertions` during training and by
-  :meth:`OlmoCoreFramework.peek_rows <frameworks.olmo_core.framework.OlmoCoreFramework.peek_rows>` for the verifier);
+  :meth:`OlmoCoreFramework.peek_rows <pretrain_exp.frameworks.olmo_core.framework.OlmoCoreFramework.peek_rows>` for the
+  verifier);
 - :class:`Insertions` (``pre_step``): the rank's rows from :func:`~pretrain_exp.data.schedule.rows_for`, checked
-  and written; Gaussian-poisoning rows fed through :class:`~frameworks.noise_feed.NoiseFeed`;
+  and written; Gaussian-poisoning rows fed through :class:`~pretrain_exp.frameworks.noise_feed.NoiseFeed`;
 - :class:`StartAt`, :class:`SaveModelConfig`, :class:`ForwardMetrics`: trainer position, ``config.json`` in every
   checkpoint, training scalars to the run's tracker;
 - :class:`SegmentCheckpointer`: OLMo-core's checkpointer, the segment-end save left running in the background.
@@ -25,10 +26,10 @@ import numpy as np
 import torch
 from olmo_core.train.callbacks import Callback, CheckpointerCallback
 
-from frameworks.base import LogFn
-from frameworks.noise_feed import NoiseFeed
 from pretrain_exp.core.errors import TrainingError
 from pretrain_exp.data.schedule import rows_for
+from pretrain_exp.frameworks.base import LogFn
+from pretrain_exp.frameworks.noise_feed import NoiseFeed
 
 #: OLMo-core metric -> the run's metric name
 METRICS = {

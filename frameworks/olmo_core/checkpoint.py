@@ -17,9 +17,9 @@ from typing import Callable, Optional
 
 import torch
 
-from frameworks.base import TRAIN_STATE_SAFE_GLOBALS, Checkpoint
 from pretrain_exp.core.errors import CheckpointError
 from pretrain_exp.core.io import apply_default_modes
+from pretrain_exp.frameworks.base import TRAIN_STATE_SAFE_GLOBALS, Checkpoint
 
 
 def model_config(ckpt_dir: Path, cuda: Optional[bool] = None):
@@ -53,7 +53,7 @@ def model_config(ckpt_dir: Path, cuda: Optional[bool] = None):
 
 def check_train_state(ckpt_dir: Path) -> Optional[dict]:
     """Load ``train/rank0.pt`` with ``weights_only=True`` (allow-list
-    :data:`~frameworks.base.TRAIN_STATE_SAFE_GLOBALS`).
+    :data:`~pretrain_exp.frameworks.base.TRAIN_STATE_SAFE_GLOBALS`).
 
     OLMo-core itself reads trainer state with full unpickling; calling this first refuses a file that holds
     anything but tensors, containers, paths and numpy RNG state before OLMo-core touches it.

@@ -46,5 +46,5 @@ class OlmoCoreConf(FrameworkConf):
 
     def checkpoint_keys(self) -> tuple:
         """The run settings an OLMo checkpoint records (:meth:`OlmoCoreFramework.checkpoint_settings
-        <frameworks.olmo_core.framework.OlmoCoreFramework.checkpoint_settings>`)."""
+        <pretrain_exp.frameworks.olmo_core.framework.OlmoCoreFramework.checkpoint_settings>`)."""
         return CHECKPOINT_KEYS

@@ -4,13 +4,13 @@ OLMo-core's own ``Trainer`` and ``TransformerTrainModule``, with insertions.
 Data: OLMo-core's own ``NumpyFSLDataset`` + ``NumpyDataLoader`` read the run's token files, so the dataset
 fingerprint is OLMo-core's and an official checkpoint's trainer state (data-loader position, fingerprint, RNG)
 loads unchanged. Insertions are spliced in by the ``pre_step`` callback
-:class:`~frameworks.olmo_core.callbacks.Insertions`: at global step ``k`` DP rank ``r`` of ``W`` holds
+:class:`~pretrain_exp.frameworks.olmo_core.callbacks.Insertions`: at global step ``k`` DP rank ``r`` of ``W`` holds
 :func:`~pretrain_exp.data.schedule.rows_for` ``(k, r, W, B)`` (OLMo-core's layout, tested against
 ``NumpyFSLDataLoader`` in ``tests/unit/frameworks/olmo_core/test_order.py``); the callback checks that the batch
 holds exactly those rows (instance ids at every step, tokens at the first step of a fit) and overwrites the planned
 spans with :meth:`Plan.apply <pretrain_exp.insertion.plan.Plan.apply>`; Gaussian-poisoning rows get their noise through
-:class:`~frameworks.noise_feed.NoiseFeed` on the embedding module. :meth:`OlmoCoreFramework.peek_rows` reads the
-rows of any step and rank through OLMo-core's own dataset and rank slicing with the same function the callback
+:class:`~pretrain_exp.frameworks.noise_feed.NoiseFeed` on the embedding module. :meth:`OlmoCoreFramework.peek_rows`
+reads the rows of any step and rank through OLMo-core's own dataset and rank slicing with the same function the callback
 applies, for the verifier.
 
 Training: the trainer's ``max_duration`` is the run's last step ``S + n`` and ``hard_stop`` the segment's last
@@ -23,11 +23,12 @@ checkpoint without ``train_module``) AdamW and ``training.lr_scheduler`` apply, 
 fingerprint matches. Checkpoints are OLMo-core's ``<run_dir>/checkpoints/step<N>/``
 (its ``CheckpointerCallback``; a re-run continues from the newest one, bit-identical on CPU), and the speed monitor's
 tokens/s (and MFU on GPUs) are forwarded to the run's tracker. Evals read an HF export
-(:class:`~frameworks.olmo_core.checkpoint.OlmoCoreCheckpoint`).
+(:class:`~pretrain_exp.frameworks.olmo_core.checkpoint.OlmoCoreCheckpoint`).
 
 Segment ends: a segment that starts where the last one stopped continues that segment's trainer in memory (one
 ``Trainer``, ``fit`` again with the next ``hard_stop``), and the segment-end checkpoint is written with OLMo-core's
-asynchronous save (``training.checkpoint_async``, :class:`~frameworks.olmo_core.callbacks.SegmentCheckpointer`):
+asynchronous save (``training.checkpoint_async``,
+:class:`~pretrain_exp.frameworks.olmo_core.callbacks.SegmentCheckpointer`):
 staged to CPU memory, then written in the background while the HF export, the evals and the next segment go on.
 Where this process holds the whole model (one process, DDP), the HF export is written from the trainer's weights
 (equal to the checkpoint's); under FSDP/HSDP it waits for the save and reads it. Old checkpoints are trimmed once
@@ -50,9 +51,13 @@ from typing import Any, Dict, Optional
 import numpy as np
 import torch
 
-from frameworks.base import Checkpoint, Framework, LogFn, latest_step_dir
-from frameworks.noise_feed import NoiseFeed
-from frameworks.olmo_core.callbacks import (
+from pretrain_exp.core.config import ModelConf, Precision, RunConfig
+from pretrain_exp.core.distributed import is_main_process, rank, world_size
+from pretrain_exp.core.errors import CheckpointError, ConfigError, TrainingError
+from pretrain_exp.data.schedule import rows_for
+from pretrain_exp.frameworks.base import Checkpoint, Framework, LogFn, latest_step_dir
+from pretrain_exp.frameworks.noise_feed import NoiseFeed
+from pretrain_exp.frameworks.olmo_core.callbacks import (
     ForwardMetrics,
     Insertions,
     SaveModelConfig,
@@ -60,11 +65,7 @@ from frameworks.olmo_core.callbacks import (
     StartAt,
     apply_insertions,
 )
-from frameworks.olmo_core.checkpoint import OlmoCoreCheckpoint, check_train_state, model_config
-from pretrain_exp.core.config import ModelConf, Precision, RunConfig
-from pretrain_exp.core.distributed import is_main_process, rank, world_size
-from pretrain_exp.core.errors import CheckpointError, ConfigError, TrainingError
-from pretrain_exp.data.schedule import rows_for
+from pretrain_exp.frameworks.olmo_core.checkpoint import OlmoCoreCheckpoint, check_train_state, model_config
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +230,8 @@ class OlmoCoreFramework(Framework):
     @classmethod
     def checkpoint_settings(cls, model: ModelConf, cache_dir: str) -> Dict[str, Any]:
         """The run settings an OLMo-core checkpoint records (see :meth:`Framework.checkpoint_settings
-        <frameworks.base.Framework.checkpoint_settings>`): from ``config.json`` (OLMo-core's ``ExperimentConfig``
+        <pretrain_exp.frameworks.base.Framework.checkpoint_settings>`): from ``config.json`` (OLMo-core's
+        ``ExperimentConfig``
         as its ``ConfigSaverCallback`` writes it, ``olmo_core/script_utils.py``) the token files as OLMo-core
         resolves ``dataset.paths`` / ``mix`` + ``mix_base_dir`` / ``expand_glob`` / ``source_permutation_seed``
         (``olmo_core/data/numpy_dataset.py``), ``dataset.sequence_length``, ``dataset.dtype``,
@@ -297,8 +299,8 @@ class OlmoCoreFramework(Framework):
         ``<model.url>/step<model.checkpoint_step>/`` downloaded into ``<cache_dir>/models/<model.name>/`` (with
         ``settings_only``, only its ``config.json`` and ``train/rank0.pt``), or with ``model.init=random`` the
         seeded OLMo-core initialisation of builder ``model.config`` (:func:`random_init_checkpoint`)."""
-        from frameworks.download import model_checkpoint_dir
-        from frameworks.olmo_core.presets import random_init_checkpoint, tiny_checkpoint
+        from pretrain_exp.frameworks.download import model_checkpoint_dir
+        from pretrain_exp.frameworks.olmo_core.presets import random_init_checkpoint, tiny_checkpoint
 
         if model.init == "random":
             return random_init_checkpoint(model, cache_dir)
@@ -307,8 +309,33 @@ class OlmoCoreFramework(Framework):
 
     @property
     def tokenizer_path(self) -> str:
-        """``model.tokenizer``, else the dolma2 tokenizer (OLMo-2 and OLMo-3)."""
-        return self.cfg.model.tokenizer or self.DEFAULT_TOKENIZER
+        """``model.tokenizer``, else the dolma2 tokenizer (OLMo-2 and OLMo-3). A bare ``tokenizer.json`` file (no
+        ``tokenizer_config.json`` to name EOS and pad) becomes an HF tokenizer dir in the cache, built once, whose
+        EOS and pad are the ids the checkpoint records (:meth:`recorded_special_ids`)."""
+        path = self.cfg.model.tokenizer or self.DEFAULT_TOKENIZER
+        if not (path.endswith(".json") and Path(path).expanduser().is_file()):
+            return path
+        import hashlib
+
+        from pretrain_exp.data.assets import build_once
+        from pretrain_exp.data.tokenize import load_tokenizer
+
+        path = str(Path(path).expanduser())
+        eos, pad = self.recorded_special_ids()
+        key = hashlib.sha256(Path(path).read_bytes() + json.dumps([eos, pad]).encode()).hexdigest()[:16]
+
+        def build(tmp: Path) -> dict:
+            load_tokenizer(path, self.cfg.cache_dir, eos_token_id=eos, pad_token_id=pad).save_pretrained(str(tmp))
+            return {"tokenizer_file": path, "eos_token_id": eos, "pad_token_id": pad}
+
+        name = f"{self.cfg.framework.name}-{Path(path).stem}-{key}"
+        return str(build_once(Path(self.cfg.cache_dir) / "tokenizers" / name, build))
+
+    def recorded_special_ids(self) -> tuple:
+        """``(eos, pad)`` token ids the checkpoint's run recorded (``None`` where it records none): OLMo-core's
+        ``config.json`` ``dataset.tokenizer.eos_token_id`` / ``pad_token_id``."""
+        tok = (self.experiment_config.get("dataset") or {}).get("tokenizer") or {}
+        return tok.get("eos_token_id"), tok.get("pad_token_id")
 
     @property
     def vocab_size(self) -> int:
@@ -516,7 +543,7 @@ class OlmoCoreFramework(Framework):
     def model_config(self, cuda: bool):
         """The checkpoint's ``TransformerConfig`` with the run's attention backend: on GPUs ``training.attention``
         (``sdpa``: OLMo-core's ``torch`` backend; ``flash``: ``flash_2``, flash-attn 2), on CPUs ``torch``
-        (:func:`~frameworks.olmo_core.checkpoint.model_config`)."""
+        (:func:`~pretrain_exp.frameworks.olmo_core.checkpoint.model_config`)."""
         from olmo_core.nn.attention.backend import AttentionBackendName
 
         config = model_config(self.model_dir, cuda)
@@ -573,9 +600,9 @@ class OlmoCoreFramework(Framework):
         """The rows DP rank ``dp_rank`` of ``dp_world`` trains at global step ``step`` as OLMo-core hands them
         over: the instance ids come from OLMo-core's ``NumpyFSLDataLoader`` (its epoch shuffle, or the trainer's
         global-indices file when it exists, and its own rank slicing), the tokens from its ``NumpyFSLDataset``,
-        and :func:`~frameworks.olmo_core.callbacks.apply_insertions` checks and writes them as the training
+        and :func:`~pretrain_exp.frameworks.olmo_core.callbacks.apply_insertions` checks and writes them as the training
         callback does. No process group is used (safe on rank 0 alone). See :meth:`Framework.peek_rows
-        <frameworks.base.Framework.peek_rows>`.
+        <pretrain_exp.frameworks.base.Framework.peek_rows>`.
 
         :raises TrainingError: if OLMo-core's instance for a row is not the run's (another seed, files or ``L``).
         """
@@ -667,7 +694,7 @@ class OlmoCoreFramework(Framework):
     def async_save(self) -> bool:
         """Whether segment-end checkpoints use OLMo-core's asynchronous save (``training.checkpoint_async``, on
         unless ``false``): the state is staged to CPU memory and written in the background; the next segment,
-        the HF export (:class:`~frameworks.olmo_core.checkpoint.OlmoCoreCheckpoint`) and the evals go on
+        the HF export (:class:`~pretrain_exp.frameworks.olmo_core.checkpoint.OlmoCoreCheckpoint`) and the evals go on
         meanwhile."""
         return self.cfg.training.checkpoint_async is not False
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from pretrain_exp import conf_dir
 from pretrain_exp.app.config import register_configs
 from pretrain_exp.app.validate import to_config
 from pretrain_exp.core.errors import PretrainExpError
@@ -36,8 +37,8 @@ from pretrain_exp.core.secrets import install_log_redaction, redact, redact_obj
 
 log = logging.getLogger("pretrain_exp")
 install_log_redaction()  # before Hydra logs the overrides
-#: the Hydra config groups (``conf/`` at the top of the checkout)
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+#: the Hydra config groups (``conf/`` of the checkout, ``pretrain_exp/conf`` of an installed wheel)
+CONF_DIR = conf_dir()
 register_configs()
 
 #: files Hydra and the entry point write before any training (the Hydra files, the resolved config and the
@@ -90,6 +91,9 @@ def main(cfg: DictConfig) -> None:
         exp = to_config(cfg)
         if sweep and exp.wandb.group is None:  # the jobs of a sweep side by side in W&B
             exp.wandb.group = Path(HydraConfig.get().sweep.dir).name
+        overrides = HydraConfig.get().job.override_dirname
+        if sweep and overrides and exp.wandb.name == exp.run_name:  # each job by its overrides, not the shared name
+            exp.wandb.name = f"{exp.run_name}-{overrides}"
         # one process per run dir (core.runlock); torchrun ranks run under this one, and in a multi-node job the
         # other nodes' tasks under node 0's
         with RunDirLock(run_dir) if job_nodes().rank == 0 else contextlib.nullcontext():

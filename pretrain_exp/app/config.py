@@ -57,10 +57,10 @@ def register_configs() -> None:
     """
     from hydra.core.config_store import ConfigStore
 
-    from evals.registry import register_eval_schemas
-    from frameworks.registry import register_framework_schemas
     from pretrain_exp.app.help import register_help_resolver
     from pretrain_exp.app.settings import register_resolver
+    from pretrain_exp.evals.registry import register_eval_schemas
+    from pretrain_exp.frameworks.registry import register_framework_schemas
     from pretrain_exp.insertion.types import register_insertion_schemas
 
     register_resolver()

@@ -42,12 +42,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     install_log_redaction()
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][eval][%(name)s][%(levelname)s] - %(message)s",
                         force=True)
-    from frameworks.base import Checkpoint
     from pretrain_exp.app.experiment import Experiment
     from pretrain_exp.app.tracking import NullTracker
     from pretrain_exp.app.validate import load_resolved
     from pretrain_exp.app.worker import exit_status
     from pretrain_exp.core.config import EvalMode
+    from pretrain_exp.frameworks.base import Checkpoint
 
     def evaluate() -> None:
         cfg = load_resolved(argv[0])

@@ -44,11 +44,6 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from evals.base import EvalContext, EvalResult
-from evals.registry import EVALS, run_eval
-from evals.shard import sharded
-from frameworks.base import Checkpoint
-from frameworks.registry import get_framework_class
 from pretrain_exp.app import async_eval
 from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.app.tracking import NullTracker, Tracker, config_dict
@@ -63,6 +58,11 @@ from pretrain_exp.data.prefetch import prefetch_window, resolve_prefetch
 from pretrain_exp.data.rows import TrainingRows
 from pretrain_exp.data.token_files import TokenFiles, dtype_for_vocab
 from pretrain_exp.data.tokenize import load_tokenizer, tokenize_source
+from pretrain_exp.evals.base import EvalContext, EvalResult
+from pretrain_exp.evals.registry import EVALS, run_eval
+from pretrain_exp.evals.shard import sharded
+from pretrain_exp.frameworks.base import Checkpoint
+from pretrain_exp.frameworks.registry import get_framework_class
 from pretrain_exp.insertion import dynamic
 from pretrain_exp.insertion.audit import AuditResult, audit_plan
 from pretrain_exp.insertion.items import LoadContext
@@ -292,8 +292,8 @@ class Experiment:
 
         Under ``eval.mode=distributed`` (:meth:`distributed_eval`) every rank calls this: rank 0 decides which
         tasks are pending and broadcasts them, every rank loads the model from one HF dir (:meth:`_shared_hf_dir`)
-        and runs the evals inside :func:`evals.shard.sharded`, scoring its share of the batches (an eval registered
-        ``sharded=False`` runs on rank 0 alone, after the others); only rank 0 writes and logs.
+        and runs the evals inside :func:`pretrain_exp.evals.shard.sharded`, scoring its share of the batches (an eval
+        registered ``sharded=False`` runs on rank 0 alone, after the others); only rank 0 writes and logs.
 
         :returns: task name -> saved result dict (``metrics``, ``per_dup``, ``rows``); ``{}`` on other ranks.
         """

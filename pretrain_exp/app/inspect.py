@@ -30,6 +30,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from pretrain_exp.core.commands import prog
 from pretrain_exp.core.errors import ConfigError, PretrainExpError
 from pretrain_exp.data.order import step_row_offset
 from pretrain_exp.data.rows import TrainingRows
@@ -275,7 +276,8 @@ def show_search(view: RunView, query: str) -> list:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """The command line (module docstring); returns the exit status (2 with one line for a user error)."""
-    ap = argparse.ArgumentParser(prog="python -m pretrain_exp.inspect", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=prog("pretrain-exp-inspect", "pretrain_exp.inspect"),
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("run_dir")
     ap.add_argument("query", nargs="+", help="step=K [row=R] | item=ID | search=TEXT_OR_IDS")
     ap.add_argument("--html", metavar="OUT", help="also write the view as an HTML page")

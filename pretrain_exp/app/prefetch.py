@@ -1,4 +1,5 @@
-"""``python -m pretrain_exp.app.prefetch <the run's Hydra overrides>``: fetch a run's window ahead of time.
+"""``pretrain-exp-prefetch <the run's Hydra overrides>`` (``python -m pretrain_exp.app.prefetch``): fetch a run's
+window ahead of time.
 
 Composes the same config a run composes (``conf/``, Hydra's compose API, validated by
 :func:`~pretrain_exp.app.validate.to_config`), then fetches the instances of the rows the run will train,
@@ -11,7 +12,7 @@ bar; the last line is ``window cache: <dir>``. Errors of the user's making (and 
 A prefix map on the command line needs Hydra's force-add (``++``; the dict is in struct mode) and an escaped
 colon in the key, e.g.::
 
-    python -m pretrain_exp.app.prefetch framework=olmo2 data=token_files 'data.paths=[http://olmo-data.org/...]' \
+    pretrain-exp-prefetch framework=olmo2 data=token_files 'data.paths=[http://olmo-data.org/...]' \
         '++data.path_prefixes={http\\://olmo-data.org/:"http://mirror.internal/"}' training.num_steps=2000
 
 (in a YAML config it is a plain mapping).
@@ -24,15 +25,17 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from pretrain_exp import conf_dir
 from pretrain_exp.app.config import ExperimentConfig, register_configs
 from pretrain_exp.app.validate import to_config
+from pretrain_exp.core.commands import prog
 from pretrain_exp.core.errors import ConfigError, PretrainExpError
 from pretrain_exp.core.secrets import install_log_redaction, redact
 from pretrain_exp.data.prefetch import PREFETCH_MODES, PrefetchStats, prefetch
 from pretrain_exp.data.token_files import dtype_for_vocab
 
 log = logging.getLogger("pretrain_exp")
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+CONF_DIR = conf_dir()
 
 
 def compose_run_config(overrides: Sequence[str]) -> ExperimentConfig:
@@ -54,8 +57,8 @@ def token_dtype(cfg: ExperimentConfig) -> str:
     tokenizer, which may fetch them)."""
     if cfg.data.dtype:
         return cfg.data.dtype
-    from frameworks.registry import get_framework_class
     from pretrain_exp.data.tokenize import load_tokenizer
+    from pretrain_exp.frameworks.registry import get_framework_class
 
     framework_class = get_framework_class(cfg.framework.name)
     framework = framework_class(cfg, framework_class.resolve_model(cfg))
@@ -87,6 +90,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     install_log_redaction()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["-h"], ["--help"]):
+        print(f"usage: {prog('pretrain-exp-prefetch', 'pretrain_exp.app.prefetch')} <the run's Hydra overrides>\n\n"
+              + __doc__.split("\n", 1)[1].strip())
+        return 0
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 

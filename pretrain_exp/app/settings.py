@@ -40,8 +40,8 @@ def _model(root) -> Tuple[ModelConf, str]:
 
 def settings_of(framework: str, model: ModelConf, cache_dir: str) -> Dict[str, Any]:
     """What the framework's checkpoint records (:meth:`Framework.checkpoint_settings
-    <frameworks.base.Framework.checkpoint_settings>`), read once per process and checkpoint."""
-    from frameworks.registry import get_framework_class
+    <pretrain_exp.frameworks.base.Framework.checkpoint_settings>`), read once per process and checkpoint."""
+    from pretrain_exp.frameworks.registry import get_framework_class
 
     key = (framework, model.asset, model.path, model.url, model.checkpoint_step if model.url else None, cache_dir,
            model.init, model.config)
@@ -61,7 +61,7 @@ def resolve(key: str, default: Any = _NO_DEFAULT, *, _root_) -> Any:
     :raises ConfigError: (naming ``key``, and what the checkpoint lacks where the framework says) if the
         checkpoint does not record it.
     """
-    from frameworks.registry import get_framework_class
+    from pretrain_exp.frameworks.registry import get_framework_class
 
     model, cache_dir = _model(_root_)
     framework = str(_root_.framework.name)

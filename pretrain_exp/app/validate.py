@@ -29,8 +29,8 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
 
     :raises ConfigError: naming the dotted key of the first violated rule.
     """
-    from evals.registry import parse_task_configs
-    from frameworks.registry import get_framework_class
+    from pretrain_exp.evals.registry import parse_task_configs
+    from pretrain_exp.frameworks.registry import get_framework_class
     from pretrain_exp.insertion.types import get_type, parse_experiments
 
     framework = get_framework_class(cfg.framework.name)  # ConfigError listing the frameworks, or the install hint
@@ -131,7 +131,7 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     if noised and not framework.applies_embedding_noise:
         raise ConfigError("framework.name", f"{cfg.framework.name!r} does not apply the gaussian noise of {noised}")
     cfg.eval.tasks = parse_task_configs(cfg.eval.tasks)
-    from evals.knowledge import check_experiments
+    from pretrain_exp.evals.knowledge import check_experiments
 
     for name, task in cfg.eval.tasks.items():
         if task.type == "knowledge":
@@ -217,7 +217,7 @@ def to_config(cfg: DictConfig) -> ExperimentConfig:
 
     :raises ConfigError: for a missing mandatory value, a wrong type or a violated cross-field rule.
     """
-    from frameworks.registry import typed_node as typed_framework
+    from pretrain_exp.frameworks.registry import typed_node as typed_framework
     from pretrain_exp.insertion.types import typed_node
 
     try:

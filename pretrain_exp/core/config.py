@@ -65,8 +65,8 @@ class Cleanup(str, Enum):
 @dataclass
 class FrameworkConf:
     """Training framework (``framework=`` option): the fields every framework reads. Each framework extends it with
-    its own schema (``frameworks/<name>/config.py``, registered in :data:`frameworks.registry.SCHEMAS`), which
-    ``conf/framework/<name>.yaml`` extends, so a field of another framework is refused while composing."""
+    its own schema (``frameworks/<name>/config.py``, registered in :data:`pretrain_exp.frameworks.registry.SCHEMAS`),
+    which ``conf/framework/<name>.yaml`` extends, so a field of another framework is refused while composing."""
 
     name: str = MISSING  #: registry name: ``hf``, ``olmo_core`` or ``olmo2`` (the last two need the ``olmo`` extra)
 

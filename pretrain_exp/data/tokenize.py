@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import List
 
+from pretrain_exp.core.commands import prog
 from pretrain_exp.core.errors import DataError, PretrainExpError
 from pretrain_exp.core.io import default_mode, file_lock
 from pretrain_exp.core.secrets import install_log_redaction, redact
@@ -211,7 +212,7 @@ def _tokenizer_error(docs, start: int, tokenizer, source: str, error: Exception)
 
 def main(argv: List[str] | None = None) -> int:
     """CLI entry point; returns the exit status (2 on a data error, printed as one line)."""
-    ap = argparse.ArgumentParser(prog="python -m pretrain_exp.data.tokenize",
+    ap = argparse.ArgumentParser(prog=prog("pretrain-exp-tokenize", "pretrain_exp.data.tokenize"),
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--source", required=True, help=f"asset {sorted(ASSETS)}, a .txt folder or a .jsonl file")
     ap.add_argument("--tokenizer", required=True, help="HF tokenizer dir or model asset name")

@@ -12,8 +12,8 @@ coordinate, ``sigma = 0.075`` by default): an experiment of ``type: gaussian`` h
 drawn in float32 on the CPU (so it is the same on every machine) and cast to the embeddings' dtype and device.
 One independent value per token position and coordinate (not one vector broadcast over the row). Its **dup
 count** is how many training rows get that same pattern added; dup-0 patterns are the never-trained controls
-("fresh noise" for the eval, :mod:`evals.gaussian`). A copy occupies a whole row ``q`` (training-order index):
-the row's tokens are not changed, no other insertion shares the row, and ``e_q <- e_q + xi_i`` where ``e_q``
+("fresh noise" for the eval, :mod:`pretrain_exp.evals.gaussian`). A copy occupies a whole row ``q`` (training-order
+index): the row's tokens are not changed, no other insertion shares the row, and ``e_q <- e_q + xi_i`` where ``e_q``
 (``(L, d_model)``) is the output of the input-embedding module for that row. Nothing of the noise is stored:
 ``(seed, experiment, index, sigma)`` in the plan regenerate it (:func:`make_noise`).
 

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from pretrain_exp.core.commands import prog
 from pretrain_exp.core.errors import PretrainExpError
 from pretrain_exp.report.cpdt import print_cpdt
 from pretrain_exp.report.sweep import column_name, write_report
@@ -70,8 +71,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         return export_main(argv[1:])
     parser = argparse.ArgumentParser(
-        prog="python -m pretrain_exp.report",
-        epilog="python -m pretrain_exp.report export-lm-eval <run dir> <out dir>: the run's inserted items as an "
+        prog=prog("pretrain-exp-report", "pretrain_exp.report"),
+        epilog="export-lm-eval <run dir> <out dir> (or pretrain-exp-export-lm-eval): the run's inserted items as an "
                "lm-eval task directory (see --help there).",
         description="Tables and plots of every job of a sweep (or of one run): report.csv, report.md and "
                     "effect_vs_dup.png, plus the failed jobs with the last error line of their logs.")
@@ -89,7 +90,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     print_report(rep)
     if args.wandb != "disabled":
-        log_report_wandb(rep, args.out or args.dir, args.wandb, args.wandb_project)
+        # the group of a sweep's jobs is its dir name (the CLI's default wandb.group)
+        log_report_wandb(rep, args.out or args.dir, args.wandb, args.wandb_project, group=args.dir.resolve().name)
     if not rep["rows"] and all(j.results is None for j in rep["jobs"]):
         print(f"error: {Path(args.dir).resolve()}: no job has results.json ({len(rep['failed'])} failed)",
               file=sys.stderr)

@@ -11,8 +11,8 @@ Effect (each insertion type's ``effect``, :mod:`pretrain_exp.insertion.types`). 
 positive when inserted items are predicted better) for ``texts``/``tokens``/``corpus_chunks`` experiments,
 benchmark accuracy (``v`` = acc, ``sign = +1``: contaminated minus clean) for ``benchmark`` experiments.
 
-Statistics (:mod:`evals.stats`). Per seed, the interaction ``I = Y_together - Y_alone`` equals ``sign * (mean_d
-D - mean_0 D)`` for the per-item paired differences ``D(j) = v_together(j) - v_alone(j)`` of the same items; its
+Statistics (:mod:`pretrain_exp.evals.stats`). Per seed, the interaction ``I = Y_together - Y_alone`` equals ``sign *
+(mean_d D - mean_0 D)`` for the per-item paired differences ``D(j) = v_together(j) - v_alone(j)`` of the same items; its
 95% CI is the stratified percentile bootstrap over items of that contrast (items resampled within their dup
 group, each item's two arms together). Pooled over seeds: the mean of the per-seed interactions, its CI from the
 mean of the per-seed bootstrap replicates (so it covers the sampling of items, not seed-to-seed variation),
@@ -126,7 +126,7 @@ def arm_values(path: Path, experiment: str, task: str, value: str) -> Tuple[int,
 
 # --- the table ----------------------------------------------------------------------------------------------------
 def _ci_row(prefix: str, point: float, reps: np.ndarray) -> dict:
-    from evals.stats import percentile_interval
+    from pretrain_exp.evals.stats import percentile_interval
 
     low, high = percentile_interval(reps)
     return {prefix: point, f"{prefix}_ci_low": low, f"{prefix}_ci_high": high}
@@ -142,7 +142,7 @@ def compute_table(run_dir: Path) -> dict:
     :raises CheckpointError: if an arm is missing or unfinished.
     :raises ConfigError: for a run config that is not a CPDT one, or an experiment without dup-0 controls.
     """
-    from evals.stats import contrast_replicates, sign_flip_pvalue
+    from pretrain_exp.evals.stats import contrast_replicates, sign_flip_pvalue
 
     run_dir = Path(run_dir).resolve()
     cfg = load_run_config(run_dir)

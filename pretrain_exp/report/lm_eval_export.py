@@ -34,6 +34,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
+from pretrain_exp.core.commands import prog
 from pretrain_exp.core.errors import ConfigError, DataError
 from pretrain_exp.core.io import read_jsonl
 from pretrain_exp.insertion.types.benchmark import item_text, prompt, sample_docs, task_name
@@ -157,7 +158,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import sys
 
     parser = argparse.ArgumentParser(
-        prog="python -m pretrain_exp.report export-lm-eval",
+        prog=prog("pretrain-exp-export-lm-eval", "pretrain_exp.report export-lm-eval"),
         description="Write a run's inserted benchmark items (contaminated and clean) and insertion items as an "
                     "lm-eval task directory: lm_eval --include_path <out dir> --tasks <prefix>.")
     parser.add_argument("run_dir", type=Path, help="a run dir (holds config.resolved.yaml and items.jsonl)")

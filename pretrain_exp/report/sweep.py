@@ -92,7 +92,7 @@ def benchmark_rows(frame: pd.DataFrame) -> List[dict]:
     """One row per (job, benchmark experiment) of the jobs of a :func:`~pretrain_exp.report.tables.sweep_frame`
     with a ``benchmark`` eval at their last step (:data:`BENCHMARK_COLUMNS`): acc of the clean (dup 0) items, of the
     contaminated ones (dup > 0, the items' mean over the dup groups weighted equally) and the contamination effect
-    acc(dup > 0) - acc(dup 0) with its bootstrap 95% CI (from :mod:`evals.benchmark`)."""
+    acc(dup > 0) - acc(dup 0) with its bootstrap 95% CI (from :mod:`pretrain_exp.evals.benchmark`)."""
     rows = []
     for j in frame[frame["status"] == "done"].to_dict("records"):
         accs: Dict[tuple, Dict[int, float]] = {}

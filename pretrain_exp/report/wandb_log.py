@@ -23,9 +23,11 @@ def has_wandb_login() -> bool:
         return False
 
 
-def log_report_wandb(rep: dict, out_dir: Path, mode: str, project: str) -> Optional[Path]:
-    """Log a report to its own W&B run ``report-<dir name>``: every CSV written as a ``wandb.Table`` (key
-    ``report/<name>``) and every PNG as a ``wandb.Image`` (key ``plots/<name>``).
+def log_report_wandb(rep: dict, out_dir: Path, mode: str, project: str,
+                     group: Optional[str] = None) -> Optional[Path]:
+    """Log a report to its own W&B run ``report-<dir name>`` (job type ``report``, in W&B group ``group``: the
+    sweep's, so it sits next to the sweep's jobs): every CSV written as a ``wandb.Table`` (key ``report/<name>``)
+    and every PNG as a ``wandb.Image`` (key ``plots/<name>``).
 
     :param mode: ``offline`` (written under ``<out_dir>/wandb``) or ``online`` (offline without an API key).
     :returns: the W&B run dir, or ``None`` if nothing was logged.
@@ -36,7 +38,8 @@ def log_report_wandb(rep: dict, out_dir: Path, mode: str, project: str) -> Optio
         mode = "offline"
     out_dir = Path(out_dir)
     os.environ.setdefault("WANDB_SILENT", "true")
-    run = wandb.init(project=project, name=f"report-{out_dir.resolve().name}", dir=str(out_dir), mode=mode)
+    run = wandb.init(project=project, name=f"report-{out_dir.resolve().name}", dir=str(out_dir), mode=mode,
+                     group=group, job_type="report")
     logged = {}
     for name, path in rep["paths"].items():
         path = Path(path)

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from frameworks.hf.framework import bf16_supported
 from pretrain_exp.app.experiment import Experiment
+from pretrain_exp.frameworks.hf.framework import bf16_supported
 from tests.conftest import make_config
 
 pytestmark = [pytest.mark.gpu,

@@ -55,7 +55,7 @@ def report(name: str, line: str) -> None:
 
 
 def test_olmo_core_one_bf16_step_on_the_gpu_equals_olmo_cores(tmp_path):
-    from frameworks.olmo_core.checkpoint import load_model
+    from pretrain_exp.frameworks.olmo_core.checkpoint import load_model
     from tests.unit.frameworks.olmo_core.test_upstream_checkpoint import MINIMAL, build_fixture, losses, trained
 
     fx = build_fixture(tmp_path / "upstream", 4, *GPU_BF16)  # OLMo-core alone: steps 1-3, then its own step 4
@@ -77,7 +77,7 @@ def test_olmo_core_one_bf16_step_on_the_gpu_equals_olmo_cores(tmp_path):
 
 
 def test_olmo2_one_bf16_step_on_the_gpu_equals_olmo_cores_trainer_on_the_converted_checkpoint(tmp_path):
-    from frameworks.olmo2.framework import convert_to_olmo_core, olmo2_checkpoint_dir
+    from pretrain_exp.frameworks.olmo2.framework import convert_to_olmo_core, olmo2_checkpoint_dir
     from tests.conftest import make_config
     from tests.unit.frameworks.olmo_core.test_upstream_checkpoint import losses, trained
 

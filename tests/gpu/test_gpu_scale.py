@@ -40,7 +40,7 @@ def trained_rows(run_dir: Path) -> dict:
 
 @pytest.mark.parametrize("shape", ["olmo2_14M", "olmo3_14M"])
 def test_olmo_core_fsdp_bf16_from_scratch_trains_resumes_and_inserts(shape, tmp_path):
-    from frameworks.olmo_core.checkpoint import load_model
+    from pretrain_exp.frameworks.olmo_core.checkpoint import load_model
     from pretrain_exp.insertion.plan import Plan
 
     args = ["experiment=scratch_olmo_core", f"model.config={shape}", "training.precision=bf16",
@@ -80,8 +80,8 @@ def test_olmo_core_fsdp_bf16_from_scratch_trains_resumes_and_inserts(shape, tmp_
 
 
 def test_hf_bf16_sdpa_with_benchmark_and_memorization_evals_on_the_gpu(tmp_path, monkeypatch):
-    from evals import scoring
     from pretrain_exp.app.experiment import Experiment
+    from pretrain_exp.evals import scoring
     from tests.conftest import make_config
 
     devices = []
@@ -105,10 +105,10 @@ def test_hf_bf16_sdpa_with_benchmark_and_memorization_evals_on_the_gpu(tmp_path,
 def test_hf_export_of_an_olmo_core_checkpoint_matches_its_logits_on_the_gpu(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from frameworks.olmo_core.checkpoint import OlmoCoreCheckpoint, load_model
-    from frameworks.olmo_core.presets import random_init_checkpoint
     from pretrain_exp.core.config import ModelConf
     from pretrain_exp.data.tokenize import load_tokenizer
+    from pretrain_exp.frameworks.olmo_core.checkpoint import OlmoCoreCheckpoint, load_model
+    from pretrain_exp.frameworks.olmo_core.presets import random_init_checkpoint
 
     ckpt = random_init_checkpoint(ModelConf(name="t", init="random", config="olmo3_14M", init_seed=0), CACHE_DIR)
     tok = load_tokenizer("dolma2", CACHE_DIR)

@@ -24,7 +24,7 @@ from tests.conftest import CACHE_DIR, ROOT
 
 pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
 
-from frameworks.olmo_core.checkpoint import load_model  # noqa: E402
+from pretrain_exp.frameworks.olmo_core.checkpoint import load_model  # noqa: E402
 from tests.unit.frameworks.olmo_core.test_framework import (  # noqa: E402
     RUN,
     assert_two_ranks_train_what_one_trains,

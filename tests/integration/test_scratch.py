@@ -52,8 +52,8 @@ def rerun_from(run_dir: Path, copy: Path, keep_step: int, ckpt_glob: str, step_o
 
 def test_olmo_core_from_scratch_trains_resumes_and_memorizes_by_dup_count(tmp_path):
     pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
-    from frameworks.olmo_core.checkpoint import load_model
-    from frameworks.olmo_core.presets import builder_config
+    from pretrain_exp.frameworks.olmo_core.checkpoint import load_model
+    from pretrain_exp.frameworks.olmo_core.presets import builder_config
 
     args = ["experiment=scratch_olmo_core", "seed=0"]
     ref = tmp_path / "ref"

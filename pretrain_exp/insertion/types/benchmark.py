@@ -29,7 +29,7 @@ choices and gold are exactly lm-eval 0.4.13's (its ``description`` + ``doc_to_te
 and carry names of their own (``<benchmark>_lettered``) wherever they are exported as lm-eval tasks.
 
 An inserted item is the context plus its gold continuation (:func:`item_text`), i.e. exactly what the
-``benchmark`` eval (:mod:`evals.benchmark`) scores as the correct answer.
+``benchmark`` eval (:mod:`pretrain_exp.evals.benchmark`) scores as the correct answer.
 
 Sampling: the docs of a benchmark are shuffled with ``PCG64([seed, crc32("benchmark:<name>")])`` and the
 first ``num_items`` are kept (all if ``None``). The sample depends only on ``(benchmark, seed, num_items)`` and

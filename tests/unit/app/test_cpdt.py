@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import yaml
 
-from evals.stats import contrast_replicates, percentile_interval, sign_flip_pvalue
 from pretrain_exp.core.errors import InsertionError
+from pretrain_exp.evals.stats import contrast_replicates, percentile_interval, sign_flip_pvalue
 from pretrain_exp.insertion.items import ItemSet
 from pretrain_exp.insertion.plan import Plan, build_plan
 from pretrain_exp.insertion.types.tokens import TokensConf

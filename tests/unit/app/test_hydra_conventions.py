@@ -5,7 +5,6 @@ groups, a sweep invalid for its jobs is refused before the launcher runs, ``trai
 from __future__ import annotations
 
 import ast
-import configparser
 import copy
 import json
 import re
@@ -33,8 +32,8 @@ def test_a_key_added_with_plus_that_no_schema_has_is_refused(tmp_path):
 
 
 def test_gradient_checkpointing_and_report_to_reach_the_hf_trainer(tmp_path, tiny_model_dir):
-    from frameworks.hf.framework import CHECKPOINTING_ARG, HFFramework
     from pretrain_exp.app.validate import validate
+    from pretrain_exp.frameworks.hf.framework import CHECKPOINTING_ARG, HFFramework
 
     cfg = make_config("experiment=tiny", "training.gradient_checkpointing=true", "training.report_to=[tensorboard,csv]",
                       run_dir=tmp_path)
@@ -106,13 +105,13 @@ def _distribution(req: str) -> str:
 
 def test_every_third_party_import_is_a_declared_dependency():
     """Every import of the packages, tests and benchmarks (module level and inside functions) maps, through the
-    installed distributions, to ``install_requires`` or an extra of setup.cfg."""
-    setup = configparser.ConfigParser()
-    setup.read(ROOT / "setup.cfg")
-    core = {_distribution(r) for r in setup["options"]["install_requires"].splitlines() if r.strip()}
-    extras = {_distribution(r) for v in setup["options.extras_require"].values() for r in v.splitlines() if r.strip()}
+    installed distributions, to a dependency or an extra of pyproject.toml."""
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = {_distribution(r) for r in project["dependencies"]}
+    extras = {_distribution(r) for v in project["optional-dependencies"].values() for r in v}
     owners = packages_distributions()
-    first_party = {"pretrain_exp", "frameworks", "evals", "tests", "benchmarks"}
+    first_party = {"pretrain_exp", "tests", "benchmarks"}
     missing = []
     for folder in ("pretrain_exp", "frameworks", "evals", "tests", "benchmarks"):
         for path in (ROOT / folder).rglob("*.py"):
@@ -130,7 +129,7 @@ def test_every_third_party_import_is_a_declared_dependency():
                     dists = {_distribution(d) for d in owners.get(top, [])}
                     if not dists & (core | extras):
                         missing.append(f"{path.relative_to(ROOT)}: {top} ({sorted(dists) or 'not installed'})")
-    assert not missing, "imports not declared in setup.cfg:\n" + "\n".join(sorted(set(missing)))
+    assert not missing, "imports not declared in pyproject.toml:\n" + "\n".join(sorted(set(missing)))
 
 
 def test_olmo2_with_texts_as_typed_gets_past_config_and_plan_building(tmp_path, caplog):

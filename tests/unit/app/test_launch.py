@@ -111,7 +111,7 @@ def test_slurm_presets_are_one_task_per_node(launcher, gpus, tmp_path):
 
 @pytest.mark.slow  # a fresh interpreter importing the worker and every framework (~10 s)
 def test_the_worker_never_imports_hydra():
-    code = ("import sys, pretrain_exp.app.worker, pretrain_exp.app.experiment, frameworks.hf.framework; "
+    code = ("import sys, pretrain_exp.app.worker, pretrain_exp.app.experiment, pretrain_exp.frameworks.hf.framework; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('hydra', 'hydra_plugins')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -19,7 +19,7 @@ pytest.importorskip("olmo_core")
 @pytest.fixture(scope="module")
 def olmo2_tiny_source():
     """The tiny OLMo-2 preset's ``config.yaml`` (the checkpoint ``framework=olmo2`` continues by default)."""
-    from frameworks.olmo2.presets import tiny_checkpoint
+    from pretrain_exp.frameworks.olmo2.presets import tiny_checkpoint
 
     return yaml.safe_load((tiny_checkpoint("olmo2_tiny", CACHE_DIR) / "config.yaml").read_text())
 

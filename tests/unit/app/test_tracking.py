@@ -120,9 +120,9 @@ def test_olmo_core_gets_activation_checkpointing_and_forwards_all_its_metrics(tm
     pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
-    from frameworks.olmo_core import framework as olmo_core_framework
-    from frameworks.olmo_core.callbacks import METRICS
     from pretrain_exp.app.experiment import Experiment
+    from pretrain_exp.frameworks.olmo_core import framework as olmo_core_framework
+    from pretrain_exp.frameworks.olmo_core.callbacks import METRICS
 
     built = []
     build = olmo_core_framework.OlmoCoreFramework._build_trainer

@@ -86,7 +86,7 @@ def _build(what: str, root: Path, base: str) -> bytes:
         sizes = remote.fetch_sizes([f"{base}/ckpt/train.pt", f"{base}/ckpt/config.yaml"], cache, progress=False)
         return json.dumps(sizes, sort_keys=True).encode()
     if what == "download":
-        import frameworks.download as download
+        import pretrain_exp.frameworks.download as download
 
         _count(root, what, download, "download_file")
         ckpt = download.download_checkpoint_files(f"{base}/ckpt", cache / "ckpt", ["config.yaml", "train.pt"])

@@ -9,14 +9,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import evals.insertion_loss  # noqa: F401  (registration)
-import evals.memorization  # noqa: F401
-import evals.perplexity  # noqa: F401
-from evals.base import EvalContext
-from evals.registry import EVALS, parse_task_configs, run_eval
-from evals.scoring import greedy_decode
-from evals.stats import bootstrap_ci, per_dup_summary
+import pretrain_exp.evals.insertion_loss  # noqa: F401  (registration)
+import pretrain_exp.evals.memorization  # noqa: F401
+import pretrain_exp.evals.perplexity  # noqa: F401
 from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.evals.base import EvalContext
+from pretrain_exp.evals.registry import EVALS, parse_task_configs, run_eval
+from pretrain_exp.evals.scoring import greedy_decode
+from pretrain_exp.evals.stats import bootstrap_ci, per_dup_summary
 from tests.conftest import EOS, TEXT_LEN, VOCAB, make_plan, random_item, tiny_model
 
 

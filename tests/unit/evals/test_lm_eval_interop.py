@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from evals.base import EvalContext
-from evals.lm_eval import LmEvalConf, lm_eval_tasks, stock_task_config
 from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.evals.base import EvalContext
+from pretrain_exp.evals.lm_eval import LmEvalConf, lm_eval_tasks, stock_task_config
 from pretrain_exp.insertion.types.benchmark import prompt, read_benchmark, stock_task, task_name
 from tests.conftest import CACHE_DIR
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from evals.base import EvalContext
-from evals.mia import MiaConf, bootstrap_auc, item_bytes, membership_scores, roc_auc
-from evals.registry import EVALS, parse_task_configs, run_eval
 from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.evals.base import EvalContext
+from pretrain_exp.evals.mia import MiaConf, bootstrap_auc, item_bytes, membership_scores, roc_auc
+from pretrain_exp.evals.registry import EVALS, parse_task_configs, run_eval
 from tests.conftest import EOS, make_config, make_plan, random_item, tiny_model
 
 
@@ -124,7 +124,7 @@ def test_mia_zlib_uses_decoded_text_and_skips_experiments_without_controls(caplo
     items = [(random_item(rng, 9), 0, 0), (random_item(rng, 14), 2, 0), (random_item(rng, 5), 2, 0),
              (random_item(rng, 7), 4, 1), (random_item(rng, 11), 16, 1), ([EOS], 0, 0)]  # last: no loss
     plan = make_plan(items, experiments=("a", "b"))
-    with caplog.at_level(logging.WARNING, logger="evals.mia"):
+    with caplog.at_level(logging.WARNING, logger="pretrain_exp.evals.mia"):
         res = run_eval(MiaConf(), ctx_for(tiny_model(1), plan, tokenizer=StubTokenizer(), samples=50))
     assert [r["item_id"] for r in res.rows] == [0, 1, 2, 3, 4]
     for r, (tokens, _, _) in zip(res.rows, items):

@@ -1,5 +1,5 @@
-"""``eval.mode=distributed``'s primitive (:mod:`evals.shard`): every eval that scores through the model gives, sharded
-over 2 gloo ranks, exactly the result of one process."""
+"""``eval.mode=distributed``'s primitive (:mod:`pretrain_exp.evals.shard`): every eval that scores through the model
+gives, sharded over 2 gloo ranks, exactly the result of one process."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 import torch
 
-from evals.base import EvalContext
-from evals.gaussian import GaussianConf
-from evals.insertion_loss import InsertionLossConf
-from evals.knowledge import KnowledgeConf
-from evals.lm_eval import LmEvalConf
-from evals.memorization import MemorizationConf
-from evals.mia import MiaConf
-from evals.perplexity import PerplexityConf
-from evals.registry import run_eval
-from evals.shard import map_batches, sharded
+from pretrain_exp.evals.base import EvalContext
+from pretrain_exp.evals.gaussian import GaussianConf
+from pretrain_exp.evals.insertion_loss import InsertionLossConf
+from pretrain_exp.evals.knowledge import KnowledgeConf
+from pretrain_exp.evals.lm_eval import LmEvalConf
+from pretrain_exp.evals.memorization import MemorizationConf
+from pretrain_exp.evals.mia import MiaConf
+from pretrain_exp.evals.perplexity import PerplexityConf
+from pretrain_exp.evals.registry import run_eval
+from pretrain_exp.evals.shard import map_batches, sharded
 from pretrain_exp.insertion.schema import InsertionConf
 from tests.conftest import CACHE_DIR, make_plan, random_item
 
@@ -72,7 +72,7 @@ def _run_all(model_dir: str) -> dict:
         res = run_eval(TASKS[name], ctx)
         handle.remove()
         out[name] = {"result": json.dumps(asdict(res)), "forwards": len(calls)}
-    from evals.benchmark import score_multiple_choice
+    from pretrain_exp.evals.benchmark import score_multiple_choice
 
     ctx = _contexts(model_dir)["insertion_loss"]
     out["multiple_choice"] = {"result": json.dumps(score_multiple_choice(ctx.model, ctx.tokenizer, QUESTIONS, 3)),

@@ -10,15 +10,15 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from frameworks.hf.config import ATTN_IMPLEMENTATIONS, HFConf
-from frameworks.olmo2.config import Olmo2Conf
-from frameworks.olmo_core.config import OlmoCoreConf
-from frameworks.registry import FRAMEWORKS, SCHEMAS, schema
 from pretrain_exp.app.config import register_configs
 from pretrain_exp.app.experiment import save_resolved_config
 from pretrain_exp.app.validate import load_resolved, to_config
 from pretrain_exp.core.config import FrameworkConf
 from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.frameworks.hf.config import ATTN_IMPLEMENTATIONS, HFConf
+from pretrain_exp.frameworks.olmo2.config import Olmo2Conf
+from pretrain_exp.frameworks.olmo_core.config import OlmoCoreConf
+from pretrain_exp.frameworks.registry import FRAMEWORKS, SCHEMAS, schema
 from tests.bad_input import REPO, assert_error
 from tests.conftest import compose, make_config
 
@@ -129,7 +129,7 @@ def test_validate_names_the_key():
 def test_schemas_are_light():
     """Registering the framework schemas imports neither torch, transformers nor OLMo-core."""
     code = ("import sys; from hydra.core.config_store import ConfigStore; "
-            "from frameworks.registry import register_framework_schemas; "
+            "from pretrain_exp.frameworks.registry import register_framework_schemas; "
             "register_framework_schemas(ConfigStore.instance()); "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'olmo_core')); "
             "print(bad); sys.exit(1 if bad else 0)")

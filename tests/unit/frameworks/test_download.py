@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from frameworks import download as dl
-from frameworks.download import (
+from pretrain_exp.core.errors import CheckpointError
+from pretrain_exp.frameworks import download as dl
+from pretrain_exp.frameworks.download import (
     MARKER,
     backoff_delay,
     download_checkpoint,
@@ -29,7 +30,6 @@ from frameworks.download import (
     download_olmo2_checkpoint,
     download_olmo_core_checkpoint,
 )
-from pretrain_exp.core.errors import CheckpointError
 
 #: ``model_and_optim/.metadata`` is opaque here (OLMo-core reads it); the shards are found by probing
 DCP_METADATA = b"torch DCP metadata (opaque to the downloader)"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from frameworks.noise_feed import NoiseFeed
+from pretrain_exp.frameworks.noise_feed import NoiseFeed
 from pretrain_exp.insertion.noise import NoiseSpec, make_noise
 
 L, D = 5, 3

@@ -6,8 +6,8 @@ import importlib.util
 
 import pytest
 
-from frameworks import registry
 from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.frameworks import registry
 
 
 @pytest.mark.parametrize("name", ["olmo_core", "olmo2"])

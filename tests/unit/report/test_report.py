@@ -18,6 +18,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from pretrain_exp.app.validate import to_config
 from tests.conftest import CACHE_DIR, CONF_DIR, ROOT, compose
+from tests.wandb_records import of_type
 
 SWEEPS = sorted(p.stem for p in (CONF_DIR / "sweep").glob("*.yaml"))
 #: jobs each preset expands into
@@ -265,8 +266,10 @@ def test_report_of_benchmark_and_forgetting_results(tmp_path):
     # the same tables and figures logged to an offline W&B run of the report
     from pretrain_exp.report import log_report_wandb
 
-    wandb_dir = log_report_wandb(rep, tmp_path, "offline", "pretrain_exp")
+    wandb_dir = log_report_wandb(rep, tmp_path, "offline", "pretrain_exp", group="sweep-x")
     assert wandb_dir is not None and wandb_dir.parent == tmp_path / "wandb"
-    assert any(wandb_dir.glob("*.wandb")), "no offline W&B log written"
+    (wb,) = wandb_dir.glob("*.wandb")
+    (meta,) = of_type(wb, "run")  # next to the sweep's jobs in W&B (their group is the sweep dir's name)
+    assert (meta.run_group, meta.job_type) == ("sweep-x", "report")
     media = {p.name.split("_")[0] for p in (wandb_dir / "files" / "media").rglob("*") if p.is_file()}
     assert media, "no tables or images in the W&B run"

@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 import pretrain_exp
-from evals.base import EvalContext
-from evals.registry import EVALS, run_eval
 from pretrain_exp.core.io import write_json
+from pretrain_exp.evals.base import EvalContext
+from pretrain_exp.evals.registry import EVALS, run_eval
 from pretrain_exp.report import tables
 from tests.conftest import make_plan, random_item, tiny_model
 

@@ -10,7 +10,7 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-import frameworks.hf.framework as hf
+import pretrain_exp.frameworks.hf.framework as hf
 from pretrain_exp.app.experiment import Experiment, with_retries
 from pretrain_exp.core.errors import ConfigError, DataError, TrainingError
 from tests.conftest import make_config

@@ -15,8 +15,8 @@ import sys
 import pytest
 from huggingface_hub import constants, snapshot_download
 
-from frameworks.hf.framework import HFFramework
 from pretrain_exp.core.errors import CheckpointError, ConfigError
+from pretrain_exp.frameworks.hf.framework import HFFramework
 from tests.conftest import CACHE_DIR, ROOT, make_config
 from tests.hub_mirror import HubMirror
 

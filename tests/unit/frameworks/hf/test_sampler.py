@@ -12,9 +12,9 @@ import pytest
 import torch
 from accelerate.data_loader import prepare_data_loader
 
-from frameworks.hf.sampler import RankLayoutSampler
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.data.schedule import rows_for
+from pretrain_exp.frameworks.hf.sampler import RankLayoutSampler
 
 
 class _Q(torch.utils.data.Dataset):

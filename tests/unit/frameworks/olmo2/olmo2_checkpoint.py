@@ -1,6 +1,6 @@
 """Build a tiny OLMo-2 ``step<N>-unsharded/`` checkpoint in the exact layout the old OLMo trainer writes.
 
-The layout is written by :mod:`frameworks.olmo2.presets`; this module adds what only the tests need: values
+The layout is written by :mod:`pretrain_exp.frameworks.olmo2.presets`; this module adds what only the tests need: values
 far from an initialisation (so every norm and moment matters), the ``.safetensors`` variant, integer-keyed
 optimizer state, ``train.pt`` pickled with numpy 1.x names, and config changes.
 
@@ -26,8 +26,8 @@ from typing import Any, Dict
 import numpy as np
 import torch
 
-from frameworks.olmo2 import presets
-from frameworks.olmo2.presets import CheckpointSpec
+from pretrain_exp.frameworks.olmo2 import presets
+from pretrain_exp.frameworks.olmo2.presets import CheckpointSpec
 
 D_MODEL, N_HEADS, N_KV_HEADS, N_LAYERS = 64, 4, 2, 2
 MLP_HIDDEN = 192  #: OLMo's fused SwiGLU width (the MLP's hidden size is half of it)
@@ -147,7 +147,8 @@ def write_olmo_safetensors(state: Dict[str, Any], path: Path) -> None:
 
 def write_olmo2_checkpoint(root: Path, data_paths, *, safetensors: bool = False, int_keys: bool = False,
                            numpy1_names: bool = True, config_changes: Dict[str, Any] | None = None) -> Path:
-    """Write ``<root>/step<STEP>-unsharded/`` with :func:`frameworks.olmo2.presets.write_checkpoint` and return it.
+    """Write ``<root>/step<STEP>-unsharded/`` with :func:`pretrain_exp.frameworks.olmo2.presets.write_checkpoint` and
+    return it.
     ``safetensors``: ``model.safetensors``/``optim.safetensors`` instead of ``.pt``; ``config_changes``: dotted
     key -> value; ``numpy1_names``: see :func:`write_train_state`."""
     cfg = olmo2_config(data_paths)

@@ -24,8 +24,8 @@ from tests.unit.frameworks.olmo2 import olmo2_checkpoint as fx
 
 pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
 
-from frameworks.olmo2.convert import adamw_config, parameter_map  # noqa: E402
-from frameworks.olmo2.framework import Olmo2Framework, check_continuation, masked_rows  # noqa: E402
+from pretrain_exp.frameworks.olmo2.convert import adamw_config, parameter_map  # noqa: E402
+from pretrain_exp.frameworks.olmo2.framework import Olmo2Framework, check_continuation, masked_rows  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -104,7 +104,7 @@ def test_model_local_keeps_step_0_for_hf(tiny_model_dir, tmp_path):
 def olmo2_groups(ckpt) -> dict:
     """The checkpoint's own optimizer groups (``optim.pt``, as OLMo's ``get_param_groups`` formed them) in
     OLMo-core names: weight decay -> sorted names."""
-    from frameworks.olmo2.checkpoint import read_checkpoint
+    from pretrain_exp.frameworks.olmo2.checkpoint import read_checkpoint
 
     raw = read_checkpoint(ckpt)
     pmap = parameter_map(raw.config)
@@ -114,8 +114,8 @@ def olmo2_groups(ckpt) -> dict:
 
 def test_optimizer_groups_are_olmo2s(u32):
     ckpt, _, _ = u32
-    from frameworks.olmo2.checkpoint import read_config
-    from frameworks.olmo2.convert import load_converted
+    from pretrain_exp.frameworks.olmo2.checkpoint import read_config
+    from pretrain_exp.frameworks.olmo2.convert import load_converted
 
     config = read_config(ckpt)
     model = load_converted(ckpt).model_config.build(init_device="meta")
@@ -135,8 +135,8 @@ def test_optimizer_groups_are_olmo2s(u32):
 
 
 def test_lr_schedule_run_uses_training_settings(u32, tmp_path):
-    from frameworks.olmo2.checkpoint import read_config
-    from frameworks.olmo2.framework import run_max_grad_norm, run_optim_config
+    from pretrain_exp.frameworks.olmo2.checkpoint import read_config
+    from pretrain_exp.frameworks.olmo2.framework import run_max_grad_norm, run_optim_config
 
     ckpt, _, _ = u32
     config = read_config(ckpt)
@@ -239,8 +239,8 @@ def test_one_trainer_step_is_olmo2s_adamw_step(u32, tmp_path):
     ``Optimizer._do_global_fixed_clipping``: ``g *= min(1, max_grad_norm / (norm + 1e-6))``)."""
     from olmo_core.distributed.checkpoint import load_model_and_optim_state
 
-    from frameworks.olmo2.checkpoint import read_checkpoint
     from pretrain_exp.app.experiment import Experiment
+    from pretrain_exp.frameworks.olmo2.checkpoint import read_checkpoint
 
     ckpt, _, _ = u32
     exp = Experiment(derived_run(ckpt, tmp_path / "run", "insertion=none", "eval=[]", "training=tiny",

@@ -19,8 +19,11 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from frameworks.olmo2.checkpoint import read_checkpoint, read_train_state
-from frameworks.olmo2.convert import (
+from pretrain_exp.core.errors import CheckpointError, ConfigError
+from pretrain_exp.data.order import DataOrder
+from pretrain_exp.data.token_files import TokenFiles, write_token_file
+from pretrain_exp.frameworks.olmo2.checkpoint import read_checkpoint, read_train_state
+from pretrain_exp.frameworks.olmo2.convert import (
     convert_model_state,
     export_hf,
     load_converted,
@@ -28,10 +31,7 @@ from frameworks.olmo2.convert import (
     training_overrides,
     transformer_config,
 )
-from frameworks.olmo2.data_order import data_order, train_position
-from pretrain_exp.core.errors import CheckpointError, ConfigError
-from pretrain_exp.data.order import DataOrder
-from pretrain_exp.data.token_files import TokenFiles, write_token_file
+from pretrain_exp.frameworks.olmo2.data_order import data_order, train_position
 from tests.unit.frameworks.olmo2 import olmo2_checkpoint as fx
 
 transformers = pytest.importorskip("transformers")

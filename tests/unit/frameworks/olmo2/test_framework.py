@@ -17,7 +17,7 @@ from tests.unit.frameworks.olmo2 import olmo2_checkpoint as fx
 
 pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
 
-from frameworks.olmo2.framework import Olmo2Framework  # noqa: E402
+from pretrain_exp.frameworks.olmo2.framework import Olmo2Framework  # noqa: E402
 from tests.unit.frameworks.olmo_core.test_framework import (  # noqa: E402
     assert_two_ranks_train_what_one_trains,
     cli,
@@ -121,7 +121,7 @@ def test_cli_with_the_tiny_preset_and_two_torchrun_ranks(tmp_path):
     # transformers with its tokenizer, computing the OLMo-core checkpoint's logits
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from frameworks.olmo_core.checkpoint import load_model
+    from pretrain_exp.frameworks.olmo_core.checkpoint import load_model
 
     assert [p.name for p in (one / "hf").iterdir()] == ["step4"]
     hf = AutoModelForCausalLM.from_pretrained(str(one / "hf" / "step4"), dtype=torch.float32).eval()

@@ -1,5 +1,5 @@
 """The OLMo safetensors key reader decodes plain pickles from their opcodes and refuses anything that would run
-code (``frameworks.olmo2.checkpoint._plain_unpickle``)."""
+code (``pretrain_exp.frameworks.olmo2.checkpoint._plain_unpickle``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from frameworks.olmo2.checkpoint import _plain_unpickle
+from pretrain_exp.frameworks.olmo2.checkpoint import _plain_unpickle
 
 VALUES = [
     (("model", "transformer.blocks.0.att_proj.weight"), False),  # an OLMo safetensors key

@@ -15,9 +15,9 @@ import pytest
 import torch
 import yaml
 
-from frameworks.olmo2.convert import load_converted
-from frameworks.olmo2.presets import TINY_CHECKPOINTS, tiny_checkpoint
 from pretrain_exp.core.errors import DataError
+from pretrain_exp.frameworks.olmo2.convert import load_converted
+from pretrain_exp.frameworks.olmo2.presets import TINY_CHECKPOINTS, tiny_checkpoint
 from tests.conftest import CACHE_DIR
 
 pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")

@@ -64,7 +64,7 @@ def run_config(ckpt, run_dir, prefix: str, items):
 
 
 def weights(run_dir, step: int) -> dict:
-    from frameworks.olmo_core.checkpoint import load_model
+    from pretrain_exp.frameworks.olmo_core.checkpoint import load_model
 
     return {k: v.clone() for k, v in load_model(run_dir / "checkpoints" / f"step{step}").state_dict().items()}
 

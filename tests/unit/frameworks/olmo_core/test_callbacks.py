@@ -18,7 +18,7 @@ from pretrain_exp.data.token_files import TokenFiles, write_token_file
 
 pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
 
-from frameworks.olmo_core.callbacks import Insertions, apply_insertions  # noqa: E402
+from pretrain_exp.frameworks.olmo_core.callbacks import Insertions, apply_insertions  # noqa: E402
 
 L, B = 16, 4
 

@@ -26,10 +26,10 @@ from tests.conftest import CACHE_DIR, ROOT, make_config
 
 pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
 
-from frameworks.noise_feed import NoiseFeed  # noqa: E402
-from frameworks.olmo_core import framework as olmo_core_framework  # noqa: E402
-from frameworks.olmo_core.checkpoint import check_train_state, load_model, save_hf  # noqa: E402
-from frameworks.olmo_core.presets import tiny_checkpoint  # noqa: E402
+from pretrain_exp.frameworks.noise_feed import NoiseFeed  # noqa: E402
+from pretrain_exp.frameworks.olmo_core import framework as olmo_core_framework  # noqa: E402
+from pretrain_exp.frameworks.olmo_core.checkpoint import check_train_state, load_model, save_hf  # noqa: E402
+from pretrain_exp.frameworks.olmo_core.presets import tiny_checkpoint  # noqa: E402
 
 #: 6 steps of 4 rows x 128 tokens in segments of 2; 8 bios at dup counts 0/1/2/4
 RUN = ["framework=olmo_core", "training=tiny", "training.num_steps=6", "training.global_batch_size=4",

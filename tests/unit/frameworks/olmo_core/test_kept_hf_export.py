@@ -14,8 +14,8 @@ from tests.conftest import CACHE_DIR, make_config
 
 pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
 
-from frameworks.olmo_core.checkpoint import OlmoCoreCheckpoint, load_model  # noqa: E402
 from pretrain_exp.app.experiment import run  # noqa: E402
+from pretrain_exp.frameworks.olmo_core.checkpoint import OlmoCoreCheckpoint, load_model  # noqa: E402
 from pretrain_exp.report.cli import main as report_main  # noqa: E402
 
 #: 2 steps of 4 rows x 128 tokens, one segment per step; 8 ARC-Easy questions (4 inserted once, 4 clean) and
@@ -93,7 +93,7 @@ def test_exported_lm_eval_tasks_score_the_export_with_stock_lm_eval(olmo_core_ru
     # stock lm-eval on the export scores each question as the project's benchmark eval does on the same model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from evals.benchmark import score_multiple_choice
+    from pretrain_exp.evals.benchmark import score_multiple_choice
     from pretrain_exp.insertion.types.benchmark import prompt, sample_docs
 
     export = run_dir / "hf" / "step2"

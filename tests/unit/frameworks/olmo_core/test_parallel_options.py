@@ -15,8 +15,8 @@ pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip ins
 from olmo_core.distributed.parallel import DataParallelType  # noqa: E402
 from olmo_core.nn.attention.backend import AttentionBackendName  # noqa: E402
 
-from frameworks.olmo_core.framework import OlmoCoreFramework  # noqa: E402
-from frameworks.olmo_core.presets import builder_config  # noqa: E402
+from pretrain_exp.frameworks.olmo_core.framework import OlmoCoreFramework  # noqa: E402
+from pretrain_exp.frameworks.olmo_core.presets import builder_config  # noqa: E402
 
 
 def framework(tmp_path, *overrides) -> OlmoCoreFramework:
@@ -50,7 +50,7 @@ def test_data_parallel_choices(tmp_path):
 
 
 def test_activation_checkpointing_and_attention_backend(tmp_path, monkeypatch):
-    from frameworks.olmo_core.presets import tiny_checkpoint
+    from pretrain_exp.frameworks.olmo_core.presets import tiny_checkpoint
     from tests.conftest import CACHE_DIR
 
     fw = framework(tmp_path, "training.activation_checkpointing=true", "training.attention=flash")

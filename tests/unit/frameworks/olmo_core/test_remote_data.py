@@ -25,7 +25,7 @@ L, B = 64, 4
 def remote_checkpoint(tmp_path_factory):
     """The tiny OLMo-3-shaped preset with a ``config.json`` whose dataset is 50 uint32 files of real dolma2 tokens
     at the official URL paths (``L`` = 64, 4 instances per step, data-loader seed 11)."""
-    from frameworks.olmo_core.presets import tiny_checkpoint
+    from pretrain_exp.frameworks.olmo_core.presets import tiny_checkpoint
 
     root = tmp_path_factory.mktemp("official")
     urls = build_mix(root / "srv", tokens_per_file=[300 + 7 * k for k in range(50)], cache_dir=CACHE_DIR)

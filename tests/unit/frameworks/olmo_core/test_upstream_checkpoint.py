@@ -21,16 +21,16 @@ import numpy as np
 import pytest
 import torch
 
-from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.core.errors import ConfigError, DataError
 from pretrain_exp.data.token_files import write_token_file
 from tests.conftest import CACHE_DIR, ROOT, compose, make_config
 
 pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
 pytestmark = pytest.mark.slow  # the fixture is two OLMo-core runs (~1 min on 2 cores)
 
-from frameworks.olmo_core.checkpoint import check_train_state, load_model  # noqa: E402
-from frameworks.olmo_core.framework import OlmoCoreFramework, holds_optim_state  # noqa: E402
-from frameworks.olmo_core.presets import tiny_checkpoint  # noqa: E402
+from pretrain_exp.frameworks.olmo_core.checkpoint import check_train_state, load_model  # noqa: E402
+from pretrain_exp.frameworks.olmo_core.framework import OlmoCoreFramework, holds_optim_state  # noqa: E402
+from pretrain_exp.frameworks.olmo_core.presets import tiny_checkpoint  # noqa: E402
 
 EOS = 100257
 MINIMAL = ["framework=olmo_core", "model=local", "insertion=none", "eval=[]", "wandb=disabled",
@@ -181,6 +181,33 @@ def test_layouts_with_and_without_trainer_or_optimizer_state(fixture, tmp_path):
                        run_dir=tmp_path).model.checkpoint_step == 3
 
 
+def test_a_bare_tokenizer_json_takes_eos_and_pad_from_the_checkpoint(fixture, tmp_path):
+    """A run whose OLMo-core ``TokenizerConfig`` named a bare ``tokenizer.json`` (no ``tokenizer_config.json`` to
+    name EOS and pad): the checkpoint's ``config.json`` ``dataset.tokenizer`` ids are used and the run trains (it
+    stopped with "has no EOS token"). The checkpoint is OLMo-core's; only the identifier string names the file."""
+    from pretrain_exp.data.assets import tokenizer_dir
+    from pretrain_exp.data.tokenize import load_tokenizer
+
+    bare = tmp_path / "tok" / "tokenizer.json"
+    bare.parent.mkdir()
+    shutil.copy(tokenizer_dir("dolma2", CACHE_DIR) / "tokenizer.json", bare)
+    with pytest.raises(DataError, match="has no EOS token"):
+        load_tokenizer(str(bare), CACHE_DIR)
+    ckpt = tmp_path / "ckpt" / "step3"
+    shutil.copytree(fixture["step3"], ckpt)
+    config = json.loads((ckpt / "config.json").read_text())
+    recorded = config["dataset"]["tokenizer"]
+    config["dataset"]["tokenizer"]["identifier"] = str(bare)
+    (ckpt / "config.json").write_text(json.dumps(config))
+    cfg = make_config(*MINIMAL, f"model.path={ckpt}", "training.num_steps=1", run_dir=tmp_path / "x")
+    assert cfg.model.tokenizer == str(bare)
+    tok = load_tokenizer(OlmoCoreFramework(cfg, ckpt).tokenizer_path, CACHE_DIR)
+    assert (tok.eos_token_id, tok.pad_token_id) == (recorded["eos_token_id"], recorded["pad_token_id"]) \
+        == (EOS, 100277)
+    project_cli(*MINIMAL, f"model.path={ckpt}", "training.num_steps=1", run_dir=tmp_path / "run")
+    assert sorted(trained(tmp_path / "run")) == [4]
+
+
 # --- against OLMo-core's own continuation ---------------------------------------------------------------
 
 
@@ -199,8 +226,8 @@ def test_three_step_continuation_on_two_processes_equals_olmo_cores(fixture, tmp
 
 def test_an_insertion_plan_lands_on_olmo_cores_rows(fixture, tmp_path, monkeypatch):
     """With a plan, steps 4-6 train OLMo-core's instances with exactly the planned rows' tokens."""
-    from frameworks.olmo_core import framework as olmo_core_framework
     from pretrain_exp.app.experiment import Experiment
+    from pretrain_exp.frameworks.olmo_core import framework as olmo_core_framework
 
     seen = []
 

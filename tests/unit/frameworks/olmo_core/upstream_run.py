@@ -40,7 +40,7 @@ def experiment_config(save_folder: str, work_dir: str, paths, hard_stop: int, de
     from olmo_core.train.callbacks import CheckpointerCallback, ConfigSaverCallback
     from olmo_core.train.train_module import TransformerTrainModuleConfig
 
-    from frameworks.olmo_core.presets import tiny_model_config
+    from pretrain_exp.frameworks.olmo_core.presets import tiny_model_config
 
     model = tiny_model_config("olmo3_tiny")
     model.block.sequence_mixer.sliding_window = SlidingWindowAttentionConfig(

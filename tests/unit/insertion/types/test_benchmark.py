@@ -12,11 +12,11 @@ import pyarrow as pa
 import pytest
 import torch
 
-from evals.base import EvalContext
-from evals.benchmark import BenchmarkConf, bootstrap_diff_ci
-from evals.registry import parse_task_configs, run_eval
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.data.assets import fetch
+from pretrain_exp.evals.base import EvalContext
+from pretrain_exp.evals.benchmark import BenchmarkConf, bootstrap_diff_ci
+from pretrain_exp.evals.registry import parse_task_configs, run_eval
 from pretrain_exp.insertion.plan import build_plan
 from pretrain_exp.insertion.schema import EosPolicy
 from pretrain_exp.insertion.types import load_items, validate_experiment

@@ -10,13 +10,13 @@ import pytest
 import torch
 import transformers
 
-import frameworks.hf.framework as hf
-from evals.base import EvalContext
-from evals.gaussian import GaussianConf
-from evals.gaussian import gaussian as gaussian_eval
-from evals.stats import permutation_p_value
+import pretrain_exp.frameworks.hf.framework as hf
 from pretrain_exp.app.experiment import Experiment
 from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.evals.base import EvalContext
+from pretrain_exp.evals.gaussian import GaussianConf
+from pretrain_exp.evals.gaussian import gaussian as gaussian_eval
+from pretrain_exp.evals.stats import permutation_p_value
 from pretrain_exp.insertion.noise import EmbeddingNoise, NoiseSpec, make_noise, noise_seed
 from pretrain_exp.insertion.plan import Plan, build_plan
 from pretrain_exp.insertion.schema import (

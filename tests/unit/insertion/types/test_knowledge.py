@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from evals.base import EvalContext
-from evals.knowledge import KnowledgeConf, summarize
-from evals.registry import run_eval
-from evals.scoring import continuation_scores, greedy_decode
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.data.assets import iter_texts
+from pretrain_exp.evals.base import EvalContext
+from pretrain_exp.evals.knowledge import KnowledgeConf, summarize
+from pretrain_exp.evals.registry import run_eval
+from pretrain_exp.evals.scoring import continuation_scores, greedy_decode
 from pretrain_exp.insertion.plan import build_plan
 from pretrain_exp.insertion.schema import InsertionConf, PlacementConf, PlacementKind
 from pretrain_exp.insertion.types import load_items
