@@ -13,15 +13,15 @@ import torch
 
 pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
 
-from frameworks.olmo_core.checkpoint import load_model, model_config  # noqa: E402
-from frameworks.olmo_core.presets import random_init_checkpoint  # noqa: E402
 from pretrain_exp.core.config import ModelConf  # noqa: E402
 from pretrain_exp.data.assets import tokenizer_dir  # noqa: E402
+from pretrain_exp.frameworks.olmo_core.checkpoint import load_model, model_config  # noqa: E402
+from pretrain_exp.frameworks.olmo_core.presets import random_init_checkpoint  # noqa: E402
 
 
 @pytest.mark.skipif(importlib.util.find_spec("flash_attn") is not None, reason="flash-attn is installed here")
-def test_olmo3_scratch_checkpoint_builds_and_loads_where_cuda_is_reported_without_flash_attn(cache_dir, tmp_path,
-                                                                                            monkeypatch):
+def test_olmo3_scratch_checkpoint_builds_and_loads_without_flash_attn_on_a_cuda_machine(
+        cache_dir, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     shutil.copytree(tokenizer_dir("dolma2", cache_dir), cache / "tokenizers" / "dolma2")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
