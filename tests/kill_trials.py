@@ -698,7 +698,7 @@ def _preimport() -> None:
 
     transformers.Trainer, transformers.AutoModelForCausalLM  # resolve the lazy modules (and peft) now
     for f in sorted((ROOT / "evals").glob("*.py")):
-        importlib.import_module(f"pretrain_exp.evals.{f.stem}")
+        importlib.import_module("pretrain_exp.evals" if f.stem == "__init__" else f"pretrain_exp.evals.{f.stem}")
     try:
         import pretrain_exp.frameworks.olmo_core.framework  # noqa: F401
     except ImportError:
