@@ -46,6 +46,7 @@ from omegaconf import OmegaConf
 
 from pretrain_exp.app import async_eval
 from pretrain_exp.app.config import ExperimentConfig
+from pretrain_exp.app.run_name import MUTABLE_KEYS  # noqa: F401  (re-exported: the keys a re-run may change)
 from pretrain_exp.app.tracking import NullTracker, Tracker, config_dict
 from pretrain_exp.core.config import Cleanup, EvalMode, ExportHF
 from pretrain_exp.core.distributed import barrier, init_process_group, is_main_process, world_size
@@ -676,14 +677,6 @@ def holds_credentials(cfg: ExperimentConfig) -> bool:
     return redact_obj(plain) != plain
 
 
-#: config keys that may change between invocations on the same run dir (they don't change what is trained)
-MUTABLE_KEYS = ("eval.", "wandb.", "run_dir", "cache_dir", "name", "run_name", "data.token_dir", "insertion.verify",
-                "insertion.audit",
-                "training.max_retries", "training.retry_base_delay_s", "training.num_threads", "training.cleanup",
-                "training.keep_last_checkpoints", "training.export_hf", "training.report_to",
-                "training.gradient_checkpointing")
-
-
 def _flatten(d: dict, prefix: str = "") -> Dict[str, object]:
     out: Dict[str, object] = {}
     for k, v in d.items():
@@ -707,9 +700,32 @@ def check_same_run(cfg: ExperimentConfig, run_dir: Path) -> None:
     diff = [k for k in sorted(set(old) | set(new))
             if not k.startswith(MUTABLE_KEYS) and old.get(k) != new.get(k)]
     if diff:
-        shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:3])
-        raise ConfigError(diff[0], f"run dir {run_dir} was started with a different config ({shown}); "
-                          "use a new run dir (hydra.run.dir=... or another name=...) to change it")
+        raise ConfigError(diff[0], f"run dir {run_dir} holds another run: {describe_difference(old, new, diff)}; "
+                          "re-run that run's own command to resume it, or give this one its own run dir "
+                          "(name=... or hydra.run.dir=...)")
+
+
+def describe_difference(old: Dict[str, object], new: Dict[str, object], diff: list) -> str:
+    """In plain words, what this config changes against a run dir's (flattened configs, ``diff`` their differing
+    keys): experiments added or dropped, then up to three changed settings."""
+    def experiments(flat):
+        return {k.split(".")[2] for k in flat if k.startswith("insertion.experiments.") and k.count(".") >= 3}
+
+    before, after = experiments(old), experiments(new)
+    parts = []
+    if after - before:
+        parts.append("this run adds experiment " + ", ".join(f"`{e}`" for e in sorted(after - before)))
+    if before - after:
+        parts.append("this run drops experiment " + ", ".join(f"`{e}`" for e in sorted(before - after)))
+    moved = {f"insertion.experiments.{e}." for e in before ^ after}
+    rest = [k for k in diff if not k.startswith(tuple(moved))]
+    shown = [f"{k} {'is new' if k not in old else 'is gone' if k not in new else 'changes'}"
+             + (f" ({old.get(k)!r} -> {new.get(k)!r})" if k in old and k in new else "") for k in rest[:3]]
+    if len(rest) > 3:
+        shown.append(f"{len(rest) - 3} more setting(s)")
+    if shown:
+        parts.append(("it was started with different settings: " if not parts else "and ") + ", ".join(shown))
+    return "; ".join(parts)
 
 
 def run(cfg: ExperimentConfig) -> dict:

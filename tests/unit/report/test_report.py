@@ -206,15 +206,16 @@ def test_base_series_checkpoints_are_continued(tmp_path, tiny_model_dir):
     (runs root ``runs/`` relative to the working directory, as by default)."""
     env = _env()
     _run(["-m", "pretrain_exp", "experiment=base_series_tiny", "training.num_steps=8", "training.num_threads=1",
-          "wandb=disabled"], tmp_path, env)
+          "wandb=disabled", "name=base_series"], tmp_path, env)  # named: overrides would add a suffix
     series = tmp_path / "runs" / "base_series-tiny_llama-step0-seed0"
     assert sorted(p.name for p in (series / "checkpoints").iterdir()) == ["checkpoint-4", "checkpoint-8"]
     assert json.loads((series / "results.json").read_text())["plan"]["num_insertions"] == 0
 
     proc = _run(["-m", "pretrain_exp", *TINY_SWEEP, "model=base_series_tiny", "model.checkpoint_step=4",
                  "wandb=disabled"], tmp_path, env)
-    run_dir = tmp_path / "runs" / "tiny-base_series_tiny-step4-seed0"
-    assert proc.stdout.strip().splitlines()[-1] == f"run dir: {run_dir.resolve()}"
+    run_dir = Path(proc.stdout.strip().splitlines()[-1].removeprefix("run dir: "))
+    assert run_dir.parent == (tmp_path / "runs").resolve()
+    assert run_dir.name.startswith("tiny-base_series_tiny-step4-seed0-")
     res = json.loads((run_dir / "results.json").read_text())
     B, L = 8, 128
     assert res["model"]["path"] == f"runs/{series.name}/checkpoints/checkpoint-4"
