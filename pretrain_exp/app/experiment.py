@@ -171,6 +171,8 @@ class Experiment:
         log.info("plan: %d items, %d insertions, %d tokens (%.2f%% of the %d-token window)", plan.num_items,
                  plan.num_insertions, int(plan.lengths.sum()),
                  100 * plan.lengths.sum() / max(1, self.window[1] - self.window[0]), self.window[1] - self.window[0])
+        if plan.num_items and self.window[1] == self.window[0]:
+            log.info("plan: nothing inserted (no steps to train): all %d items are dup-0 controls", plan.num_items)
         if plan.noise_rows.size:
             log.info("plan: %d rows with gaussian noise (%s)", plan.noise_rows.size, plan.noise_sigma)
         return plan

@@ -816,3 +816,15 @@ def test_step_placement_options_are_validated(placement, key):
     with pytest.raises(ConfigError) as e:
         validate_experiment("insertion.experiments.x", conf(**placement))
     assert e.value.key == key
+
+
+def test_an_empty_window_inserts_nothing_so_every_item_is_a_control():
+    """An evaluate-only run (``training.num_steps=0``) places nothing: its tables must not show dup counts 1/4/16
+    (and an effective dup count of 16) for items that were never inserted."""
+    rng = np.random.default_rng(0)
+    items = {"ex": make_items("ex", [5] * 8, [0, 1, 4, 16] * 2, rng)}
+    plan = build_plan(items, {"ex": conf()}, (4096, 4096), 32, 2, seed=0, vocab_size=VOCAB)
+    assert plan.num_insertions == 0 and plan.num_items == 8
+    assert plan.item_dup_count.tolist() == [0] * 8
+    full = build_plan(items, {"ex": conf()}, (0, 4096), 32, 2, seed=0, vocab_size=VOCAB)
+    assert sorted(full.item_dup_count.tolist()) == sorted([0, 1, 4, 16] * 2)
