@@ -120,8 +120,11 @@ def test_report_of_a_dir_without_jobs(tmp_path):
 def test_report_of_a_real_sweep_with_a_failed_job(tmp_path, tiny_model_dir):
     sweep = tmp_path / "sweep"
     env = _env(PRETRAIN_EXP_RUNS=str(tmp_path / "runs"))
-    _run(["-m", "pretrain_exp", "-m", *TINY_SWEEP, "seed=0,1", "wandb=disabled", f"hydra.sweep.dir={sweep}"],
-         ROOT, env)
+    first = _run(["-m", "pretrain_exp", "-m", *TINY_SWEEP, "seed=0,1", "wandb=disabled",
+                  f"hydra.sweep.dir={sweep}"], ROOT, env)
+    assert first.stdout.strip().splitlines()[-2:] == [  # the sweep ends with its dir and its report's command
+        f"sweep dir: {sweep.resolve()}",
+        f"report: pretrain-exp-report {sweep.resolve()}   (or python -m pretrain_exp.report {sweep.resolve()})"]
     # a third job into the same sweep dir, through the submitit launcher (its logs land in <sweep>/.submitit/ as
     # on SLURM), that fails in training: an Adam beta of 2 passes the config checks and fails when the optimizer
     # is built. W&B offline has written files by then, so the failed job keeps its dir.
@@ -132,10 +135,17 @@ def test_report_of_a_real_sweep_with_a_failed_job(tmp_path, tiny_model_dir):
     assert not (sweep / "2" / "results.json").exists()
 
     proc = _run(["-m", "pretrain_exp.report", str(sweep)], ROOT, env)
-    paths = [sweep / "report.csv", sweep / "report.md", sweep / "effect_vs_dup.png"]
+    paths = [sweep / "report.csv", sweep / "report.md", sweep / "loss_vs_dup.png", sweep / "effect_pooled.csv",
+             sweep / "effect_vs_dup.png"]
     for p in paths:
         assert f"wrote {p}" in proc.stdout
-    assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for p in (paths[2], paths[4]):
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # jobs that differ only by seed: one effect per dup count, pooled over seeds and items, with its 95% CI
+    with open(paths[3], newline="") as f:
+        pooled = {int(r["dup_count"]): r for r in csv.DictReader(f)}
+    assert sorted(pooled) == [1, 2, 4] and "effect pooled over seeds" in proc.stdout
+    assert "warning: 4 item(s) per dup group: CIs are unreliable below 10" in proc.stdout
     with open(paths[0], newline="") as f:
         reader = csv.DictReader(f)
         rows = list(reader)
@@ -155,6 +165,11 @@ def test_report_of_a_real_sweep_with_a_failed_job(tmp_path, tiny_model_dir):
             assert float(got["effect"]) == pytest.approx(res["per_dup"][0]["mean_loss"] - want["mean_loss"])
             assert int(got["n_items"]) == want["n_items"] == 4 and got["experiment"] == "fictional_bios"
         assert float(mine[0]["effect"]) == 0.0
+    for d, p in pooled.items():
+        per_job = [float(r["effect"]) for r in rows if int(r["dup_count"]) == d]
+        assert p["seeds"] == "0,1" and int(p["n_seeds"]) == 2 and int(p["n_items"]) == 4
+        assert float(p["effect"]) == pytest.approx(sum(per_job) / 2, rel=1e-9)
+        assert float(p["ci_low"]) <= float(p["effect"]) <= float(p["ci_high"])
 
     md = paths[1].read_text()
     assert "## Failed" in md and md.count("| fictional_bios |") == 8
