@@ -828,3 +828,20 @@ def test_an_empty_window_inserts_nothing_so_every_item_is_a_control():
     assert plan.item_dup_count.tolist() == [0] * 8
     full = build_plan(items, {"ex": conf()}, (0, 4096), 32, 2, seed=0, vocab_size=VOCAB)
     assert sorted(full.item_dup_count.tolist()) == sorted([0, 1, 4, 16] * 2)
+
+
+def test_every_insertion_type_has_controls_by_default_and_explicit_placement_needs_no_repetitions_key():
+    """One rule across types: each ``conf/insertion`` option's default dup counts include 0 (controls); explicit
+    placement takes the counts from the positions whatever ``repetitions`` says."""
+    from omegaconf import OmegaConf
+
+    from pretrain_exp.insertion.schema import validate_placement
+    from tests.conftest import CONF_DIR
+
+    for path in sorted((CONF_DIR / "insertion").glob("*.yaml")):
+        reps = OmegaConf.load(path).get("repetitions")
+        if reps is not None:
+            assert isinstance(reps, (list, type(OmegaConf.create([])))) and 0 in list(reps), (path.name, reps)
+    exp = TokensConf(file="items.jsonl", repetitions=[0, 1, 4, 16],
+                     placement=PlacementConf(kind=PlacementKind.explicit))
+    validate_placement("insertion.experiments.tokens", exp)
