@@ -845,3 +845,15 @@ def test_every_insertion_type_has_controls_by_default_and_explicit_placement_nee
     exp = TokensConf(file="items.jsonl", repetitions=[0, 1, 4, 16],
                      placement=PlacementConf(kind=PlacementKind.explicit))
     validate_placement("insertion.experiments.tokens", exp)
+
+
+def test_copies_that_do_not_fit_say_how_many_steps_would():
+    from pretrain_exp.insertion.placement import place_random
+
+    L, B = 128, 8
+    with pytest.raises(InsertionError) as ei:  # 316,000 tokens into 12 steps of 8 x 128 (12,288 tokens)
+        place_random(np.full(2500, 126), (0, 96), L, np.random.default_rng(0), Occupancy(), "insertion.experiments.x",
+                     B)
+    msg = str(ei.value)
+    assert "do not fit in rows [0, 96) (12288 tokens)" in msg
+    assert "training.num_steps=616" in msg and "fewer items or repetitions" in msg and "\n" not in msg

@@ -289,3 +289,11 @@ def test_report_of_benchmark_and_forgetting_results(tmp_path):
     assert (meta.run_group, meta.job_type) == ("sweep-x", "report")
     media = {p.name.split("_")[0] for p in (wandb_dir / "files" / "media").rglob("*") if p.is_file()}
     assert media, "no tables or images in the W&B run"
+
+
+def test_readme_documents_the_outputs_a_run_and_a_report_write():
+    """Every file name the code writes into a run dir or a report dir appears in the README's tables."""
+    readme = (ROOT / "README.md").read_text()
+    for name in ("wandb_id.txt", "olmo_core_work/", "forgetting/<job>.png", "effect_pooled.csv", "loss_vs_dup.png",
+                 "effect_vs_dup.png", "pretrain-exp-eval"):
+        assert f"`{name}" in readme, name
