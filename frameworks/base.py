@@ -41,16 +41,21 @@ TRAIN_STATE_SAFE_GLOBALS = [
 LogFn = Callable[[Dict[str, float], int], None]
 
 
-def latest_step_dir(parent: Path, pattern: str, complete_marker: str) -> Optional[Tuple[int, Path]]:
-    """The sub-dir of ``parent`` whose name fully matches ``pattern`` (one integer group: its step) with the
-    highest step among those holding ``complete_marker`` (the file a framework writes last into a checkpoint),
-    as ``(step, path)``; ``None`` if there is none."""
-    best = None
+def step_dirs(parent: Path, pattern: str, complete_marker: str) -> list:
+    """The sub-dirs of ``parent`` whose name fully matches ``pattern`` (one integer group: its step) and that hold
+    ``complete_marker`` (the file a framework writes last into a checkpoint), as ``[(step, path), ...]`` by step."""
+    out = []
     for d in Path(parent).glob("*"):
         m = re.fullmatch(pattern, d.name)
-        if m and (d / complete_marker).is_file() and (best is None or int(m[1]) > best[0]):
-            best = (int(m[1]), d)
-    return best
+        if m and (d / complete_marker).is_file():
+            out.append((int(m[1]), d))
+    return sorted(out)
+
+
+def latest_step_dir(parent: Path, pattern: str, complete_marker: str) -> Optional[Tuple[int, Path]]:
+    """The last of :func:`step_dirs` (the highest step), or ``None`` if there is none."""
+    found = step_dirs(parent, pattern, complete_marker)
+    return found[-1] if found else None
 
 
 @dataclass
@@ -209,6 +214,12 @@ class Framework(ABC):
     @abstractmethod
     def latest_checkpoint(self) -> Optional[Checkpoint]:
         """The newest complete checkpoint this run wrote in its run dir, or ``None``."""
+
+    def checkpoints(self) -> Dict[int, Checkpoint]:
+        """Every complete checkpoint this run holds in its run dir, by global step (frameworks that keep several
+        list them all; the default: the newest)."""
+        last = self.latest_checkpoint()
+        return {} if last is None else {last.step: last}
 
     @abstractmethod
     def peek_rows(self, rows, step: int, dp_rank: int, dp_world: int,

@@ -21,7 +21,7 @@ import csv
 import logging
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Dict, Optional
 
 import numpy as np
 import torch
@@ -40,7 +40,7 @@ from pretrain_exp.core.config import Precision
 from pretrain_exp.core.distributed import world_size
 from pretrain_exp.core.errors import CheckpointError
 from pretrain_exp.core.io import apply_default_modes
-from pretrain_exp.frameworks.base import Checkpoint, Framework, LogFn, latest_step_dir
+from pretrain_exp.frameworks.base import Checkpoint, Framework, LogFn, latest_step_dir, step_dirs
 from pretrain_exp.frameworks.hf.sampler import RankLayoutSampler
 from pretrain_exp.frameworks.noise_feed import NoiseFeed
 
@@ -152,6 +152,12 @@ class HFFramework(Framework):
         is ``model.checkpoint_step + k``."""
         found = latest_step_dir(self.checkpoint_dir, r"checkpoint-(\d+)", "trainer_state.json")
         return None if found is None else Checkpoint(found[1], self.cfg.model.checkpoint_step + found[0])
+
+    def checkpoints(self) -> Dict[int, Checkpoint]:
+        """Every ``checkpoint-<k>`` with a ``trainer_state.json``, by global step."""
+        s = self.cfg.model.checkpoint_step
+        found = step_dirs(self.checkpoint_dir, r"checkpoint-(\d+)", "trainer_state.json")
+        return {s + k: Checkpoint(d, s + k) for k, d in found}
 
     def sampler(self, dp_world: int) -> RankLayoutSampler:
         """The sampler of the run's rows for ``dp_world`` processes (:mod:`pretrain_exp.frameworks.hf.sampler`)."""

@@ -55,7 +55,7 @@ from pretrain_exp.core.config import ModelConf, Precision, RunConfig
 from pretrain_exp.core.distributed import is_main_process, rank, world_size
 from pretrain_exp.core.errors import CheckpointError, ConfigError, TrainingError
 from pretrain_exp.data.schedule import rows_for
-from pretrain_exp.frameworks.base import Checkpoint, Framework, LogFn, latest_step_dir
+from pretrain_exp.frameworks.base import Checkpoint, Framework, LogFn, latest_step_dir, step_dirs
 from pretrain_exp.frameworks.noise_feed import NoiseFeed
 from pretrain_exp.frameworks.olmo_core.callbacks import (
     ForwardMetrics,
@@ -391,6 +391,11 @@ class OlmoCoreFramework(Framework):
         """Newest complete ``checkpoints/step<N>/`` (OLMo-core writes ``.metadata.json`` last)."""
         found = latest_step_dir(self.checkpoint_dir, r"step(\d+)", ".metadata.json")
         return None if found is None else OlmoCoreCheckpoint(found[1], found[0], self._tokenizer)
+
+    def checkpoints(self) -> Dict[int, Checkpoint]:
+        """Every complete ``checkpoints/step<N>/``, by global step."""
+        return {s: OlmoCoreCheckpoint(d, s, self._tokenizer)
+                for s, d in step_dirs(self.checkpoint_dir, r"step(\d+)", ".metadata.json")}
 
     @functools.cached_property
     def experiment_config(self) -> Dict[str, Any]:

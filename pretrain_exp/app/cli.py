@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -66,16 +67,48 @@ def save_hydra_files(cfg: DictConfig, run_dir: Path) -> None:
         write_text(out / name, OmegaConf.to_yaml(OmegaConf.create(redact_obj(node))))
 
 
+#: whether :func:`main` set ``HYDRA_FULL_ERROR`` for Hydra's composition (a user's own setting is left alone)
+_set_full_error = False
+
+
 def _one_line(e: BaseException) -> str:
     """The error message on one line (a wrapped engine error may span several)."""
     return " | ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
 
 
+def main() -> None:
+    """The command (module docstring): Hydra's composition errors (a mistyped key, a wrong group option, a wrong
+    type) become one ``error:`` line with the closest name and exit status 2
+    (:func:`~pretrain_exp.app.hydra_errors.hydra_error_line`), like the project's own errors."""
+    from hydra.errors import HydraException
+
+    from pretrain_exp.app.hydra_errors import hydra_error_line
+
+    global _set_full_error
+    ours = _set_full_error = "HYDRA_FULL_ERROR" not in os.environ
+    if ours:  # Hydra re-raises composition errors instead of printing its own multi-line report and exiting 1
+        os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        _main()
+    except HydraException as e:
+        line = hydra_error_line(e)
+        if line is None:
+            raise
+        print(f"error: {redact(line)}", file=sys.stderr)
+        sys.exit(2)
+    finally:
+        if ours:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def main(cfg: DictConfig) -> None:
+def _main(cfg: DictConfig) -> None:
     """Compose, validate once, launch (a CPDT config: :func:`~pretrain_exp.app.cpdt.run_cpdt`, which launches its
     arms); see the module docstring."""
     from hydra.core.hydra_config import HydraConfig
+
+    if _set_full_error:  # the run's own errors and its child processes: as before
+        os.environ.pop("HYDRA_FULL_ERROR", None)
     from hydra.types import RunMode
 
     from pretrain_exp.app.cpdt import run_cpdt

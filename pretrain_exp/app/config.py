@@ -58,6 +58,7 @@ def register_configs() -> None:
     from hydra.core.config_store import ConfigStore
 
     from pretrain_exp.app.help import register_help_resolver
+    from pretrain_exp.app.run_name import register_run_name_resolver
     from pretrain_exp.app.settings import register_resolver
     from pretrain_exp.evals.registry import register_eval_schemas
     from pretrain_exp.frameworks.registry import register_framework_schemas
@@ -65,6 +66,7 @@ def register_configs() -> None:
 
     register_resolver()
     register_help_resolver()
+    register_run_name_resolver()
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=ExperimentConfig)
     for group, node in (

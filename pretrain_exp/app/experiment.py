@@ -46,6 +46,7 @@ from omegaconf import OmegaConf
 
 from pretrain_exp.app import async_eval
 from pretrain_exp.app.config import ExperimentConfig
+from pretrain_exp.app.run_name import MUTABLE_KEYS  # noqa: F401  (re-exported: the keys a re-run may change)
 from pretrain_exp.app.tracking import NullTracker, Tracker, config_dict
 from pretrain_exp.core.config import Cleanup, EvalMode, ExportHF
 from pretrain_exp.core.distributed import barrier, init_process_group, is_main_process, world_size
@@ -170,6 +171,8 @@ class Experiment:
         log.info("plan: %d items, %d insertions, %d tokens (%.2f%% of the %d-token window)", plan.num_items,
                  plan.num_insertions, int(plan.lengths.sum()),
                  100 * plan.lengths.sum() / max(1, self.window[1] - self.window[0]), self.window[1] - self.window[0])
+        if plan.num_items and self.window[1] == self.window[0]:
+            log.info("plan: nothing inserted (no steps to train): all %d items are dup-0 controls", plan.num_items)
         if plan.noise_rows.size:
             log.info("plan: %d rows with gaussian noise (%s)", plan.noise_rows.size, plan.noise_sigma)
         return plan
@@ -287,8 +290,8 @@ class Experiment:
         rows = self.order.held_out_rows(self.cfg.data.held_out_rows)
         return np.stack([self.order.row_tokens(int(q)) for q in rows]) if rows.size else np.empty((0, self.L), np.int64)
 
-    def evaluate(self, ckpt: Checkpoint, tracker: Tracker) -> Dict[str, dict]:
-        """Run every ``eval.tasks`` entry on ``ckpt`` (skipping tasks already saved for its step).
+    def evaluate(self, ckpt: Checkpoint, tracker: Tracker, redo: bool = False) -> Dict[str, dict]:
+        """Run every ``eval.tasks`` entry on ``ckpt`` (skipping tasks already saved for its step, unless ``redo``).
 
         Under ``eval.mode=distributed`` (:meth:`distributed_eval`) every rank calls this: rank 0 decides which
         tasks are pending and broadcasts them, every rank loads the model from one HF dir (:meth:`_shared_hf_dir`)
@@ -304,7 +307,7 @@ class Experiment:
         results, pending = {}, {}
         for name, task in self.cfg.eval.tasks.items() if self.main else ():
             f = out_dir / f"{name}.json"
-            if f.is_file():
+            if f.is_file() and not redo:
                 results[name] = json.loads(f.read_text())
             else:
                 pending[name] = task
@@ -439,33 +442,70 @@ class Experiment:
             if self.async_evals is not None:
                 self._finish_async(tracker, end)
             wait_s = time.perf_counter() - t0
-            audit = self.run_dir / "audit.json"
-            audit = json.loads(audit.read_text()) if self.audit is not None and audit.is_file() else None
-            if audit is not None and self.dynamic is not None:  # audited on the static plan: final dup counts
-                for it in audit["items"]:
-                    d = int(self.plan.item_dup_count[it["item_id"]])
-                    it["effective_dup_count"] += d - it["dup_count"]
-                    it["dup_count"] = d
-            all_evaluated = self._all_evaluated()
-            results = summarize(cfg, self.plan, evaluated, all_evaluated, time.perf_counter() - t_start, audit)
             # this invocation's segments: training (with the checkpoint save), then what the segment's end held the
             # run for (export, evals or their launch); the final wait for background evals
-            results["timing"] = {"eval_mode": cfg.eval.mode.value, "segments": timing, "final_eval_wait_s": wait_s,
-                                 "final_checkpoint_wait_s": checkpoint_wait_s}
-            if self.dynamic is not None:
-                results["dynamic"] = dynamic.summary(self.dynamic, dynamic.report(
-                    self.plan, self.dynamic, self.loss_history(end), self.additions))
-            write_json(self.run_dir / "results.json", results)
-            write_run_tables(self.run_dir)  # manifest, items and per-item eval rows as Parquet (load_run)
-            plots = {"loss_vs_dup": plot_per_dup, "loss_vs_step": plot_loss_vs_step}
-            for name, plot in plots.items():
-                plot(results, self.run_dir / "plots" / f"{name}.png")
-            if tracker.wandb_dir is not None:  # figures, tables and artifacts at the run's last global step
-                tracker.log_media({f"plots/{name}": _wandb_image(self.run_dir / "plots" / f"{name}.png")
-                                   for name in plots}, ckpt.step)
-                tracker.log_results(results, all_evaluated, ckpt.step)
-                tracker.log_artifacts(None if ckpt is initial else ckpt.path)
+            results = self._write_results(tracker, evaluated, t_start, ckpt, initial, end, {
+                "eval_mode": cfg.eval.mode.value, "segments": timing, "final_eval_wait_s": wait_s,
+                "final_checkpoint_wait_s": checkpoint_wait_s})
         self._cleanup()
+        return results
+
+    def evaluate_checkpoints(self, steps: Optional[list] = None, redo: bool = False) -> dict:
+        """Evaluate the checkpoints this run holds with ``eval.tasks`` (``pretrain-exp-eval``; no training): its
+        checkpoints (:meth:`Framework.checkpoints`), the kept HF exports ``hf/step<N>/`` and the initial checkpoint
+        if the run evaluated it; ``steps`` picks some of them. Tasks already saved for a step are kept unless
+        ``redo``. Rewrites ``results.json``, its tables and plots; returns the ``results.json`` content.
+
+        :raises ConfigError: naming ``--steps`` for a step the run holds no checkpoint of (with the ones it holds).
+        """
+        t_start = time.perf_counter()
+        initial = self.framework.initial_checkpoint()
+        held = dict(self.framework.checkpoints())
+        for d in sorted((self.run_dir / "hf").glob("step*")):
+            if d.name[4:].isdigit() and (d / "config.json").is_file():
+                held.setdefault(int(d.name[4:]), Checkpoint(d, int(d.name[4:])))
+        if self.num_steps == 0 or (self.run_dir / "evals" / f"step{initial.step}").is_dir():
+            held.setdefault(initial.step, initial)
+        chosen = sorted(held) if steps is None else sorted(set(steps))
+        missing = [s for s in chosen if s not in held]
+        if missing or not chosen:
+            raise ConfigError("--steps", f"{self.run_dir} holds no checkpoint of step(s) {missing or chosen} "
+                              f"(it holds: {', '.join(map(str, sorted(held))) or 'none'})")
+        old = self.run_dir / "results.json"
+        timing = json.loads(old.read_text()).get("timing") if old.is_file() else None
+        with Tracker(self.cfg) as tracker:
+            evaluated = {s: self.evaluate(held[s], tracker, redo=redo) for s in chosen}
+            return self._write_results(tracker, evaluated, t_start, held[chosen[-1]], initial,
+                                       self.start_step + self.num_steps, timing)
+
+    def _write_results(self, tracker, evaluated: Dict[int, Dict[str, dict]], t_start: float, ckpt: Checkpoint,
+                       initial: Checkpoint, end: int, timing: Optional[dict]) -> dict:
+        """Write ``results.json`` (with ``timing``), the run's tables and plots, and log them to the tracker."""
+        cfg = self.cfg
+        audit = self.run_dir / "audit.json"
+        audit = json.loads(audit.read_text()) if self.audit is not None and audit.is_file() else None
+        if audit is not None and self.dynamic is not None:  # audited on the static plan: final dup counts
+            for it in audit["items"]:
+                d = int(self.plan.item_dup_count[it["item_id"]])
+                it["effective_dup_count"] += d - it["dup_count"]
+                it["dup_count"] = d
+        all_evaluated = self._all_evaluated()
+        results = summarize(cfg, self.plan, evaluated, all_evaluated, time.perf_counter() - t_start, audit)
+        if timing is not None:
+            results["timing"] = timing
+        if self.dynamic is not None:
+            results["dynamic"] = dynamic.summary(self.dynamic, dynamic.report(
+                self.plan, self.dynamic, self.loss_history(end), self.additions))
+        write_json(self.run_dir / "results.json", results)
+        write_run_tables(self.run_dir)  # manifest, items and per-item eval rows as Parquet (load_run)
+        plots = {"loss_vs_dup": plot_per_dup, "loss_vs_step": plot_loss_vs_step}
+        for name, plot in plots.items():
+            plot(results, self.run_dir / "plots" / f"{name}.png")
+        if tracker.wandb_dir is not None:  # figures, tables and artifacts at the run's last global step
+            tracker.log_media({f"plots/{name}": _wandb_image(self.run_dir / "plots" / f"{name}.png")
+                               for name in plots}, ckpt.step)
+            tracker.log_results(results, all_evaluated, ckpt.step)
+            tracker.log_artifacts(None if ckpt is initial else ckpt.path)
         return results
 
     def _train_segment(self, start: Checkpoint, until_step: int, tracker) -> Checkpoint:
@@ -676,14 +716,6 @@ def holds_credentials(cfg: ExperimentConfig) -> bool:
     return redact_obj(plain) != plain
 
 
-#: config keys that may change between invocations on the same run dir (they don't change what is trained)
-MUTABLE_KEYS = ("eval.", "wandb.", "run_dir", "cache_dir", "name", "run_name", "data.token_dir", "insertion.verify",
-                "insertion.audit",
-                "training.max_retries", "training.retry_base_delay_s", "training.num_threads", "training.cleanup",
-                "training.keep_last_checkpoints", "training.export_hf", "training.report_to",
-                "training.gradient_checkpointing")
-
-
 def _flatten(d: dict, prefix: str = "") -> Dict[str, object]:
     out: Dict[str, object] = {}
     for k, v in d.items():
@@ -707,9 +739,32 @@ def check_same_run(cfg: ExperimentConfig, run_dir: Path) -> None:
     diff = [k for k in sorted(set(old) | set(new))
             if not k.startswith(MUTABLE_KEYS) and old.get(k) != new.get(k)]
     if diff:
-        shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:3])
-        raise ConfigError(diff[0], f"run dir {run_dir} was started with a different config ({shown}); "
-                          "use a new run dir (hydra.run.dir=... or another name=...) to change it")
+        raise ConfigError(diff[0], f"run dir {run_dir} holds another run: {describe_difference(old, new, diff)}; "
+                          "re-run that run's own command to resume it, or give this one its own run dir "
+                          "(name=... or hydra.run.dir=...)")
+
+
+def describe_difference(old: Dict[str, object], new: Dict[str, object], diff: list) -> str:
+    """In plain words, what this config changes against a run dir's (flattened configs, ``diff`` their differing
+    keys): experiments added or dropped, then up to three changed settings."""
+    def experiments(flat):
+        return {k.split(".")[2] for k in flat if k.startswith("insertion.experiments.") and k.count(".") >= 3}
+
+    before, after = experiments(old), experiments(new)
+    parts = []
+    if after - before:
+        parts.append("this run adds experiment " + ", ".join(f"`{e}`" for e in sorted(after - before)))
+    if before - after:
+        parts.append("this run drops experiment " + ", ".join(f"`{e}`" for e in sorted(before - after)))
+    moved = {f"insertion.experiments.{e}." for e in before ^ after}
+    rest = [k for k in diff if not k.startswith(tuple(moved))]
+    shown = [f"{k} {'is new' if k not in old else 'is gone' if k not in new else 'changes'}"
+             + (f" ({old.get(k)!r} -> {new.get(k)!r})" if k in old and k in new else "") for k in rest[:3]]
+    if len(rest) > 3:
+        shown.append(f"{len(rest) - 3} more setting(s)")
+    if shown:
+        parts.append(("it was started with different settings: " if not parts else "and ") + ", ".join(shown))
+    return "; ".join(parts)
 
 
 def run(cfg: ExperimentConfig) -> dict:

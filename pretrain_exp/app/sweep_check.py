@@ -33,7 +33,15 @@ def first_job_overrides(config: DictConfig) -> List[str] | None:
 
 
 class CheckFirstJob(Callback):
-    """``on_multirun_start``: validate the first job's config (module docstring) before the sweep launches."""
+    """``on_multirun_start``: validate the first job's config (module docstring) before the sweep launches;
+    ``on_multirun_end``: print the sweep dir and the command of its report."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from pathlib import Path
+
+        sweep = Path(str(config.hydra.sweep.dir)).resolve()
+        print(f"sweep dir: {sweep}")
+        print(f"report: pretrain-exp-report {sweep}   (or python -m pretrain_exp.report {sweep})")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra.core.global_hydra import GlobalHydra

@@ -238,8 +238,13 @@ def to_config(cfg: DictConfig) -> ExperimentConfig:
         extra = unknown_keys(cfg)
         if extra:
             key, schema = extra[0]
-            raise ConfigError(key, f"unknown key: {schema.__name__} has no field {key.rpartition('.')[2]!r} "
-                              f"(fields: {', '.join(f.name for f in dataclasses.fields(schema))})")
+            from pretrain_exp.app.hydra_errors import did_you_mean
+
+            fields = [f.name for f in dataclasses.fields(schema)]
+            parent, _, name = key.rpartition(".")
+            raise ConfigError(key, f"unknown key: {schema.__name__} has no field {name!r}"
+                              + did_you_mean(name, fields, f"{parent}." if parent else "")
+                              + f" (fields: {', '.join(fields)})")
         exp = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
         cause = e

@@ -160,10 +160,10 @@ def place_random(lengths: np.ndarray, rows: tuple[np.ndarray, np.ndarray], seque
                              "tokens")
     capacity = int(cum[-1]) * L
     where = f"rows [{r0[0]}, {r1[-1]})" + (f" ({r0.size} intervals)" if r0.size > 1 else "")
+    B = global_batch_size
     if lengths.sum() > capacity:
         raise InsertionError(f"{what}: {int(lengths.sum())} tokens to insert do not fit in {where} "
-                             f"({capacity} tokens)")
-    B = global_batch_size
+                             f"({capacity} tokens); {_fit_hint(int(lengths.sum()), capacity, L, B)}")
     if max_per_batch:
         batches = np.unique(np.concatenate([np.arange(a // B, (b - 1) // B + 1) for a, b in zip(r0, r1)]))
         if n > batches.size * max_per_batch:
@@ -199,8 +199,16 @@ def place_random(lengths: np.ndarray, rows: tuple[np.ndarray, np.ndarray], seque
     used = sum(int((np.clip(occ.ends, a * L, b * L) - np.clip(occ.starts, a * L, b * L)).sum())
                for a, b in zip(r0, r1))
     raise InsertionError(f"{what}: could not place {pending.size} of {n} copies without overlap after "
-                         f"{MAX_ROUNDS} rounds ({where} are {used / max(capacity, 1):.0%} full); use a longer window "
-                         "or fewer repetitions")
+                         f"{MAX_ROUNDS} rounds ({where} are {used / max(capacity, 1):.0%} full); "
+                         f"{_fit_hint(int(lengths.sum()), capacity, L, B)}")
+
+
+def _fit_hint(tokens: int, capacity: int, L: int, B: int) -> str:
+    """How to make ``tokens`` of copies fit (random placement needs room to spare: about half the rows' tokens)."""
+    steps = -(-2 * tokens // (L * B))
+    return (f"random placement needs about twice the tokens it inserts: about {steps} steps of {B} x {L} tokens "
+            f"(training.num_steps={steps}, or a wider placement range), or fewer items or repetitions "
+            f"(about {capacity // 2} tokens fit here)")
 
 
 def _cap_per_batch(cand: np.ndarray, batch: np.ndarray, placed: np.ndarray, cap: int) -> np.ndarray:

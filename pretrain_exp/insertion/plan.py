@@ -292,7 +292,8 @@ def build_plan(items: Dict[str, ItemSet], experiments: Dict[str, InsertionExperi
     :raises InsertionError: for explicit-placement violations or a window too full for the random copies.
     :raises ConfigError: for a bad range placement.
 
-    An empty window (an evaluate-only run) places nothing: the items and their dup counts are kept for the evals.
+    An empty window (an evaluate-only run) places nothing: every item is a control (dup count 0), so the evals
+    and their tables show what was inserted, which is nothing.
     A copy of a noise item (an item set with ``noise_sigma``) is placed like a span of ``L`` tokens, so it takes a
     whole row (explicit positions must be row starts) that no other insertion shares: a noise span.
     """
@@ -316,6 +317,8 @@ def build_plan(items: Dict[str, ItemSet], experiments: Dict[str, InsertionExperi
 
     # explicit experiments first (all together, so overlaps between them name both items)
     placing = window[1] > window[0]
+    if not placing:
+        dups = np.zeros_like(dups)
     exp_names = [n for n in names if placing and experiments[n].placement.kind == PlacementKind.explicit]
     if exp_names:
         ids, dix, pos, cross, labels = [], [], [], [], []

@@ -132,9 +132,7 @@ def validate_placement(key: str, exp: InsertionExperimentConf) -> None:
     if pl.kind == PlacementKind.explicit:
         if exp.file is None:
             raise ConfigError(f"{key}.placement", "explicit placement reads positions from a file; set file")
-        if exp.repetitions != 1:
-            raise ConfigError(f"{key}.repetitions", "explicit placement takes dup counts from the positions "
-                              "given per item (an int or a list); leave repetitions at 1")
+        # the dup counts are the number of positions given per item; repetitions (a type's default) is not used
     if pl.steps and pl.every_n_steps:
         raise ConfigError(f"{key}.placement", "set placement.steps or placement.every_n_steps, not both")
     for name in ("every_n_steps", "max_per_batch"):

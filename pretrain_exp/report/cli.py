@@ -47,6 +47,21 @@ def print_report(rep: dict) -> None:
         console.print(table)
     else:
         console.print(f"{done} job(s) with results, no per-dup rows (no insertion experiment finished)")
+    if rep.get("pooled"):
+        from pretrain_exp.report.pooled import MIN_ITEMS_FOR_CI
+
+        pooled = Table(title="effect pooled over seeds: loss(dup 0) - loss(dup), nats/token (95% CI: bootstrap over "
+                             "seeds, then items within each seed)")
+        for c in ("group", "experiment", "dup", "seeds", "items/seed", "effect", "95% CI"):
+            pooled.add_column(c, justify="left" if c in ("group", "experiment") else "right", overflow="fold")
+        for r in rep["pooled"]:
+            pooled.add_row(r["group"] or "-", r["experiment"], fmt(r["dup_count"]), r["seeds"], fmt(r["n_items"]),
+                           fmt(r["effect"]), f"[{fmt(r['ci_low'])}, {fmt(r['ci_high'])}]")
+        console.print(pooled)
+        few = min(r["n_items"] for r in rep["pooled"])
+        if few < MIN_ITEMS_FOR_CI:
+            console.print(f"warning: {few} item(s) per dup group: CIs are unreliable below {MIN_ITEMS_FOR_CI} items "
+                          f"per group (num_items >= {MIN_ITEMS_FOR_CI} x the number of dup counts)")
     if rep["failed"]:
         failed = Table(title="failed")
         for c in ("job", "overrides", "reason"):

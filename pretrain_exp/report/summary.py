@@ -18,8 +18,11 @@ from typing import Dict, List, Optional
 from pretrain_exp.core.config import RunConfig
 
 
-def _task_of_type(cfg: RunConfig, kind: str):
-    return next((name for name, t in cfg.eval.tasks.items() if t.type == kind), None)
+def _task_of_type(cfg: RunConfig, kind: str, records: Dict[str, dict]):
+    """The configured task of type ``kind``, else one saved in ``records`` (task -> eval record): a run evaluated
+    again with other evals (``pretrain-exp-eval``) keeps its earlier tasks' tables."""
+    return next((name for name, t in cfg.eval.tasks.items() if t.type == kind),
+                next((name for name, r in records.items() if r.get("type") == kind), None))
 
 
 def summarize(cfg: RunConfig, plan, evaluated_now: Dict[int, dict], evaluated_all: Dict[int, dict],
@@ -32,7 +35,7 @@ def summarize(cfg: RunConfig, plan, evaluated_now: Dict[int, dict], evaluated_al
     """
     last = max(evaluated_all) if evaluated_all else None
     at_last = evaluated_all.get(last, {})
-    loss_task, mem_task = _task_of_type(cfg, "insertion_loss"), _task_of_type(cfg, "memorization")
+    loss_task, mem_task = _task_of_type(cfg, "insertion_loss", at_last), _task_of_type(cfg, "memorization", at_last)
     window = [int(w) for w in plan.window]
     per_dup = at_last.get(loss_task, {}).get("per_dup", []) if loss_task else []
     memorization = at_last.get(mem_task, {}).get("per_dup", []) if mem_task else []

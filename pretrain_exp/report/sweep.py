@@ -23,6 +23,7 @@ from pretrain_exp.report import cpdt
 from pretrain_exp.report.failures import collect
 from pretrain_exp.report.jobs import Job
 from pretrain_exp.report.plots import plot_benchmark, plot_effect_vs_dup, plot_loss_vs_step
+from pretrain_exp.report.pooled import POOLED_COLUMNS, plot_pooled, pooled_effects
 from pretrain_exp.report.tables import OVERRIDE_PREFIX, py, sweep_frame
 from pretrain_exp.report.text import csv_text, md_cell
 
@@ -156,13 +157,28 @@ def write_report(root: Path, out_dir: Optional[Path] = None) -> dict:
     failed = [{"job": j.name, "overrides": " ".join(f"{k}={v}" for k, v in j.overrides.items()),
                "reason": j.reason} for j in jobs if j.results is None] + orphans
     out_dir = Path(out_dir).resolve() if out_dir is not None else root
-    paths = {"csv": out_dir / "report.csv", "md": out_dir / "report.md", "png": out_dir / "effect_vs_dup.png"}
+    paths = {"csv": out_dir / "report.csv", "md": out_dir / "report.md", "png": out_dir / "loss_vs_dup.png"}
     write_text(paths["csv"], csv_text(rows, columns))
     title = f"{root.name}: mean insertion loss by dup count (95% CI)"
     bench = benchmark_rows(frame)
     write_text(paths["md"], report_markdown(title, rows, columns, failed, bench))
     labels = {j.name: job_label(j, keys) for j in done}
     plot_effect_vs_dup(rows, labels, paths["png"], title)
+    steps = {(j.config.get("model") or {}).get("checkpoint_step") for j in done}
+
+    def group(j):  # jobs that differ only by seed are pooled
+        step = (j.config.get("model") or {}).get("checkpoint_step")
+        return " ".join([f"{k}={j.overrides.get(k, '')}" for k in keys]
+                        + ([f"model.checkpoint_step={step}"] if len(steps) > 1 else []))
+
+    pooled = pooled_effects([{"group": group(j), "seed": int(j.config.get("seed", 0)), "path": j.path}
+                             for j in done])
+    if pooled:
+        paths |= {"pooled_csv": out_dir / "effect_pooled.csv", "pooled_png": out_dir / "effect_vs_dup.png"}
+        write_text(paths["pooled_csv"], csv_text(pooled, POOLED_COLUMNS))
+        plot_pooled(pooled, paths["pooled_png"], f"{root.name}: insertion effect pooled over seeds (95% CI: "
+                    "bootstrap over seeds and items)")
+        write_text(paths["md"], report_markdown(title, rows, columns, failed, bench) + pooled_markdown(pooled))
     if bench:
         paths |= {"benchmark_csv": out_dir / "benchmark.csv", "benchmark_png": out_dir / "benchmark.png"}
         write_text(paths["benchmark_csv"], csv_text(bench, BENCHMARK_COLUMNS))
@@ -179,4 +195,14 @@ def write_report(root: Path, out_dir: Optional[Path] = None) -> dict:
         table = cpdt.write_cpdt_report(root, out_dir=out_dir)
         paths |= {f"cpdt_{k}": Path(v) for k, v in table["paths"].items()}
     return {"jobs": jobs, "frame": frame, "keys": keys, "rows": rows, "columns": columns, "failed": failed,
-            "paths": paths, "cpdt": table}
+            "paths": paths, "cpdt": table, "pooled": pooled}
+
+
+def pooled_markdown(rows: Sequence[dict]) -> str:
+    """The ``## Effect pooled over seeds`` section of ``report.md``."""
+    out = ["", "## Effect pooled over seeds", "",
+           "effect = loss(dup 0) - loss(dup) in nats/token, mean over seeds; 95% CI: two-stage bootstrap (seeds, "
+           "then items within each seed)", "", "| " + " | ".join(POOLED_COLUMNS) + " |",
+           "|---|---|" + "--:|" * (len(POOLED_COLUMNS) - 2)]
+    out += ["| " + " | ".join(md_cell(r.get(c)) for c in POOLED_COLUMNS) + " |" for r in rows]
+    return "\n".join(out) + "\n"

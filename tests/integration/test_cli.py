@@ -101,6 +101,7 @@ def test_eval_only_and_eval_on_load(tmp_path, tiny_model_dir):
     res = json.loads((run_dir / "results.json").read_text())
     assert res["step"] == 0 and not (run_dir / "checkpoints").exists()
     assert res["plan"]["num_insertions"] == 0  # an empty window holds no insertions
+    assert [(r["dup_count"], r["n_items"]) for r in res["per_dup"]] == [(0, 16)]  # so every item is a control
     cli(*TINY, "eval.on_load=true", "training.num_steps=4", "name=onload", "wandb.add_step_to_name=true",
         "insertion.experiments.fictional_bios.repetitions=[0,1,2,4]", runs=runs)
     res = json.loads((runs / "onload-tiny_llama-step0-seed0" / "results.json").read_text())

@@ -39,17 +39,17 @@ def assert_user_error(proc, *needles):
 @pytest.mark.slow
 def test_cli_hydra_rejects_wrong_type_and_typo(tmp_path):
     proc = cli(tmp_path, "experiment=tiny", "training.num_steps=abc")
-    assert proc.returncode == 1 and "training.num_steps" in proc.stderr and "abc" in proc.stderr
+    assert_user_error(proc, "training.num_steps", "abc")
     proc = cli(tmp_path, "experiment=tiny", "insertion.experiments.fictional_bios.repetitons=2")
-    assert proc.returncode == 1 and "insertion.experiments.fictional_bios.repetitons" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert_user_error(proc, "insertion.experiments.fictional_bios.repetitons",
+                      "did you mean insertion.experiments.fictional_bios.repetitions?")
     assert_no_run_dir(tmp_path)
 
 
 @pytest.mark.slow
 def test_cli_unknown_framework(tmp_path):
     proc = cli(tmp_path, "experiment=tiny", "framework=foo")
-    assert proc.returncode == 1 and "framework/foo" in proc.stderr and "hf" in proc.stderr
+    assert_user_error(proc, "framework=foo", "hf, olmo2, olmo_core")
     proc = cli(tmp_path, "experiment=tiny", "framework.name=foo")
     assert_user_error(proc, "framework.name", "'foo'", "'hf'")
     assert_no_run_dir(tmp_path)

@@ -10,6 +10,7 @@ import shutil
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -54,7 +55,7 @@ def test_no_credential_in_the_run_dir_modes_follow_the_umask_and_a_refused_rerun
         proc = cli(runs, *FAST, f"data.paths=['{url}']")
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert srv.bytes_served > 0
-        run_dir = runs / "tiny-tiny_llama-step0-seed0"
+        run_dir = Path(proc.stdout.strip().splitlines()[-1].removeprefix("run dir: "))
 
         leaks = [(str(p.relative_to(run_dir)), s) for p in run_dir.rglob("*") if p.is_file()
                  for s in SECRETS if s.encode() in p.read_bytes()]

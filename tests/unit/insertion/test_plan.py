@@ -816,3 +816,44 @@ def test_step_placement_options_are_validated(placement, key):
     with pytest.raises(ConfigError) as e:
         validate_experiment("insertion.experiments.x", conf(**placement))
     assert e.value.key == key
+
+
+def test_an_empty_window_inserts_nothing_so_every_item_is_a_control():
+    """An evaluate-only run (``training.num_steps=0``) places nothing: its tables must not show dup counts 1/4/16
+    (and an effective dup count of 16) for items that were never inserted."""
+    rng = np.random.default_rng(0)
+    items = {"ex": make_items("ex", [5] * 8, [0, 1, 4, 16] * 2, rng)}
+    plan = build_plan(items, {"ex": conf()}, (4096, 4096), 32, 2, seed=0, vocab_size=VOCAB)
+    assert plan.num_insertions == 0 and plan.num_items == 8
+    assert plan.item_dup_count.tolist() == [0] * 8
+    full = build_plan(items, {"ex": conf()}, (0, 4096), 32, 2, seed=0, vocab_size=VOCAB)
+    assert sorted(full.item_dup_count.tolist()) == sorted([0, 1, 4, 16] * 2)
+
+
+def test_every_insertion_type_has_controls_by_default_and_explicit_placement_needs_no_repetitions_key():
+    """One rule across types: each ``conf/insertion`` option's default dup counts include 0 (controls); explicit
+    placement takes the counts from the positions whatever ``repetitions`` says."""
+    from omegaconf import OmegaConf
+
+    from pretrain_exp.insertion.schema import validate_placement
+    from tests.conftest import CONF_DIR
+
+    for path in sorted((CONF_DIR / "insertion").glob("*.yaml")):
+        reps = OmegaConf.load(path).get("repetitions")
+        if reps is not None:
+            assert isinstance(reps, (list, type(OmegaConf.create([])))) and 0 in list(reps), (path.name, reps)
+    exp = TokensConf(file="items.jsonl", repetitions=[0, 1, 4, 16],
+                     placement=PlacementConf(kind=PlacementKind.explicit))
+    validate_placement("insertion.experiments.tokens", exp)
+
+
+def test_copies_that_do_not_fit_say_how_many_steps_would():
+    from pretrain_exp.insertion.placement import place_random
+
+    L, B = 128, 8
+    with pytest.raises(InsertionError) as ei:  # 316,000 tokens into 12 steps of 8 x 128 (12,288 tokens)
+        place_random(np.full(2500, 126), (0, 96), L, np.random.default_rng(0), Occupancy(), "insertion.experiments.x",
+                     B)
+    msg = str(ei.value)
+    assert "do not fit in rows [0, 96) (12288 tokens)" in msg
+    assert "training.num_steps=616" in msg and "fewer items or repetitions" in msg and "\n" not in msg

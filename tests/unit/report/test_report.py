@@ -120,8 +120,11 @@ def test_report_of_a_dir_without_jobs(tmp_path):
 def test_report_of_a_real_sweep_with_a_failed_job(tmp_path, tiny_model_dir):
     sweep = tmp_path / "sweep"
     env = _env(PRETRAIN_EXP_RUNS=str(tmp_path / "runs"))
-    _run(["-m", "pretrain_exp", "-m", *TINY_SWEEP, "seed=0,1", "wandb=disabled", f"hydra.sweep.dir={sweep}"],
-         ROOT, env)
+    first = _run(["-m", "pretrain_exp", "-m", *TINY_SWEEP, "seed=0,1", "wandb=disabled",
+                  f"hydra.sweep.dir={sweep}"], ROOT, env)
+    assert first.stdout.strip().splitlines()[-2:] == [  # the sweep ends with its dir and its report's command
+        f"sweep dir: {sweep.resolve()}",
+        f"report: pretrain-exp-report {sweep.resolve()}   (or python -m pretrain_exp.report {sweep.resolve()})"]
     # a third job into the same sweep dir, through the submitit launcher (its logs land in <sweep>/.submitit/ as
     # on SLURM), that fails in training: an Adam beta of 2 passes the config checks and fails when the optimizer
     # is built. W&B offline has written files by then, so the failed job keeps its dir.
@@ -132,10 +135,17 @@ def test_report_of_a_real_sweep_with_a_failed_job(tmp_path, tiny_model_dir):
     assert not (sweep / "2" / "results.json").exists()
 
     proc = _run(["-m", "pretrain_exp.report", str(sweep)], ROOT, env)
-    paths = [sweep / "report.csv", sweep / "report.md", sweep / "effect_vs_dup.png"]
+    paths = [sweep / "report.csv", sweep / "report.md", sweep / "loss_vs_dup.png", sweep / "effect_pooled.csv",
+             sweep / "effect_vs_dup.png"]
     for p in paths:
         assert f"wrote {p}" in proc.stdout
-    assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for p in (paths[2], paths[4]):
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # jobs that differ only by seed: one effect per dup count, pooled over seeds and items, with its 95% CI
+    with open(paths[3], newline="") as f:
+        pooled = {int(r["dup_count"]): r for r in csv.DictReader(f)}
+    assert sorted(pooled) == [1, 2, 4] and "effect pooled over seeds" in proc.stdout
+    assert "warning: 4 item(s) per dup group: CIs are unreliable below 10" in proc.stdout
     with open(paths[0], newline="") as f:
         reader = csv.DictReader(f)
         rows = list(reader)
@@ -155,6 +165,11 @@ def test_report_of_a_real_sweep_with_a_failed_job(tmp_path, tiny_model_dir):
             assert float(got["effect"]) == pytest.approx(res["per_dup"][0]["mean_loss"] - want["mean_loss"])
             assert int(got["n_items"]) == want["n_items"] == 4 and got["experiment"] == "fictional_bios"
         assert float(mine[0]["effect"]) == 0.0
+    for d, p in pooled.items():
+        per_job = [float(r["effect"]) for r in rows if int(r["dup_count"]) == d]
+        assert p["seeds"] == "0,1" and int(p["n_seeds"]) == 2 and int(p["n_items"]) == 4
+        assert float(p["effect"]) == pytest.approx(sum(per_job) / 2, rel=1e-9)
+        assert float(p["ci_low"]) <= float(p["effect"]) <= float(p["ci_high"])
 
     md = paths[1].read_text()
     assert "## Failed" in md and md.count("| fictional_bios |") == 8
@@ -206,15 +221,16 @@ def test_base_series_checkpoints_are_continued(tmp_path, tiny_model_dir):
     (runs root ``runs/`` relative to the working directory, as by default)."""
     env = _env()
     _run(["-m", "pretrain_exp", "experiment=base_series_tiny", "training.num_steps=8", "training.num_threads=1",
-          "wandb=disabled"], tmp_path, env)
+          "wandb=disabled", "name=base_series"], tmp_path, env)  # named: overrides would add a suffix
     series = tmp_path / "runs" / "base_series-tiny_llama-step0-seed0"
     assert sorted(p.name for p in (series / "checkpoints").iterdir()) == ["checkpoint-4", "checkpoint-8"]
     assert json.loads((series / "results.json").read_text())["plan"]["num_insertions"] == 0
 
     proc = _run(["-m", "pretrain_exp", *TINY_SWEEP, "model=base_series_tiny", "model.checkpoint_step=4",
                  "wandb=disabled"], tmp_path, env)
-    run_dir = tmp_path / "runs" / "tiny-base_series_tiny-step4-seed0"
-    assert proc.stdout.strip().splitlines()[-1] == f"run dir: {run_dir.resolve()}"
+    run_dir = Path(proc.stdout.strip().splitlines()[-1].removeprefix("run dir: "))
+    assert run_dir.parent == (tmp_path / "runs").resolve()
+    assert run_dir.name.startswith("tiny-base_series_tiny-step4-seed0-")
     res = json.loads((run_dir / "results.json").read_text())
     B, L = 8, 128
     assert res["model"]["path"] == f"runs/{series.name}/checkpoints/checkpoint-4"
@@ -273,3 +289,11 @@ def test_report_of_benchmark_and_forgetting_results(tmp_path):
     assert (meta.run_group, meta.job_type) == ("sweep-x", "report")
     media = {p.name.split("_")[0] for p in (wandb_dir / "files" / "media").rglob("*") if p.is_file()}
     assert media, "no tables or images in the W&B run"
+
+
+def test_readme_documents_the_outputs_a_run_and_a_report_write():
+    """Every file name the code writes into a run dir or a report dir appears in the README's tables."""
+    readme = (ROOT / "README.md").read_text()
+    for name in ("wandb_id.txt", "olmo_core_work/", "forgetting/<job>.png", "effect_pooled.csv", "loss_vs_dup.png",
+                 "effect_vs_dup.png", "pretrain-exp-eval"):
+        assert f"`{name}" in readme, name

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from huggingface_hub import constants, snapshot_download
@@ -87,7 +88,8 @@ def test_a_run_on_a_hub_id_and_revision_trains_offline(tmp_path, tiny_model_dir,
     proc = subprocess.run([*args, f"model.revision={REV}"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    run_dir = tmp_path / "runs" / "tiny-hf-step0-seed0"
+    run_dir = Path(proc.stdout.strip().splitlines()[-1].removeprefix("run dir: "))
+    assert run_dir.name.startswith("tiny-hf-step0-seed0-")
     res = json.loads((run_dir / "results.json").read_text())
     assert res["model"]["path"] == REPO and res["model"]["revision"] == REV and res["step"] == 2
     assert (run_dir / "checkpoints" / "checkpoint-2" / "model.safetensors").is_file()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -249,9 +250,10 @@ def test_knowledge_eval_on_a_tiny_run(tmp_path, tiny_model_dir):
     """The knowledge_demo preset on the tiny model (24 steps, lr 1e-2): facts inserted 16 times get a higher
     P(value | probe) than the dup-0 facts, in both repetition modes; results.json carries the metrics."""
     runs = tmp_path / "runs"
-    cli("experiment=knowledge_demo", "model=tiny_llama", "training.learning_rate=1e-2", "training.num_threads=1",
-        "training.checkpoint_interval=24", "eval=[knowledge]", "eval.on_load=false", "wandb=disabled", runs=runs)
-    run_dir = runs / "knowledge_demo-tiny_llama-step0-seed0"
+    proc = cli("experiment=knowledge_demo", "model=tiny_llama", "training.learning_rate=1e-2",
+               "training.num_threads=1", "training.checkpoint_interval=24", "eval=[knowledge]", "eval.on_load=false",
+               "wandb=disabled", runs=runs)
+    run_dir = Path(proc.stdout.strip().splitlines()[-1].removeprefix("run dir: "))
     res = json.loads((run_dir / "results.json").read_text())
     m = res["metrics"]["knowledge"]
     rec = json.loads((run_dir / "evals" / "step24" / "knowledge.json").read_text())

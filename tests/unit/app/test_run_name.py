@@ -1,0 +1,66 @@
+"""Run dirs keep experiments apart (issue: a second experiment collided with the first one's run dir)."""
+
+from __future__ import annotations
+
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+from hydra.core.global_hydra import GlobalHydra
+
+from pretrain_exp.app.experiment import check_same_run, save_resolved_config
+from pretrain_exp.app.run_name import run_suffix
+from pretrain_exp.core.errors import ConfigError
+from tests.conftest import make_config
+
+
+def _run_dir_of(monkeypatch, tmp_path, *argv) -> Path:
+    """The run dir the entry point picks for ``argv`` (``experiment.run`` replaced: nothing is trained)."""
+    import pretrain_exp.app.experiment as experiment
+
+    seen = []
+    monkeypatch.setattr(experiment, "run", lambda cfg: seen.append(Path(cfg.run_dir)) or {})
+    monkeypatch.setenv("PRETRAIN_EXP_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setattr(sys, "argv", ["pretrain_exp", *argv])
+    try:
+        runpy.run_module("pretrain_exp", run_name="__main__")
+    finally:
+        GlobalHydra.instance().clear()
+    return seen[0]
+
+
+def test_another_experiment_gets_its_own_run_dir_and_the_same_command_the_same(monkeypatch, tmp_path):
+    tiny = _run_dir_of(monkeypatch, tmp_path, "experiment=tiny", "wandb=disabled")
+    assert tiny.name == "tiny-tiny_llama-step0-seed0"  # no training override: the plain name
+    texts = ("experiment=tiny", "insertion=texts", "insertion.experiments.texts.file=items.jsonl")
+    first = _run_dir_of(monkeypatch, tmp_path, *texts)
+    assert first != tiny and first.name.startswith("tiny-tiny_llama-step0-seed0-texts-")
+    assert _run_dir_of(monkeypatch, tmp_path, *reversed(texts), "eval=[insertion_loss]") == first  # resumes
+    other = _run_dir_of(monkeypatch, tmp_path, "experiment=tiny", "insertion=texts",
+                        "insertion.experiments.texts.file=other.jsonl")
+    assert other != first
+    assert _run_dir_of(monkeypatch, tmp_path, "experiment=tiny", "training.num_steps=3", "name=mine").name == \
+        "mine-tiny_llama-step0-seed0"  # a name the user gave is the name
+
+
+def test_run_suffix_ignores_what_may_change_on_resume():
+    assert run_suffix(["seed=1", "eval=[perplexity]", "wandb=disabled", "training.num_threads=1",
+                       "hydra/launcher=slurm", "experiment=tiny", "+eval.tasks.x.type=perplexity"]) == ""
+    a = run_suffix(["framework=olmo2", "training.num_steps=4"])
+    assert a == run_suffix(["training.num_steps=4", "framework=olmo2"]) and a.startswith("-olmo2-")
+    assert run_suffix(["training.num_steps=4"]) != run_suffix(["training.num_steps=5"])
+    assert run_suffix(["insertion=[fictional_bios,tokens]"]).startswith("-fictional_bios+tokens-")
+
+
+def test_a_conflicting_run_dir_says_in_plain_words_what_differs(tmp_path):
+    save_resolved_config(make_config("experiment=tiny", run_dir=tmp_path), tmp_path)
+    texts = make_config("experiment=tiny", "insertion=texts", run_dir=tmp_path)
+    with pytest.raises(ConfigError) as ei:
+        check_same_run(texts, tmp_path)
+    msg = str(ei.value)
+    assert "this run adds experiment `texts`" in msg and "drops experiment `fictional_bios`" in msg
+    assert "name=" in msg and "\n" not in msg
+    steps = make_config("experiment=tiny", "training.num_steps=3", run_dir=tmp_path)
+    with pytest.raises(ConfigError, match=r"training.num_steps changes \(12 -> 3\)"):
+        check_same_run(steps, tmp_path)
