@@ -47,3 +47,8 @@ class CheckpointError(PretrainExpError):
 class StorageError(PretrainExpError):
     """A file could not be written because its filesystem is full (``ENOSPC``) or the quota is used up
     (``EDQUOT``). The message names what was being written, where, and how to go on."""
+
+
+class PushError(PretrainExpError):
+    """A push to the Hugging Face Hub was refused or failed (offline, no token, a refused token, a network error).
+    The message names what to set or do; it never holds the token."""

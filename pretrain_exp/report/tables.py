@@ -94,14 +94,27 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
     evals_json = list(run_dir.glob("evals/step*/*.json"))
     rows = (pd.read_parquet(run_dir / "evals.parquet") if _fresh_parquet(run_dir, "evals.parquet", evals_json)
             else eval_rows_frame(run_dir))
-    items = (pd.read_parquet(run_dir / "items.parquet")
-             if _fresh_parquet(run_dir, "items.parquet", [run_dir / "items.jsonl"])
-             else _jsonl_frame(run_dir / "items.jsonl"))
+    items = load_items(run_dir)
     if len(rows) and len(items) and "item_id" in rows:
         extra = ["item_id"] + [c for c in items.columns if c not in rows.columns]
         rows = rows.merge(items[extra], on="item_id", how="left", validate="many_to_one")
     first = [c for c in RUN_COLUMNS if c in rows.columns]
     return rows[first + [c for c in rows.columns if c not in first]]
+
+
+def load_items(run_dir: str | Path) -> pd.DataFrame:
+    """One row per item of a run (``items.parquet`` where it is current, else ``items.jsonl``); empty if neither."""
+    run_dir = Path(run_dir)
+    fresh = _fresh_parquet(run_dir, "items.parquet", [run_dir / "items.jsonl"])
+    return pd.read_parquet(run_dir / "items.parquet") if fresh else _jsonl_frame(run_dir / "items.jsonl")
+
+
+def load_manifest(run_dir: str | Path) -> pd.DataFrame:
+    """One row per inserted span of a run (``manifest.parquet`` where it is current, else ``manifest.jsonl``);
+    empty if neither."""
+    run_dir = Path(run_dir)
+    fresh = _fresh_parquet(run_dir, "manifest.parquet", [run_dir / "manifest.jsonl"])
+    return pd.read_parquet(run_dir / "manifest.parquet") if fresh else _jsonl_frame(run_dir / "manifest.jsonl")
 
 
 def sweep_frame(jobs: Sequence[Job]) -> pd.DataFrame:
