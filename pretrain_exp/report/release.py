@@ -5,7 +5,7 @@
 
     <out>/model/                        the final step's HF model dir (safetensors, config, tokenizer) + README.md
     <out>/revisions/step<N>-tokens<T>B/ every step with a kept HF model (the final one too), each + README.md
-    <out>/dataset/                      README.md (dataset card), data/{items,placements,evals}.parquet,
+    <out>/dataset/                      README.md (dataset card), data/{items,placements,evals}-<id>.parquet,
                                         config.resolved.yaml, plan.npz
     <out>/release.json                  what the bundle holds: run, repo id, revisions, sha256 of every file
 
@@ -33,6 +33,7 @@ login``); it is never read into a file or a message here.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -58,11 +59,18 @@ log = logging.getLogger(__name__)
 TRAINING_STATE = ("optimizer", "scheduler", "rng_state", "trainer_state", "training_args")
 #: registry assets whose weights come from a Hub model (``base_model`` of the card)
 ASSET_BASE_MODELS = {"smollm2_135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}
-#: the dataset configs: name -> file under ``dataset/``
-DATASET_CONFIGS = {"items": "data/items.parquet", "placements": "data/placements.parquet",
-                   "evals": "data/evals.parquet"}
+#: the dataset configs; each is ``data/<config>-<bundle id>.parquet`` (:func:`data_file`)
+DATASET_CONFIGS = ("items", "placements", "evals")
 BUNDLE_FILE = "release.json"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+def data_file(config: str, plan_sha256: str, config_sha256: str) -> str:
+    """``data/<config>-<id>.parquet``, ``id`` = 12 hex digits of sha256(plan sha256 + config sha256). ``datasets``
+    caches a local dataset under its folder name and the ``data_files`` patterns of its card, so fixed file names
+    would let two bundles' ``dataset/`` folders share one cache entry (the second load returns the first's rows)."""
+    bundle_id = hashlib.sha256((plan_sha256 + config_sha256).encode()).hexdigest()[:12]
+    return f"data/{config}-{bundle_id}.parquet"
 
 
 def revision_name(step: int, tokens: int) -> str:
@@ -226,8 +234,9 @@ def _card_metadata(run: dict, facts: dict, repo_id: str, license_id: str, kind: 
         common.update(per_dup=res["per_dup"], memorization=res.get("memorization", []),
                       audit=res.get("audit"), revisions=run.get("revisions", {}))
     else:
-        meta.update(configs=[{"config_name": name, "data_files": [{"split": "train", "path": path}]}
-                             for name, path in DATASET_CONFIGS.items()],
+        meta.update(configs=[{"config_name": name, "data_files": [
+                        {"split": "train", "path": data_file(name, run["plan_sha256"], run["config_sha256"])}]}
+                             for name in DATASET_CONFIGS],
                     task_categories=["text-generation"], pretty_name=f"{res.get('run_name')}: inserted items")
         if base["base_model"]:
             meta["base_model"] = base["base_model"]
@@ -424,9 +433,10 @@ def build_bundle(run_dir: str | Path, out_dir: str | Path, repo_id: Optional[str
             _link_or_copy(_model_files(dirs[step]), tmp / "revisions" / name)
             model_card(run, facts, repo_id, license_id, revision=name).save(tmp / "revisions" / name / "README.md")
         ds = tmp / "dataset"
-        for name, path in DATASET_CONFIGS.items():
-            (ds / path).parent.mkdir(parents=True, exist_ok=True)
-            tables[name].to_parquet(ds / path, index=False, engine="pyarrow")
+        for name in DATASET_CONFIGS:
+            path = ds / data_file(name, run["plan_sha256"], run["config_sha256"])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tables[name].to_parquet(path, index=False, engine="pyarrow")
         for name in ("config.resolved.yaml", "plan.npz"):
             shutil.copy2(run_dir / name, ds / name)
         dataset_card(run, facts, tables, repo_id, license_id).save(ds / "README.md")
@@ -512,7 +522,7 @@ def push_bundle(bundle: str | Path, repo_id: str, private: bool = False, revisio
                else f"the Hub answered HTTP {status}: {' '.join(str(e).split())[:300]}")
         raise PushError(redact(f"push of {bundle} to {repo_id} failed: {why}; the bundle is intact, run the same "
                                "command again to retry")) from None
-    except (OSError, ValueError) as e:  # connection errors (requests/httpx raise OSError subclasses), bad metadata
+    except Exception as e:  # noqa: BLE001  connection errors, a failed LFS upload (RuntimeError), bad metadata
         raise PushError(redact(f"push of {bundle} to {repo_id} failed ({type(e).__name__}: "
                                f"{' '.join(str(e).split())[:300]}); the bundle is intact, run the same command "
                                "again to retry")) from None

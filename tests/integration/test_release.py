@@ -1,0 +1,202 @@
+"""``pretrain-exp-release`` on real tiny runs built by the CLI: the bundle checked by the libraries that will read it
+(``ModelCard.load``, ``DatasetCard.load``, ``datasets.load_dataset`` per config, ``AutoModelForCausalLM.from_pretrained``
+on the model dir and on each revision's files), its numbers against the run's ``results.json``, and the push recorded
+by a local Hub endpoint (:mod:`tests.hub_server`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from pretrain_exp.core.io import sha256_file
+from pretrain_exp.report.release import revision_name
+from tests.conftest import CACHE_DIR, ROOT
+from tests.hub_server import HubServer
+
+TOKEN = "hf_" + "releaseTestToken" * 3  # the shape of a real token, so redaction by shape is exercised too
+REPO = "lab/tiny-insertion"
+
+
+def run_module(module: str, *args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env = base | {"PRETRAIN_EXP_CACHE": str(CACHE_DIR), "WANDB_SILENT": "true", "HF_HUB_OFFLINE": "1",
+                  "HF_DATASETS_OFFLINE": "1"} | (env or {})
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def tiny_run(runs: Path, *overrides: str) -> Path:
+    proc = run_module("pretrain_exp", *overrides, "training.num_steps=4", "training.checkpoint_interval=2",
+                      "insertion.experiments.fictional_bios.repetitions=[0,1,4]", "training.num_threads=1",
+                      "wandb=disabled",
+                      env={"PRETRAIN_EXP_RUNS": str(runs)})
+    return Path(proc.stdout.strip().splitlines()[-1].removeprefix("run dir: "))
+
+
+@pytest.fixture(scope="module")
+def hf_run(tmp_path_factory, tiny_model_dir) -> Path:
+    """experiment=tiny for 4 steps in 2 segments (dup counts 0/1/4), every HF Trainer checkpoint kept (two revisions)."""
+    return tiny_run(tmp_path_factory.mktemp("runs"), "experiment=tiny", "training.keep_last_checkpoints=0")
+
+
+def check_bundle(run_dir: Path, out: Path, steps: list, repo: str | None = None) -> None:
+    """The library checks of a bundle and its numbers against the run's results.json."""
+    import datasets
+    import transformers
+    from huggingface_hub import DatasetCard, ModelCard
+
+    res = json.loads((run_dir / "results.json").read_text())
+    cfg = res["plan"]
+    plan_sha, config_sha = sha256_file(run_dir / "plan.npz"), sha256_file(run_dir / "config.resolved.yaml")
+    tokens_per_step = 8 * 128
+    revisions = {revision_name(s, s * tokens_per_step): s for s in steps}
+    assert sorted(p.name for p in (out / "revisions").iterdir()) == sorted(revisions)
+
+    card = ModelCard.load(out / "model" / "README.md")
+    meta = card.data.to_dict()
+    assert meta["library_name"] == "transformers" and meta["license"] == "other"
+    assert meta["datasets"] == [repo or res["run_name"]]
+    assert "pretrain_exp" in meta["tags"]
+    ours = meta["pretrain_exp"]
+    assert ours["plan_sha256"] == plan_sha and ours["config_sha256"] == config_sha
+    assert ours["per_dup"] == res["per_dup"] and ours["step"] == res["step"] == steps[-1]
+    assert ours["plan"]["inserted_tokens"] == cfg["inserted_tokens"]
+    assert ours["revisions"] == revisions
+    for r in res["per_dup"]:  # the body's eval table, with the CI
+        assert (f"| {r['experiment']} | {r['dup_count']} | {r['n_items']} | {r['mean_loss']:.3f} | "
+                f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}] |") in card.text
+    assert plan_sha in card.text and "## Natural-duplicate audit" in card.text and "pretrain-exp experiment=tiny" \
+        in card.text
+
+    dcard = DatasetCard.load(out / "dataset" / "README.md")
+    dmeta = dcard.data.to_dict()
+    assert [c["config_name"] for c in dmeta["configs"]] == ["items", "placements", "evals"]
+    assert dmeta["pretrain_exp"]["plan_sha256"] == plan_sha and dmeta["pretrain_exp"]["config_sha256"] == config_sha
+    loaded = {name: datasets.load_dataset(str(out / "dataset"), name, split="train").to_pandas()
+              for name in ("items", "placements", "evals")}
+    items, placements, evals = loaded["items"], loaded["placements"], loaded["evals"]
+    assert len(items) == cfg["num_items"] and len(placements) == cfg["num_insertions"]
+    assert int(placements["length"].sum()) == cfg["inserted_tokens"]
+    assert (items["control"] == (items["dup_count"] == 0)).all() and items["control"].any()
+    assert not placements["item_id"].isin(items.loc[items["control"], "item_id"]).any()
+    counts = placements.groupby("item_id").size()
+    for _, it in items.iterrows():
+        assert counts.get(it["item_id"], 0) == it["dup_count"]
+        assert len(it["token_ids"]) == it["length"]
+    final = evals[(evals["step"] == res["step"]) & (evals["eval"] == "insertion_loss")]
+    for r in res["per_dup"]:
+        g = final[(final["experiment"] == r["experiment"]) & (final["dup_count"] == r["dup_count"])]
+        assert len(g) == r["n_items"] and g["loss"].mean() == pytest.approx(r["mean_loss"], rel=1e-12)
+    names = sorted(p.name.split("-")[0] for p in (out / "dataset").rglob("*") if p.is_file())
+    assert names == ["README.md", "config.resolved.yaml", "evals", "items", "placements", "plan.npz"]
+
+    m = transformers.AutoModelForCausalLM.from_pretrained(out / "model")
+    assert m.num_parameters() > 0
+    for name in revisions:
+        transformers.AutoModelForCausalLM.from_pretrained(out / "revisions" / name)
+        assert ModelCard.load(out / "revisions" / name / "README.md").data.to_dict()["pretrain_exp"] == ours
+    transformers.AutoTokenizer.from_pretrained(out / "model")
+
+
+def test_release_of_a_tiny_hf_run(hf_run, tmp_path):
+    out = tmp_path / "bundle"
+    proc = run_module("pretrain_exp.release", str(hf_run), str(out))
+    assert f"wrote {out}" in proc.stdout
+    check_bundle(hf_run, out, steps=[2, 4])
+    # the final model is the run's last checkpoint, byte for byte; no training state is released
+    assert sha256_file(out / "model" / "model.safetensors") == sha256_file(
+        hf_run / "checkpoints" / "checkpoint-4" / "model.safetensors")
+    assert not list(out.rglob("optimizer*")) and not list(out.rglob("trainer_state*"))
+    # again into the same dir: the same bundle is reused; another repo id is refused, naming the dir
+    assert run_module("pretrain_exp.release", str(hf_run), str(out)).returncode == 0
+    bad = run_module("pretrain_exp.release", str(hf_run), str(out), "--repo-id", "x/y", check=False)
+    assert bad.returncode == 2 and bad.stderr.startswith(f"error: {out} exists")
+
+
+def test_bad_input_is_one_clear_error(hf_run, tmp_path):
+    proc = run_module("pretrain_exp.release", str(tmp_path / "nope"), str(tmp_path / "out"), check=False)
+    assert proc.returncode == 2 and proc.stderr.strip() == f"error: {tmp_path / 'nope'}: no such run or sweep dir"
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    (partial / "config.resolved.yaml").write_text((hf_run / "config.resolved.yaml").read_text())
+    proc = run_module("pretrain_exp.release", str(partial), str(tmp_path / "out"), check=False)
+    assert proc.returncode == 2 and "results.json: missing" in proc.stderr and not (tmp_path / "out").exists()
+
+
+def test_push_offline_refused_token_and_retry(hf_run, tmp_path):
+    out = tmp_path / "bundle"
+    offline = run_module("pretrain_exp.release", str(hf_run), str(out), "--push", REPO, check=False,
+                         env={"HF_TOKEN": TOKEN})
+    assert offline.returncode == 2 and "HF_HUB_OFFLINE" in offline.stderr and "HF_TOKEN" in offline.stderr
+    assert not out.exists()  # refused before anything is written
+
+    with HubServer(TOKEN) as hub:
+        env = {"HF_ENDPOINT": hub.base, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_XET": "1",
+               "HF_HOME": str(tmp_path / "hf_home")}
+        wrong = "hf_" + "notTheRightToken" * 3
+        refused = run_module("pretrain_exp.release", str(hf_run), str(out), "--push", REPO, "--private",
+                             check=False, env=env | {"HF_TOKEN": wrong})
+        assert refused.returncode == 2, refused.stderr
+        assert "refused the token (HTTP 401)" in refused.stderr and "HF_TOKEN" in refused.stderr
+        assert wrong not in refused.stdout + refused.stderr
+        assert (out / "release.json").is_file()  # the bundle stays, whole
+        files_before = {p: sha256_file(p) for p in out.rglob("*") if p.is_file()}
+
+        ok = run_module("pretrain_exp.release", str(hf_run), str(out), "--push", REPO, "--private",
+                        env=env | {"HF_TOKEN": TOKEN})
+        assert f"pushed {REPO}" in ok.stdout
+        assert TOKEN not in ok.stdout + ok.stderr
+        assert {p: sha256_file(p) for p in out.rglob("*") if p.is_file()} == files_before
+        for p in out.rglob("*"):
+            if p.is_file():
+                assert TOKEN.encode() not in p.read_bytes()
+
+        def tree(folder: Path) -> dict:
+            return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+        model, dataset = hub.repos[("model", REPO)], hub.repos[("dataset", REPO)]
+        assert model["private"] and dataset["private"]
+        revisions = json.loads((out / "release.json").read_text())["revisions"]
+        assert set(model["branches"]) == {"main", *revisions}
+        assert model["branches"]["main"] == tree(out / "model")
+        for name in revisions:
+            assert model["branches"][name] == tree(out / "revisions" / name)
+        assert dataset["branches"]["main"] == tree(out / "dataset")
+        assert set(dataset["branches"]) == {"main"}
+        # what was sent: large files through LFS, every write authenticated with the token
+        assert any(m == "PUT" and p.startswith("/lfs/") for m, p, _, _ in hub.requests)
+        sent = {h.get("authorization") for m, _, h, _ in hub.requests if m == "POST"}  # every write
+        assert sent == {f"Bearer {wrong}", f"Bearer {TOKEN}"}
+    check_bundle(hf_run, out, steps=[2, 4], repo=REPO)
+
+
+@pytest.mark.slow
+def test_release_of_an_olmo_core_run_with_every_export(tmp_path):
+    """framework=olmo_core: the kept exports hf/step<N>/ (training.export_hf=every) become the revisions."""
+    run_dir = tiny_run(tmp_path / "runs", "experiment=scratch_olmo_core", "training.export_hf=every")
+    out = tmp_path / "bundle"
+    run_module("pretrain_exp.release", str(run_dir), str(out))
+    check_bundle(run_dir, out, steps=[2, 4])
+    assert sha256_file(out / "model" / "model.safetensors") == sha256_file(run_dir / "hf" / "step4" /
+                                                                           "model.safetensors")
+
+
+def test_a_sweep_dir_gives_one_bundle_per_job(hf_run, tmp_path):
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "0").symlink_to(hf_run, target_is_directory=True)
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    proc = run_module("pretrain_exp.release", str(sweep), str(tmp_path / "out"), "--repo-id", REPO)
+    assert "wrote" in proc.stdout
+    card = (tmp_path / "out" / "0" / "model" / "README.md").read_text()
+    assert f"{REPO}-0" in card
+    assert pd.read_parquet(next((tmp_path / "out" / "0" / "dataset" / "data").glob("items-*.parquet"))).shape[0] > 0
