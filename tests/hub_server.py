@@ -1,12 +1,13 @@
 """A writable HF Hub endpoint on 127.0.0.1 that records what ``huggingface_hub`` sends (``HF_ENDPOINT=<base>``).
 
 Routes (the ones ``create_repo``, ``create_branch`` and ``upload_folder`` call; huggingface_hub 1.x):
-``POST /api/repos/create`` (``private`` or ``visibility``), ``POST /api/<type>s/<repo>/branch/<branch>``, ``POST /api/validate-yaml``,
-``POST /api/<type>s/<repo>/preupload/<rev>`` (``*.safetensors``, ``*.parquet``, ``*.npz`` answer ``lfs``, the rest
-``regular``), ``POST [<type>s/]<repo>.git/info/lfs/objects/batch`` (``basic`` transfer to ``PUT /lfs/<oid>``) and
-``POST /api/<type>s/<repo>/commit/<rev>`` (NDJSON: inline files and LFS pointers). Every request but the
-LFS ``PUT`` (a pre-signed URL on the Hub) must carry ``Authorization: Bearer <token>``; another token answers ``401``. The Xet upload path needs a CAS server: run the
-client with ``HF_HUB_DISABLE_XET=1``.
+``POST /api/repos/create`` (``private`` or ``visibility``), ``POST /api/<type>s/<repo>/branch/<branch>``,
+``POST /api/validate-yaml``, ``POST /api/<type>s/<repo>/preupload/<rev>`` (``*.safetensors``, ``*.parquet``,
+``*.npz`` answer ``lfs``, the rest ``regular``), ``POST [<type>s/]<repo>.git/info/lfs/objects/batch`` (``basic``
+transfer to ``PUT /lfs/<oid>``) and ``POST /api/<type>s/<repo>/commit/<rev>`` (NDJSON: inline files and LFS
+pointers). Every request but the LFS ``PUT`` (a pre-signed URL on the Hub) must carry ``Authorization: Bearer
+<token>``; another token answers ``401``. The Xet upload path needs a CAS server: run the client with
+``HF_HUB_DISABLE_XET=1``.
 """
 
 from __future__ import annotations

@@ -320,7 +320,7 @@ def _eval_lines(res: dict) -> List[str]:
 def _reproduce_lines(run: dict) -> List[str]:
     cmd = " ".join(["pretrain-exp"] + [str(o) for o in run["overrides"]])
     return ["## How to reproduce", "",
-            "```bash", f"pip install pretrain_exp  # the version that wrote this run: see config.resolved.yaml",
+            "```bash", "pip install pretrain_exp  # the version that wrote this run: see config.resolved.yaml",
             cmd, "```", "",
             "The resolved config (also `config.resolved.yaml` of the dataset repo, sha256 above):", "",
             "<details><summary>config.resolved.yaml</summary>", "", "```yaml",

@@ -1,12 +1,13 @@
-"""``pretrain-exp-release`` on real tiny runs built by the CLI: the bundle checked by the libraries that will read it
-(``ModelCard.load``, ``DatasetCard.load``, ``datasets.load_dataset`` per config, ``AutoModelForCausalLM.from_pretrained``
-on the model dir and on each revision's files), its numbers against the run's ``results.json``, and the push recorded
-by a local Hub endpoint (:mod:`tests.hub_server`)."""
+"""``pretrain-exp-release`` on real tiny runs built by the CLI: the bundle checked by the libraries that will read
+it (``ModelCard.load``, ``DatasetCard.load``, ``datasets.load_dataset`` per config,
+``AutoModelForCausalLM.from_pretrained`` on the model dir and on each revision's files), its numbers against the run's
+``results.json``, and the push recorded by a local Hub endpoint (:mod:`tests.hub_server`)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,8 @@ TOKEN = "hf_" + "releaseTestToken" * 3  # the shape of a real token, so redactio
 REPO = "lab/tiny-insertion"
 
 
-def run_module(module: str, *args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+def run_module(module: str, *args: str, env: dict | None = None,
+               check: bool = True) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env = base | {"PRETRAIN_EXP_CACHE": str(CACHE_DIR), "WANDB_SILENT": "true", "HF_HUB_OFFLINE": "1",
                   "HF_DATASETS_OFFLINE": "1"} | (env or {})
@@ -44,7 +46,7 @@ def tiny_run(runs: Path, *overrides: str) -> Path:
 
 @pytest.fixture(scope="module")
 def hf_run(tmp_path_factory, tiny_model_dir) -> Path:
-    """experiment=tiny for 4 steps in 2 segments (dup counts 0/1/4), every HF Trainer checkpoint kept (two revisions)."""
+    """experiment=tiny, 4 steps in 2 segments (dup counts 0/1/4), every HF Trainer checkpoint kept (2 revisions)."""
     return tiny_run(tmp_path_factory.mktemp("runs"), "experiment=tiny", "training.keep_last_checkpoints=0")
 
 
@@ -190,10 +192,11 @@ def test_release_of_an_olmo_core_run_with_every_export(tmp_path):
                                                                            "model.safetensors")
 
 
+@pytest.mark.slow
 def test_a_sweep_dir_gives_one_bundle_per_job(hf_run, tmp_path):
     sweep = tmp_path / "sweep"
     sweep.mkdir()
-    (sweep / "0").symlink_to(hf_run, target_is_directory=True)
+    shutil.copytree(hf_run, sweep / "0")
     (sweep / "multirun.yaml").write_text("hydra: {}\n")
     proc = run_module("pretrain_exp.release", str(sweep), str(tmp_path / "out"), "--repo-id", REPO)
     assert "wrote" in proc.stdout
