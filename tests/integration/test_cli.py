@@ -88,8 +88,10 @@ def test_tiny_run_writes_everything_and_resumes(tmp_path, tiny_model_dir):
     assert (run_dir / "checkpoints" / "checkpoint-12" / "model.safetensors").stat().st_mtime_ns == weights
     assert json.loads((run_dir / "results.json").read_text())["per_dup"] == rows
 
-    # a changed training config in the same run dir is refused (nothing trained on a mismatched plan)
-    bad = cli(*TINY, "insertion.experiments.fictional_bios.num_items=4", runs=runs, check=False)
+    # a changed training config gets its own run dir by name; forced into the same run dir it is refused
+    # (nothing trained on a mismatched plan)
+    bad = cli(*TINY, "insertion.experiments.fictional_bios.num_items=4", f"hydra.run.dir={run_dir}", runs=runs,
+              check=False)
     assert bad.returncode == 2 and "different config" in bad.stderr
 
 

@@ -172,7 +172,7 @@ def test_report_of_a_real_sweep_with_a_failed_job(tmp_path, tiny_model_dir):
         assert float(p["ci_low"]) <= float(p["effect"]) <= float(p["ci_high"])
 
     md = paths[1].read_text()
-    assert "## Failed" in md and md.count("| fictional_bios |") == 8
+    assert "## Failed" in md and md.count("| fictional_bios |") == 8 + len(pooled)  # per job, then pooled
     failed_rows = [line for line in md.split("## Failed", 1)[1].splitlines()
                    if line.startswith("| ") and not line.startswith("| job |")]
     assert len(failed_rows) == 1, md
