@@ -589,7 +589,7 @@ class Experiment:
         """Log the finished background evals to the tracker at their step and drop what they no longer need
         (:meth:`_drop_async`)."""
         ae = self.async_evals
-        for step in (ae.wait() if wait else ae.poll()):
+        for step in (ae.wait(self.cfg.eval.async_pending_wait_s) if wait else ae.poll()):
             if step in ae.failures():
                 continue
             out_dir = self.run_dir / "evals" / f"step{step}"

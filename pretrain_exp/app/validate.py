@@ -154,6 +154,8 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
                               "eval.mode=inline or eval.mode=distributed")
     if cfg.eval.async_launcher not in ("auto", "local", "slurm"):
         raise ConfigError("eval.async_launcher", f"must be one of auto, local, slurm; got {cfg.eval.async_launcher!r}")
+    if not cfg.eval.async_pending_wait_s >= 0:
+        raise ConfigError("eval.async_pending_wait_s", f"must be >= 0 seconds, got {cfg.eval.async_pending_wait_s}")
     return cfg
 
 
