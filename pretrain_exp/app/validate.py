@@ -116,6 +116,9 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     if cfg.framework.may_use_run_lr_schedule() and t.lr_scheduler not in framework.lr_schedulers:
         raise ConfigError("training.lr_scheduler", f"unknown scheduler {t.lr_scheduler!r} for framework "
                           f"{cfg.framework.name!r}; allowed: {sorted(framework.lr_schedulers)}")
+    if cfg.insertion.audit_workers < 0:
+        raise ConfigError("insertion.audit_workers", f"must be >= 0 (0: every core this process may use), got "
+                          f"{cfg.insertion.audit_workers}")
     if not 1 <= cfg.insertion.audit_ngram <= t.sequence_length:
         raise ConfigError("insertion.audit_ngram", f"must be in [1, training.sequence_length = {t.sequence_length}] "
                           f"tokens, got {cfg.insertion.audit_ngram}")
