@@ -162,7 +162,9 @@ def test_async_evals_run_as_their_own_slurm_jobs(tmp_path):
     """``eval.mode=async`` under the SLURM launcher: each segment's evals are a one-task SLURM job of their own
     (the run's partition and limits), submitted while the run trains on; results.json waits for them."""
     sweep_dir = tmp_path / "sweep"
-    run_sweep(tmp_path, sweep_dir, "eval.mode=async", "training.num_steps=8")
+    # 1 CPU each: on a 2-CPU node the run and its eval job fit side by side (else the eval jobs stay pending and
+    # run in the run's allocation: test_a_pending_eval_job_never_holds_the_run)
+    run_sweep(tmp_path, sweep_dir, "eval.mode=async", "training.num_steps=8", "hydra.launcher.cpus_per_task=1")
     job = job_dirs(sweep_dir)[0]
     assert json.loads((job / "results.json").read_text())["step"] == 8
     log = (job / "pretrain_exp.log").read_text()
