@@ -12,8 +12,11 @@ reports:
 - the time and memory extrapolated to the 2,000-step window (time linear in tokens; memory does not grow with
   the window: one block of rows plus the items' index).
 
-Usage: ``python benchmarks/audit.py [--steps K] [--items N] [--block-tokens T]``. Numbers are printed, not
-asserted; the planted counts are checked.
+- the same audit by a pool of ``--workers`` processes (default: the cores given), its speed-up over one process
+  and the rate per core (the counts must be equal).
+
+Usage: ``python benchmarks/audit.py [--steps K] [--items N] [--block-tokens T] [--workers W]``. Numbers are
+printed, not asserted; the planted counts are checked.
 """
 
 from __future__ import annotations
@@ -31,7 +34,14 @@ import numpy as np
 
 from pretrain_exp.data.order import DataOrder
 from pretrain_exp.data.token_files import TokenFiles
-from pretrain_exp.insertion.audit import BLOCK_TOKENS, ItemIndex, audit_plan, item_contents, scan_rows
+from pretrain_exp.insertion.audit import (
+    BLOCK_TOKENS,
+    ItemIndex,
+    audit_plan,
+    default_workers,
+    item_contents,
+    scan_rows,
+)
 from pretrain_exp.insertion.plan import Plan
 
 L, B, VOCAB, EOS = 4096, 512, 100352, 100257
@@ -44,6 +54,7 @@ def main(argv=None) -> int:
     ap.add_argument("--items", type=int, default=2000)
     ap.add_argument("--block-tokens", type=int, default=BLOCK_TOKENS)
     ap.add_argument("--ngram", type=int, default=13)
+    ap.add_argument("--workers", type=int, default=default_workers(), help="processes of the pooled run")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     rows = args.steps * B + 64
@@ -80,6 +91,12 @@ def main(argv=None) -> int:
         want = np.zeros(args.items, np.int64)
         want[planted] = 1
         assert np.array_equal(res.window.exact, want), "planted counts differ"
+        t0 = time.perf_counter()
+        pooled = audit_plan(plan, order.row_tokens, window_rows, held, args.ngram, strip=EOS,
+                            block_tokens=args.block_tokens, workers=args.workers)
+        dt_pool = time.perf_counter() - t0
+        assert np.array_equal(pooled.window.exact, res.window.exact) and np.array_equal(
+            pooled.window.ngram_hits, res.window.ngram_hits), "pooled counts differ"
         # hashing + lookup + verification alone, on rows already in memory
         block = np.stack([order.row_tokens(int(q)) for q in window_rows[:max(1, args.block_tokens // L)]])
         index = ItemIndex(item_contents(plan, EOS), args.ngram)
@@ -100,10 +117,17 @@ def main(argv=None) -> int:
     print(f"audit: {dt:.2f} s = {rate:,.0f} tokens/s (read through DataOrder + hash + lookup + verify); "
           f"planted {planted.size} exact occurrences found: {int(res.window.exact.sum())}")
     print(f"hash + lookup + verify alone (rows in memory): {hash_rate:,.0f} tokens/s")
+    speedup = dt / dt_pool
+    print(f"pool of {args.workers} processes: {dt_pool:.2f} s = {tokens / dt_pool:,.0f} tokens/s, speed-up "
+          f"{speedup:.2f}x over 1 process ({speedup / args.workers:.2f} of linear), "
+          f"{tokens / dt_pool / args.workers:,.0f} tokens/s per core; counts equal")
     print(f"peak traced memory of the audit: {peak / 2**20:,.0f} MiB; process peak RSS {rss:,.0f} MiB")
     print(f"extrapolated to a {FULL_STEPS:,}-step OLMo-2 1B window ({full:.2e} tokens): {full / rate / 60:.1f} min "
           f"on one core at the measured rate, peak memory {peak / 2**20:,.0f} MiB (one block + the item index; "
           "independent of the window length)")
+    per_core = tokens / dt_pool / args.workers
+    print(f"with {args.workers} processes: {full / (tokens / dt_pool) / 60:.1f} min; on a 16-core node, if the "
+          f"per-core rate stays linear (extrapolated, not measured): {full / (16 * per_core) / 60:.1f} min")
     return 0
 
 

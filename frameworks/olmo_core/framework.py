@@ -66,6 +66,7 @@ from pretrain_exp.frameworks.olmo_core.callbacks import (
     apply_insertions,
 )
 from pretrain_exp.frameworks.olmo_core.checkpoint import OlmoCoreCheckpoint, check_train_state, model_config
+from pretrain_exp.frameworks.olmo_core.global_indices import share_global_indices
 
 log = logging.getLogger(__name__)
 
@@ -603,11 +604,12 @@ class OlmoCoreFramework(Framework):
 
     def peek_rows(self, rows, step: int, dp_rank: int, dp_world: int, only=None):
         """The rows DP rank ``dp_rank`` of ``dp_world`` trains at global step ``step`` as OLMo-core hands them
-        over: the instance ids come from OLMo-core's ``NumpyFSLDataLoader`` (its epoch shuffle, or the trainer's
-        global-indices file when it exists, and its own rank slicing), the tokens from its ``NumpyFSLDataset``,
-        and :func:`~pretrain_exp.frameworks.olmo_core.callbacks.apply_insertions` checks and writes them as the training
-        callback does. No process group is used (safe on rank 0 alone). See :meth:`Framework.peek_rows
-        <pretrain_exp.frameworks.base.Framework.peek_rows>`.
+        over: the instance ids come from OLMo-core's ``NumpyFSLDataLoader`` (its global-indices file, linked from
+        the run's permutation cache by :func:`~pretrain_exp.frameworks.olmo_core.global_indices.share_global_indices`
+        so that nothing shuffles again, else its own epoch shuffle; and its own rank slicing), the tokens from its
+        ``NumpyFSLDataset``, and :func:`~pretrain_exp.frameworks.olmo_core.callbacks.apply_insertions` checks and
+        writes them as the training callback does. No process group is used (safe on rank 0 alone). See
+        :meth:`Framework.peek_rows <pretrain_exp.frameworks.base.Framework.peek_rows>`.
 
         :raises TrainingError: if OLMo-core's instance for a row is not the run's (another seed, files or ``L``).
         """
@@ -616,7 +618,8 @@ class OlmoCoreFramework(Framework):
         loader = self._peek_loader(order, int(dp_rank), int(dp_world))
         batches_per_epoch = order.rows_per_epoch // B
         epoch, batch = 1 + (step - 1) // batches_per_epoch, (step - 1) % batches_per_epoch  # OLMo-core epochs
-        if loader._epoch != epoch:  # as reshuffle(epoch), without its barrier
+        if loader._epoch != epoch:  # as reshuffle(epoch), without its barrier; the order from the shared cache
+            share_global_indices(loader, order.cache_dir, epoch)
             loader._epoch = epoch
             loader._global_indices = None if loader._global_indices_file.is_file() else (
                 loader._build_global_indices())
@@ -670,6 +673,9 @@ class OlmoCoreFramework(Framework):
         data_loader = NumpyDataLoaderConfig(global_batch_size=t.global_batch_size * L, seed=self.loader_seed,
                                             work_dir=str(self.work_dir), num_workers=4 if cuda else 0,
                                             prefetch_factor=2 if cuda else None).build(self.dataset(rows.order))
+        bpe = data_loader.total_batches  # OLMo-core's epochs of this segment: their orders from the shared cache
+        for epoch in range(1 + start.step // bpe, 2 + (until_step - 1) // bpe):
+            share_global_indices(data_loader, rows.order.cache_dir, epoch)
         initial = start.path == self.model_dir
         has_train_state = (Path(start.path) / "train" / "rank0.pt").is_file()
         has_optim_state = holds_optim_state(Path(start.path))

@@ -13,6 +13,11 @@ writes ``evals/step<N>/<task>.json`` (atomically) and its log ``evals/step<N>/as
 evals between segments: finished ones are logged to W&B at their own global step, their marker and (unless
 ``training.export_hf`` keeps it) their HF dir removed. Before ``results.json`` the run waits for the rest.
 
+No run waits on a job it blocks: at that final wait, a SLURM eval job still pending (not started, e.g. queued for
+the resources the run itself holds) after ``eval.async_pending_wait_s`` seconds is cancelled (``scancel
+--state=PENDING``, so a job that has just started is left to finish) and its evals run in the run's own
+allocation (the same worker as a child process, output into the same ``async.log``), logged with the wait.
+
 Where the process runs (``eval.async_launcher``): ``local`` (a child process on this node), ``slurm`` (a SLURM job
 of one task, submitted through submitit with the run's own launcher settings, read from ``.hydra/hydra.yaml``:
 partition, account, time, memory, CPUs, GPUs), or ``auto`` (``slurm`` when the run itself was launched by
@@ -26,6 +31,7 @@ names the pending ones (:func:`~pretrain_exp.report.pending.pending_evals`).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -73,15 +79,26 @@ def link_model_files(src: Path, out: Path) -> Path:
 
 
 def run_launcher(run_dir: Path) -> Dict[str, Any]:
-    """The Hydra launcher settings the run was started with (``.hydra/hydra.yaml``'s ``hydra.launcher``;
-    ``{}`` when absent, e.g. a run started through the worker entry point)."""
-    import yaml
+    """The Hydra launcher settings the run was started with (``.hydra/hydra.yaml``'s ``hydra.launcher``, with
+    its interpolations such as ``name: ${hydra.job.name}`` resolved against that file; a value that does not
+    resolve there is left out); ``{}`` when absent, e.g. a run started through the worker entry point."""
+    from omegaconf import OmegaConf
 
     path = Path(run_dir) / ".hydra" / "hydra.yaml"
     if not path.is_file():
         return {}
-    launcher = (yaml.safe_load(path.read_text()) or {}).get("hydra", {}).get("launcher") or {}
-    return dict(launcher) if isinstance(launcher, dict) else {}
+    cfg = OmegaConf.load(path)
+    launcher = OmegaConf.select(cfg, "hydra.launcher")
+    if not OmegaConf.is_dict(launcher):
+        return {}
+    out: Dict[str, Any] = {}
+    for key in launcher:
+        try:
+            value = launcher[key]
+            out[str(key)] = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+        except Exception:  # noqa: BLE001  (a resolver of Hydra's runtime, e.g. ${now:...}: not needed here)
+            continue
+    return out
 
 
 def resolve_launcher(choice: str, run_dir: Path) -> str:
@@ -116,11 +133,38 @@ def slurm_parameters(launcher: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
+def slurm_state(job_id: str) -> Optional[str]:
+    """The SLURM state of ``job_id`` as ``squeue`` says it (``PENDING``, ``RUNNING``, ...; works without
+    accounting), or ``None`` when the job has left the queue or ``squeue`` cannot answer."""
+    try:
+        proc = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True,
+                              timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    state = proc.stdout.strip().splitlines()
+    return state[0].strip() if proc.returncode == 0 and state else None
+
+
+def cancel_if_pending(job_id: str) -> bool:
+    """Cancel SLURM job ``job_id`` only while it is still pending (``scancel --state=PENDING``); ``True`` when it
+    was cancelled before it started, ``False`` when it had started (it is left to finish) or the state stays
+    unknown for 10 s."""
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        subprocess.run(["scancel", "--state=PENDING", str(job_id)], capture_output=True, timeout=60)
+    for _ in range(50):  # the controller applies the cancel asynchronously
+        state = slurm_state(job_id)
+        if state != "PENDING":
+            return state in ("CANCELLED", None)
+        time.sleep(0.2)
+    return False
+
+
 @dataclass
 class _Job:
     step: int
     handle: Any  #: ``subprocess.Popen`` (local) or ``submitit.Job`` (slurm)
     log_path: Path
+    argv: List[str] = field(default_factory=list)  #: the eval worker's arguments (config, step, HF dir)
     config: Optional[Path] = None  #: a private unredacted config to delete when done
     reported: bool = False
 
@@ -178,7 +222,7 @@ class AsyncEvals:
             where = {"launcher": "local", "host": socket.gethostname(), "pid": handle.pid}
         write_json(out / MARKER, {"step": step, "tasks": tasks, "hf_dir": str(hf_dir), **where,
                                   "started": time.strftime("%Y-%m-%dT%H:%M:%S")})
-        self.jobs[step] = _Job(step, handle, log_path)
+        self.jobs[step] = _Job(step, handle, log_path, argv)
         log.info("evaluating step %d in the background (%s): %s; log %s", step,
                  f"SLURM job {where['job_id']}" if "job_id" in where else f"pid {where['pid']}", ", ".join(tasks),
                  log_path)
@@ -192,17 +236,47 @@ class AsyncEvals:
                 out.append(job.step)
         return sorted(out)
 
-    def wait(self) -> List[int]:
-        """Wait for every started eval; returns the steps that finished during the wait."""
+    def wait(self, pending_wait_s: float = 60.0, poll_s: float = 0.2) -> List[int]:
+        """Wait for every started eval; a SLURM eval job still pending after ``pending_wait_s`` seconds of this
+        wait is cancelled and its evals run here, in the run's own allocation (module docstring). Returns the
+        steps that finished during the wait."""
         waiting = [j.step for j in self.jobs.values() if not j.done()]
         if waiting:
             log.info("waiting for the background evals of step(s) %s", ", ".join(map(str, waiting)))
         t0 = time.perf_counter()
+        next_check = t0 + pending_wait_s
         while not all(j.done() for j in self.jobs.values()):
-            time.sleep(0.2)
+            if time.perf_counter() >= next_check:
+                self._take_over_pending(time.perf_counter() - t0)
+                next_check = time.perf_counter() + 5.0  # a requeued job may become pending again
+            time.sleep(poll_s)
         if waiting:
             log.info("background evals done after %.1f s of waiting", time.perf_counter() - t0)
         return self.poll()
+
+    def _take_over_pending(self, waited_s: float) -> None:
+        """Run here, one after another, the evals of the SLURM jobs that have not started (cancelled first)."""
+        for job in sorted(self.jobs.values(), key=lambda j: j.step):
+            if isinstance(job.handle, subprocess.Popen) or job.done():
+                continue
+            job_id = str(job.handle.job_id)
+            if slurm_state(job_id) != "PENDING" or not cancel_if_pending(job_id):
+                continue
+            log.warning("the eval job of step %d (SLURM job %s) had not started after %.1f s of the final wait "
+                        "(pending, e.g. for the resources this run holds): cancelled; running its evals in this "
+                        "run's allocation (log %s)", job.step, job_id, waited_s, job.log_path)
+            marker = job.log_path.parent / MARKER
+            with contextlib.suppress(OSError, ValueError):  # the report's view of it: here now, not in SLURM
+                rec = {k: v for k, v in json.loads(marker.read_text()).items() if k != "job_id"}
+                write_json(marker, {**rec, "launcher": "inline", "host": socket.gethostname(), "pid": os.getpid(),
+                                    "cancelled_job_id": job_id})
+            t0 = time.perf_counter()
+            with open(job.log_path, "ab") as f:
+                job.handle = subprocess.Popen([sys.executable, "-m", "pretrain_exp.app.eval_worker", *job.argv],
+                                              stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                job.handle.wait()
+            log.info("evals of step %d run in this run's allocation in %.1f s (exit status %d)", job.step,
+                     time.perf_counter() - t0, job.handle.returncode)
 
     def failures(self) -> Dict[int, str]:
         """``{step: why}`` of the finished evals that failed."""

@@ -50,7 +50,7 @@ from pretrain_exp.app.run_name import MUTABLE_KEYS  # noqa: F401  (re-exported: 
 from pretrain_exp.app.tracking import NullTracker, Tracker, config_dict
 from pretrain_exp.core.config import Cleanup, EvalMode, ExportHF
 from pretrain_exp.core.distributed import barrier, init_process_group, is_main_process, world_size
-from pretrain_exp.core.errors import ConfigError, InsertionError, PretrainExpError, TrainingError
+from pretrain_exp.core.errors import CheckpointError, ConfigError, InsertionError, PretrainExpError, TrainingError
 from pretrain_exp.core.io import disk_full_error, is_disk_full, write_json, write_text
 from pretrain_exp.core.secrets import redact_obj
 from pretrain_exp.data.hf_dataset import tokenize_dataset
@@ -65,7 +65,7 @@ from pretrain_exp.evals.shard import sharded
 from pretrain_exp.frameworks.base import Checkpoint
 from pretrain_exp.frameworks.registry import get_framework_class
 from pretrain_exp.insertion import dynamic
-from pretrain_exp.insertion.audit import AuditResult, audit_plan
+from pretrain_exp.insertion.audit import AuditResult, audit_key, audit_plan, default_workers, item_contents
 from pretrain_exp.insertion.items import LoadContext
 from pretrain_exp.insertion.plan import Plan, build_plan
 from pretrain_exp.insertion.schema import AuditMode
@@ -264,9 +264,25 @@ class Experiment:
             if old.plan_digest == plan.digest() and old.n == ins.audit_ngram:
                 res = old
         if res is None:
-            res = audit_plan(plan, self.order.row_tokens, np.arange(self.window[0] // self.L, self.window[1] // self.L),
-                             self.order.held_out_rows(self.cfg.data.held_out_rows), ins.audit_ngram,
-                             strip=self.tokenizer.eos_token_id)
+            window_rows = np.arange(self.window[0] // self.L, self.window[1] // self.L, dtype=np.int64)
+            held_rows = self.order.held_out_rows(self.cfg.data.held_out_rows)
+            o = self.order
+            key = audit_key(item_contents(plan, self.tokenizer.eos_token_id), ins.audit_ngram, self.L,
+                            [(f if isinstance(f, str) else f"{f.resolve()}@{f.stat().st_mtime_ns}", int(b))
+                             for f, b in zip(o.files.paths, o.files.num_bytes)],
+                            o.files.dtype.name, window_rows, o.instances(int(window_rows[0]), window_rows.size)
+                            if window_rows.size else window_rows, held_rows,
+                            np.array([o.instance(int(q))[1] for q in held_rows], np.int64))
+            shared = Path(self.cfg.cache_dir) / "audits" / f"{key}.json"
+            if shared.is_file():  # another job of the sweep audited these rows and items
+                with contextlib.suppress(CheckpointError):
+                    res = AuditResult.load(shared)
+                    res.plan_digest = plan.digest()
+                    log.info("audit: reused %s (the same window rows, held-out rows and items)", shared)
+            if res is None:
+                res = audit_plan(plan, o.row_tokens, window_rows, held_rows, ins.audit_ngram,
+                                 strip=self.tokenizer.eos_token_id, workers=ins.audit_workers or default_workers())
+                res.save(shared, plan, ins.audit.value)
             fresh = True
         if fresh:  # also when strict refuses: the full table of what was found
             res.save(path, plan, ins.audit.value)
@@ -589,7 +605,7 @@ class Experiment:
         """Log the finished background evals to the tracker at their step and drop what they no longer need
         (:meth:`_drop_async`)."""
         ae = self.async_evals
-        for step in (ae.wait() if wait else ae.poll()):
+        for step in (ae.wait(self.cfg.eval.async_pending_wait_s) if wait else ae.poll()):
             if step in ae.failures():
                 continue
             out_dir = self.run_dir / "evals" / f"step{step}"

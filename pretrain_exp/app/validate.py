@@ -116,6 +116,9 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     if cfg.framework.may_use_run_lr_schedule() and t.lr_scheduler not in framework.lr_schedulers:
         raise ConfigError("training.lr_scheduler", f"unknown scheduler {t.lr_scheduler!r} for framework "
                           f"{cfg.framework.name!r}; allowed: {sorted(framework.lr_schedulers)}")
+    if cfg.insertion.audit_workers < 0:
+        raise ConfigError("insertion.audit_workers", f"must be >= 0 (0: every core this process may use), got "
+                          f"{cfg.insertion.audit_workers}")
     if not 1 <= cfg.insertion.audit_ngram <= t.sequence_length:
         raise ConfigError("insertion.audit_ngram", f"must be in [1, training.sequence_length = {t.sequence_length}] "
                           f"tokens, got {cfg.insertion.audit_ngram}")
@@ -154,6 +157,8 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
                               "eval.mode=inline or eval.mode=distributed")
     if cfg.eval.async_launcher not in ("auto", "local", "slurm"):
         raise ConfigError("eval.async_launcher", f"must be one of auto, local, slurm; got {cfg.eval.async_launcher!r}")
+    if not cfg.eval.async_pending_wait_s >= 0:
+        raise ConfigError("eval.async_pending_wait_s", f"must be >= 0 seconds, got {cfg.eval.async_pending_wait_s}")
     return cfg
 
 

@@ -151,6 +151,9 @@ class EvalConf:
     mode: EvalMode = EvalMode.inline  #: inline | distributed | async (:data:`EvalMode`)
     #: where ``async`` evals run: auto (slurm if the run was launched on SLURM, else local) | local | slurm
     async_launcher: str = "auto"
+    #: seconds the run's final wait gives a SLURM eval job that has not started before cancelling it and running
+    #: its evals in the run's own allocation (a job pending behind the run itself would never start)
+    async_pending_wait_s: float = 60.0
     batch_size: int = 8  #: sequences per forward pass
     bootstrap_samples: int = 1000  #: resamples for the 95% CIs
     tasks: Dict[str, Any] = field(default_factory=dict)  #: name -> eval config (schema per eval type)

@@ -188,6 +188,8 @@ class ScanCounts:
     rows: int = 0  #: rows scanned
     tokens: int = 0  #: tokens scanned
     seconds: float = 0.0
+    #: bool per sorted n-gram key of the index: found at least once (merging parts of a parallel scan)
+    ngram_found: Optional[np.ndarray] = None
 
 
 def scan_rows(index: ItemIndex, blocks: Iterator[tuple[np.ndarray, np.ndarray]], sequence_length: int,
@@ -237,8 +239,112 @@ def scan_rows(index: ItemIndex, blocks: Iterator[tuple[np.ndarray, np.ndarray]],
         h_sorted, items_sorted = index.keys[n][:2]
         found = seen[n]
         out.ngram_hits = distinct_per_item(items_sorted[found], h_sorted[found], k)
+        out.ngram_found = found
     out.seconds = time.perf_counter() - t0
     return out
+
+
+def merge_counts(index: ItemIndex, parts: Sequence[ScanCounts], max_locations: int = MAX_LOCATIONS) -> ScanCounts:
+    """One :class:`ScanCounts` from the scans of consecutive, ascending parts of the rows (in that order): the
+    same counts and kept positions as one scan over all of them."""
+    k, n = index.lengths.size, index.n
+    out = ScanCounts(np.zeros(k, np.int64), np.zeros(k, np.int64), np.zeros(k, np.int64), {}, {})
+    found = np.zeros(index.keys[n][0].size, dtype=bool) if n in index.keys else None
+    for part in parts:
+        out.exact += part.exact
+        out.ngram_occurrences += part.ngram_occurrences
+        out.rows += part.rows
+        out.tokens += part.tokens
+        if found is not None and part.ngram_found is not None:
+            found |= part.ngram_found
+        for mine, theirs in ((out.exact_at, part.exact_at), (out.ngram_at, part.ngram_at)):
+            for item, positions in theirs.items():  # ascending parts: the first positions come first
+                lst = mine.setdefault(item, [])
+                lst.extend(positions[:max(0, max_locations - len(lst))])
+    if found is not None:
+        h_sorted, items_sorted = index.keys[n][:2]
+        out.ngram_hits = distinct_per_item(items_sorted[found], h_sorted[found], k)
+        out.ngram_found = found
+    return out
+
+
+_WORKER: dict = {}  #: a pool worker's index, row reader, L and block size (set once by its initializer)
+
+
+def _init_worker(index: ItemIndex, read_row: Callable[[int], np.ndarray], sequence_length: int,
+                 block_tokens: int) -> None:
+    _WORKER.update(index=index, read_row=read_row, L=sequence_length, block=block_tokens)
+
+
+def _scan_part(rows: np.ndarray) -> ScanCounts:
+    w = _WORKER
+    return scan_rows(w["index"], row_blocks(w["read_row"], rows, w["L"], w["block"]), w["L"])
+
+
+def scan_parallel(index: ItemIndex, read_row: Callable[[int], np.ndarray], rows: np.ndarray, sequence_length: int,
+                  block_tokens: int = BLOCK_TOKENS, workers: int = 1,
+                  progress: Optional[Callable[[int], None]] = None) -> ScanCounts:
+    """:func:`scan_rows` over the training-order rows ``rows`` (ascending), split into consecutive parts scanned
+    by ``workers`` processes (forked; spawned where fork is missing); the counts
+    equal one process's (:func:`merge_counts`). ``workers <= 1`` or fewer rows than two blocks: in this process.
+
+    :param progress: called with the rows of each finished part.
+    """
+    rows = np.asarray(rows, dtype=np.int64)
+    per_block = max(1, block_tokens // sequence_length)
+    if workers <= 1 or rows.size < 2 * per_block:
+        return scan_rows(index, row_blocks(read_row, rows, sequence_length, block_tokens), sequence_length, progress)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    t0 = time.perf_counter()
+    num_parts = min(-(-rows.size // per_block), 4 * workers)  # a few parts per worker balance uneven speeds
+    parts = np.array_split(rows, num_parts)
+    results = []
+    # fork where there is one (as torch's DataLoader workers): the workers start at once and inherit the index and
+    # the reader; spawn elsewhere (both pickled once per worker)
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_init_worker,
+                             initargs=(index, read_row, sequence_length, block_tokens)) as pool:
+        for part, res in zip(parts, pool.map(_scan_part, parts)):
+            results.append(res)
+            if progress is not None:
+                progress(part.size)
+    out = merge_counts(index, results)
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def default_workers() -> int:
+    """The cores this process may use (``os.sched_getaffinity``; ``os.cpu_count`` where that is missing)."""
+    import os
+
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+def audit_key(contents: Sequence[np.ndarray], n: int, sequence_length: int, files: Sequence[tuple[str, int]],
+              dtype: str, window_rows: np.ndarray, window_instances: np.ndarray, held_rows: np.ndarray,
+              held_instances: np.ndarray) -> str:
+    """What an audit's counts depend on, as a sha256 hex digest: the items' content tokens (in item order), ``n``,
+    ``L``, the token files (``(identity, bytes)``: a URL, or a local path with its modification time), their
+    dtype, and the window's and the held-out rows' training-order indices and instance ids. Not the placement of
+    the insertions (the audit reads the rows before insertion) nor the seed, except through the instances and
+    items it picks: jobs of a sweep that train the same rows with the same items share one audit."""
+    import hashlib
+
+    h = hashlib.sha256(json.dumps({"v": 1, "n": int(n), "L": int(sequence_length), "dtype": str(dtype),
+                                   "files": [[str(f), int(b)] for f, b in files]}).encode())
+    for c in contents:
+        h.update(np.int64(c.size).tobytes())
+        h.update(np.asarray(c, dtype="<i8").tobytes())
+    for a in (window_rows, window_instances, held_rows, held_instances):
+        a = np.asarray(a, dtype="<i8")
+        h.update(np.int64(a.size).tobytes())
+        h.update(a.tobytes())
+    return h.hexdigest()
 
 
 def distinct_per_item(item: np.ndarray, h: np.ndarray, k: int) -> np.ndarray:
@@ -412,26 +518,27 @@ def _overlap(counts: ScanCounts, ngrams: np.ndarray, i: int) -> float:
 
 def audit_plan(plan, read_row: Callable[[int], np.ndarray], window_rows: np.ndarray, held_out_rows: np.ndarray,
                n: int = DEFAULT_NGRAM, strip: Optional[int] = None, block_tokens: int = BLOCK_TOKENS,
-               progress: Optional[Callable[[int], None]] = None) -> AuditResult:
+               progress: Optional[Callable[[int], None]] = None, workers: int = 1) -> AuditResult:
     """Audit every item of ``plan`` against the window rows and the held-out rows (module docstring).
 
     :param read_row: training-order row ``q`` -> its tokens from the files, **no insertions**, shape ``(L,)``.
     :param window_rows: int64 training-order rows the run trains; ``held_out_rows`` likewise (may be empty).
     :param n: n-gram length in tokens (``>= 1``).
     :param strip: token id dropped from both ends of every item before matching (the EOS), or None.
-    :param block_tokens: tokens read and hashed at once (memory ~40 B per token).
+    :param block_tokens: tokens read and hashed at once (memory ~40 B per token, per worker).
+    :param workers: processes scanning the window (:func:`scan_parallel`; the counts do not depend on it).
     :returns: the :class:`AuditResult`; its ``tokens_per_s`` is logged.
     """
     if n < 1:
         raise ValueError(f"n-gram length must be >= 1, got {n}")
     L = plan.sequence_length
     index = ItemIndex(item_contents(plan, strip), n)
-    window = scan_rows(index, row_blocks(read_row, window_rows, L, block_tokens), L, progress)
+    window = scan_parallel(index, read_row, window_rows, L, block_tokens, workers, progress)
     held = scan_rows(index, row_blocks(read_row, held_out_rows, L, block_tokens), L)
     res = AuditResult(n, window, held, index.ngrams, index.lengths, plan.digest())
     secs = window.seconds + held.seconds
-    log.info("audit: %d items against %d window + %d held-out tokens (%d-grams) in %.1f s (%.2e tokens/s); "
-             "%d items occur in the window, %d controls among them", plan.num_items, window.tokens, held.tokens, n,
-             secs, (window.tokens + held.tokens) / max(secs, 1e-9),
+    log.info("audit: %d items against %d window + %d held-out tokens (%d-grams) in %.1f s (%.2e tokens/s, %d "
+             "process(es)); %d items occur in the window, %d controls among them", plan.num_items, window.tokens,
+             held.tokens, n, secs, (window.tokens + held.tokens) / max(secs, 1e-9), max(1, workers),
              sum(res.found_in_window(i) for i in range(plan.num_items)), len(res.contaminated_controls(plan)))
     return res

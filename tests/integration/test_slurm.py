@@ -162,7 +162,9 @@ def test_async_evals_run_as_their_own_slurm_jobs(tmp_path):
     """``eval.mode=async`` under the SLURM launcher: each segment's evals are a one-task SLURM job of their own
     (the run's partition and limits), submitted while the run trains on; results.json waits for them."""
     sweep_dir = tmp_path / "sweep"
-    run_sweep(tmp_path, sweep_dir, "eval.mode=async", "training.num_steps=8")
+    # 1 CPU each: on a 2-CPU node the run and its eval job fit side by side (else the eval jobs stay pending and
+    # run in the run's allocation: test_a_pending_eval_job_never_holds_the_run)
+    run_sweep(tmp_path, sweep_dir, "eval.mode=async", "training.num_steps=8", "hydra.launcher.cpus_per_task=1")
     job = job_dirs(sweep_dir)[0]
     assert json.loads((job / "results.json").read_text())["step"] == 8
     log = (job / "pretrain_exp.log").read_text()
@@ -176,3 +178,38 @@ def test_async_evals_run_as_their_own_slurm_jobs(tmp_path):
         state = subprocess.run(["sacct", "-j", job_id, "-n", "-X", "-o", "State,Partition"], capture_output=True,
                                text=True, timeout=60).stdout.split()
         assert state == ["COMPLETED", "debug"], state
+
+
+def _node_cpus() -> int:
+    out = subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True, timeout=60).stdout.split()
+    return max(int(c.rstrip("+")) for c in out)
+
+
+def test_a_pending_eval_job_never_holds_the_run(tmp_path):
+    """The run asks for every CPU of the node, so its eval jobs (the run's own resources) stay pending behind it:
+    at the final wait, after ``eval.async_pending_wait_s``, they are cancelled and their evals run in the run's own
+    allocation, logged; the run ends with every eval written. The eval jobs carry the job's name, resolved."""
+    cpus = _node_cpus()
+    sweep_dir = tmp_path / "sweep"
+    t0 = time.perf_counter()
+    run_sweep(tmp_path, sweep_dir, *ONE_SEGMENT, "eval.mode=async", "eval.async_pending_wait_s=3",
+              f"hydra.launcher.cpus_per_task={cpus}", "hydra.launcher.timeout_min=10")
+    elapsed = time.perf_counter() - t0
+    job = job_dirs(sweep_dir)[0]
+    assert json.loads((job / "results.json").read_text())["step"] == 4
+    assert (job / "evals" / "step4" / "insertion_loss.json").is_file()
+    assert not (job / "evals" / "step4" / ".async.json").exists()  # collected and dropped
+    log = (job / "pretrain_exp.log").read_text()
+    job_id = re.search(r"evaluating step 4 in the background \(SLURM job (\d+)\)", log).group(1)
+    taken = re.search(r"the eval job of step 4 \(SLURM job (\d+)\) had not started after ([\d.]+) s of the final "
+                      r"wait .*cancelled; running its evals in this run's allocation", log)
+    assert taken and taken.group(1) == job_id and 3 <= float(taken.group(2)) < 30, log[-3000:]
+    assert re.search(r"evals of step 4 run in this run's allocation in [\d.]+ s \(exit status 0\)", log)
+    for _ in range(60):  # accounting catches up asynchronously
+        acct = subprocess.run(["sacct", "-j", job_id, "-n", "-X", "-P", "-o", "State,JobName"], capture_output=True,
+                              text=True, timeout=60).stdout.strip().splitlines()
+        if acct and acct[0].startswith("CANCELLED"):
+            break
+        time.sleep(1)
+    assert acct and acct[0].startswith("CANCELLED") and acct[0].endswith("|pretrain_exp-eval"), acct
+    assert elapsed < 600

@@ -9,7 +9,7 @@ import os
 import pytest
 import yaml
 
-from pretrain_exp.app.async_eval import link_model_files, resolve_launcher, slurm_parameters
+from pretrain_exp.app.async_eval import link_model_files, resolve_launcher, run_launcher, slurm_parameters
 from pretrain_exp.core.config import EvalMode
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.report.pending import MARKER, describe_pending, pending_evals
@@ -78,3 +78,22 @@ def test_async_config_rules(tmp_path):
         make_config("experiment=tiny", "eval.async_launcher=sbatch", run_dir=tmp_path)
     with pytest.raises(ConfigError, match=r"eval.mode: async evals finish after the next segment"):
         make_config("experiment=dynamic_demo", "eval.mode=async", "wandb=disabled", run_dir=tmp_path)
+
+
+def test_the_eval_job_name_is_the_runs_job_name_resolved(tmp_path):
+    """``.hydra/hydra.yaml`` keeps the launcher's ``name: ${hydra.job.name}`` unresolved: the eval job's name is the
+    resolved one; a value this file cannot resolve (Hydra's runtime) is left out rather than passed on unresolved."""
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {
+        "job": {"name": "pretrain_exp"}, "sweep": {"dir": "/runs/s"},
+        "launcher": {**SLURM, "name": "${hydra.job.name}", "submitit_folder": "${hydra.sweep.dir}/.submitit/%j",
+                     "comment": "${hydra.runtime.output_dir}"}}}))
+    launcher = run_launcher(tmp_path)
+    assert launcher["name"] == "pretrain_exp" and launcher["submitit_folder"] == "/runs/s/.submitit/%j"
+    assert "comment" not in launcher
+    assert slurm_parameters(launcher)["name"] == "pretrain_exp-eval"
+
+
+def test_the_pending_wait_must_be_a_duration(tmp_path):
+    with pytest.raises(ConfigError, match=r"eval.async_pending_wait_s: must be >= 0 seconds, got -1"):
+        make_config("experiment=tiny", "eval.mode=async", "eval.async_pending_wait_s=-1", run_dir=tmp_path)

@@ -77,3 +77,25 @@ def test_strict_refuses_a_clean_control_in_the_window(planted):
     Experiment(make_config(*overrides, "insertion.audit=off", run_dir=d / "off"))
     assert not (d / "off" / "audit.json").exists()
     assert "natural_exact" not in (d / "off" / "items.jsonl").read_text()
+
+
+def test_jobs_auditing_the_same_rows_and_items_share_one_audit(planted, monkeypatch):
+    """A second job with the same window rows and items (another run dir, as a sweep's next job) reads the audit
+    from the cache (``<cache>/audits/<key>.json``) without scanning, with the same counts; a job whose data seed
+    picks other rows audits again."""
+    from pretrain_exp.app import experiment as experiment_module
+
+    d, overrides, _, _ = planted
+    first = Experiment(make_config(*overrides, run_dir=d / "job0"))
+    scans = []
+    real = experiment_module.audit_plan
+    monkeypatch.setattr(experiment_module, "audit_plan", lambda *a, **k: scans.append(1) or real(*a, **k))
+    again = Experiment(make_config(*overrides, run_dir=d / "job1"))
+    assert scans == [] and again.plan.digest() == first.plan.digest()
+    assert again.audit.window.exact.tolist() == first.audit.window.exact.tolist()
+    assert again.audit.window.ngram_hits.tolist() == first.audit.window.ngram_hits.tolist()
+    assert again.audit.held_out.exact.tolist() == first.audit.held_out.exact.tolist()
+    one, two = (json.loads((d / j / "audit.json").read_text()) for j in ("job0", "job1"))
+    assert one["items"] == two["items"] and one["contaminated_controls"] == two["contaminated_controls"]
+    other = Experiment(make_config(*overrides, "data.seed=11", run_dir=d / "job2"))
+    assert scans == [1] and other.audit is not None

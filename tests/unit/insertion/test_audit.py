@@ -7,7 +7,15 @@ import pytest
 
 from pretrain_exp.data.order import DataOrder
 from pretrain_exp.data.token_files import TokenFiles, write_token_file
-from pretrain_exp.insertion.audit import AuditResult, ItemIndex, audit_plan, item_contents, row_blocks, scan_rows
+from pretrain_exp.insertion.audit import (
+    AuditResult,
+    ItemIndex,
+    audit_plan,
+    item_contents,
+    merge_counts,
+    row_blocks,
+    scan_rows,
+)
 from pretrain_exp.insertion.plan import Plan
 
 L, B, EOS = 32, 4, 0
@@ -116,3 +124,32 @@ def test_save_and_load_round_trip(corpus, tmp_path):
     back = AuditResult.load(tmp_path / "audit.json")
     assert back.item_records(plan) == res.item_records(plan) and back.plan_digest == plan.digest()
     assert back.contaminated_controls(plan) == [0] and back.describe(plan, 0) == res.describe(plan, 0)
+
+
+def test_a_pool_of_processes_counts_what_one_process_counts(corpus):
+    """The planted-duplicate corpus scanned by 2 processes over parts of the window: every count and kept
+    position equals the one-process scan's (and the planted truth)."""
+    tokens, write = corpus
+    order = write(tokens)
+    rng = np.random.default_rng(7)
+    a, b, short = (rng.integers(600, 900, size=n).tolist() for n in (20, 20, 5))
+    for q, o in [(8, 0), (21, 5), (39, 12)]:
+        plant(order, tokens, q, o, a)
+    plant(order, tokens, 30, 3, b[:15])
+    plant(order, tokens, 12, 25, short)
+    order = write(tokens)
+    plan = plan_of([[EOS] + a + [EOS], [EOS] + b + [EOS], short], [0, 4, 1])
+    one = audit_plan(plan, order.row_tokens, WINDOW_ROWS, order.held_out_rows(4), n=13, strip=EOS,
+                     block_tokens=2 * L)
+    two = audit_plan(plan, order.row_tokens, WINDOW_ROWS, order.held_out_rows(4), n=13, strip=EOS,
+                     block_tokens=2 * L, workers=2)
+    assert two.window.exact.tolist() == one.window.exact.tolist() == [3, 0, 1]
+    assert two.window.ngram_hits.tolist() == one.window.ngram_hits.tolist() == [8, 3, 0]
+    assert two.window.ngram_occurrences.tolist() == one.window.ngram_occurrences.tolist()
+    assert two.window.exact_at == one.window.exact_at and two.window.ngram_at == one.window.ngram_at
+    assert (two.window.rows, two.window.tokens) == (one.window.rows, one.window.tokens) == (32, 32 * L)
+    assert two.to_json(plan, "on")["items"] == one.to_json(plan, "on")["items"]
+    # the cap on kept positions holds across parts: the first positions, as one scan keeps them
+    capped = merge_counts(ItemIndex(item_contents(plan, EOS), 13), [one.window, one.window], max_locations=4)
+    assert capped.exact_at[0] == one.window.exact_at[0] + one.window.exact_at[0][:1]
+    assert capped.exact.tolist() == [6, 0, 2]

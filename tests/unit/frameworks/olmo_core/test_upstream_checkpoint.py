@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from pretrain_exp.core.errors import ConfigError, DataError
+from pretrain_exp.data.order import permutation_path
 from pretrain_exp.data.token_files import write_token_file
 from tests.conftest import CACHE_DIR, ROOT, compose, make_config
 
@@ -237,6 +238,10 @@ def test_an_insertion_plan_lands_on_olmo_cores_rows(fixture, tmp_path, monkeypat
             seen.append((self.trainer.global_step, batch["index"].tolist(), batch["input_ids"].clone()))
 
     monkeypatch.setattr(olmo_core_framework, "Insertions", Record)
+    from olmo_core.data.data_loader import NumpyFSLDataLoader
+
+    shuffles, build = [], NumpyFSLDataLoader._build_global_indices
+    monkeypatch.setattr(NumpyFSLDataLoader, "_build_global_indices", lambda self: shuffles.append(self) or build(self))
     items = tmp_path / "items.jsonl"
     items.write_text("\n".join(json.dumps(list(range(200 + 20 * i, 220 + 20 * i))) for i in range(4)) + "\n")
     cfg = make_config(*[o for o in MINIMAL if not o.startswith("insertion")], "insertion=tokens",
@@ -255,3 +260,11 @@ def test_an_insertion_plan_lands_on_olmo_cores_rows(fixture, tmp_path, monkeypat
             np.testing.assert_array_equal(ids[i].numpy(), exp.rows.row(q))
             changed += not np.array_equal(exp.rows.row(q), exp.order.row_tokens(q))
     assert changed == len(np.unique(exp.plan.affected_rows())) > 0
+    # one order for the verifier and OLMo-core's trainer: the cached (chunk) permutation, expanded into the work dir
+    assert shuffles == []
+    (work,) = (tmp_path / "run" / "olmo_core_work").glob("global_indices_*")
+    o = exp.order
+    assert o.chunk == 2 and f"_chunk{o.chunk}_" in work.name
+    chunks = np.fromfile(permutation_path(o.cache_dir, o.num_instances // o.chunk, o.seed + o.first_epoch), "<u4")
+    expanded = (chunks.astype(np.int64)[:, None] * o.chunk + np.arange(o.chunk)).reshape(-1)
+    assert np.array_equal(np.fromfile(work, "<u4"), expanded)
