@@ -77,6 +77,6 @@ def test_no_credential_in_the_run_dir_modes_follow_the_umask_and_a_refused_rerun
         before = snapshot(run_dir)
         refused = cli(runs, *FAST, f"data.paths=['{url}']", "training.learning_rate=1e-3",
                       f"hydra.run.dir={run_dir}")  # by name it would get its own run dir
-        assert refused.returncode == 2 and "different config" in refused.stderr, refused.stderr[-3000:]
-        assert "training.learning_rate: 0.005 -> 0.001" in refused.stderr
+        assert refused.returncode == 2 and "started with different settings" in refused.stderr, refused.stderr[-3000:]
+        assert "training.learning_rate changes (0.005 -> 0.001)" in refused.stderr
         assert snapshot(run_dir) == before

@@ -173,7 +173,7 @@ def test_report_of_a_real_sweep_with_a_failed_job(tmp_path, tiny_model_dir):
 
     md = paths[1].read_text()
     assert "## Failed" in md and md.count("| fictional_bios |") == 8 + len(pooled)  # per job, then pooled
-    failed_rows = [line for line in md.split("## Failed", 1)[1].splitlines()
+    failed_rows = [line for line in md.split("## Failed", 1)[1].split("\n## ", 1)[0].splitlines()
                    if line.startswith("| ") and not line.startswith("| job |")]
     assert len(failed_rows) == 1, md
     # the job's dir (or, should the bad beta ever be refused at config time, its submitit log)
