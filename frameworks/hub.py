@@ -11,6 +11,7 @@ its commit on the Hub and only the files a causal LM needs are fetched (configs,
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import List, Optional
 
@@ -51,6 +52,22 @@ def cached_revisions(repo_id: str) -> List[str]:
                 out.add(rev.commit_hash)
                 out.update(rev.refs)
     return sorted(out)
+
+
+def resolved_commit(repo_id: str, revision: Optional[str] = None) -> Optional[str]:
+    """The commit sha (40 hex digits) that ``revision`` (default ``main``) of Hub model ``repo_id`` resolves to in
+    the local HF cache: the name of its snapshot folder (``models--<org>--<name>/snapshots/<sha>/``, the Hub
+    library's cache layout), so a moving branch or tag stays reproducible. ``None`` if that revision is not
+    cached. Nothing is downloaded."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        path = Path(snapshot_download(repo_id, revision=revision or "main", local_files_only=True,
+                                      allow_patterns=["config.json"]))
+    except (LocalEntryNotFoundError, OSError, ValueError):
+        return None
+    return path.name if re.fullmatch(r"[0-9a-f]{40}", path.name) else None
 
 
 def hub_snapshot(repo_id: str, revision: Optional[str] = None) -> Path:

@@ -46,7 +46,7 @@ def summarize(cfg: RunConfig, plan, evaluated_now: Dict[int, dict], evaluated_al
         "run_dir": str(Path(cfg.run_dir).resolve()),
         "framework": cfg.framework.name,
         "model": {"name": cfg.model.name, "asset": cfg.model.asset, "path": cfg.model.path,
-                  "revision": cfg.model.revision,
+                  "revision": cfg.model.revision, "commit": _hub_commit(cfg),
                   "checkpoint_step": cfg.model.checkpoint_step},
         "seed": cfg.seed,
         "step": last,
@@ -172,3 +172,13 @@ def print_dynamic_table(dyn: dict, console=None) -> None:
             cells.append(str(r["repetitions"]))
         table.add_row(*cells)
     (console or Console(width=120)).print(table)
+
+
+def _hub_commit(cfg) -> Optional[str]:
+    """The commit sha a Hub ``model.path`` (at ``model.revision``) resolved to, else ``None``."""
+    from pretrain_exp.frameworks.hub import is_hub_id, resolved_commit
+
+    path = cfg.model.path
+    if not path or Path(str(path)).exists() or not is_hub_id(str(path)):
+        return None
+    return resolved_commit(str(path), cfg.model.revision)

@@ -56,6 +56,15 @@ def test_hub_id_and_revision_resolve_to_the_cached_snapshot(tmp_path, hf_home):
     assert HFFramework.resolve_model(_cfg(tmp_path, f"model.revision={commit}")) == got  # a commit is a revision
 
 
+def test_a_revision_resolves_to_its_cached_commit(hf_home):
+    from pretrain_exp.frameworks.hub import resolved_commit
+
+    _, snap, commit = hf_home
+    assert len(commit) == 40 and resolved_commit(REPO, REV) == commit == Path(snap).name
+    assert resolved_commit(REPO, commit) == commit
+    assert resolved_commit(REPO, "nope") is None and resolved_commit("acme/absent", None) is None
+
+
 def test_unknown_revision_or_model_is_one_clear_error(tmp_path, hf_home, tiny_model_dir):
     with pytest.raises(ConfigError, match=r"^model\.revision: 'nope' of Hub model 'acme/tiny-llama' is not in the "
                                           r"HF cache .*cached: \[.*'stage1-step4'\]"):
@@ -92,6 +101,7 @@ def test_a_run_on_a_hub_id_and_revision_trains_offline(tmp_path, tiny_model_dir,
     assert run_dir.name.startswith("tiny-hf-step0-seed0-")
     res = json.loads((run_dir / "results.json").read_text())
     assert res["model"]["path"] == REPO and res["model"]["revision"] == REV and res["step"] == 2
+    assert res["model"]["commit"] == commit  # the branch as it was: a moving ref stays reproducible
     assert (run_dir / "checkpoints" / "checkpoint-2" / "model.safetensors").is_file()
     assert f"snapshots/{commit}" in (run_dir / "pretrain_exp.log").read_text()
 
