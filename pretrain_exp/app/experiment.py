@@ -48,7 +48,7 @@ from pretrain_exp.app import async_eval
 from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.app.run_name import MUTABLE_KEYS  # noqa: F401  (re-exported: the keys a re-run may change)
 from pretrain_exp.app.tracking import NullTracker, Tracker, config_dict
-from pretrain_exp.core.config import Cleanup, EvalMode, ExportHF
+from pretrain_exp.core.config import DEFAULT_HELD_OUT_ROWS, Cleanup, EvalMode, ExportHF
 from pretrain_exp.core.distributed import barrier, init_process_group, is_main_process, world_size
 from pretrain_exp.core.errors import CheckpointError, ConfigError, InsertionError, PretrainExpError, TrainingError
 from pretrain_exp.core.io import disk_full_error, is_disk_full, write_json, write_text
@@ -134,10 +134,23 @@ class Experiment:
                            (self.rows.first_row, self.rows.first_row + len(self.rows)), world_size(), seed=cfg.seed)
 
     def _check_held_out(self) -> None:
-        n = self.cfg.data.held_out_rows + reserved_rows(self.cfg.insertion.experiments)
-        why = held_out_collision(n, self.window[0] // self.L, self.window[1] // self.L, self.order.rows_per_epoch,
-                                 "data.paths" in self.cfg.framework.checkpoint_keys()
-                                 and self.cfg.model.init != "random")
+        """Resolve a null ``data.held_out_rows`` (:func:`fit_held_out`, logged when fewer than the default fit),
+        then refuse held-out rows that the run or the checkpoint may train.
+
+        :raises ConfigError: (``data.held_out_rows``) for a set value, or ``corpus_chunks`` rows, that collide.
+        """
+        reserved = reserved_rows(self.cfg.insertion.experiments)
+        span = (self.window[0] // self.L, self.window[1] // self.L, self.order.rows_per_epoch,
+                "data.paths" in self.cfg.framework.checkpoint_keys() and self.cfg.model.init != "random")
+        if self.cfg.data.held_out_rows is None:
+            n = fit_held_out(DEFAULT_HELD_OUT_ROWS, reserved, *span)
+            if n < DEFAULT_HELD_OUT_ROWS and self.main:
+                log.warning("data.held_out_rows: %d held-out row(s) at the end of the first epoch (not %d): the run%s "
+                            "trains the rows before them%s; set data.held_out_rows to choose", n,
+                            DEFAULT_HELD_OUT_ROWS, " and the checkpoint" if span[3] else "",
+                            " (no held-out perplexity)" if n == 0 else "")
+            self.cfg.data.held_out_rows = n
+        why = held_out_collision(self.cfg.data.held_out_rows + reserved, *span)
         if why:
             raise ConfigError("data.held_out_rows", f"{why} (perplexity rows and corpus_chunks items); lower "
                               "data.held_out_rows or the corpus_chunks num_items, or train fewer steps")
@@ -666,6 +679,16 @@ class Experiment:
                             f.unlink()
                 elif d.is_dir():
                     shutil.rmtree(d)
+
+
+def fit_held_out(default: int, reserved: int, first_row: int, end_row: int, rows_per_epoch: int,
+                 checkpoint_trained_order: bool) -> int:
+    """The most held-out rows, at most ``default``, that together with ``reserved`` rows before them
+    (``corpus_chunks`` items) provably stay untrained (:func:`held_out_collision`); 0 when none do."""
+    for n in range(default, 0, -1):
+        if held_out_collision(n + reserved, first_row, end_row, rows_per_epoch, checkpoint_trained_order) is None:
+            return n
+    return 0
 
 
 def held_out_collision(n: int, first_row: int, end_row: int, rows_per_epoch: int,

@@ -72,7 +72,7 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError("data.dataset", "set either data.dataset or data.paths / data.text, not both")
     if cfg.data.num_proc < 1:
         raise ConfigError("data.num_proc", f"must be >= 1, got {cfg.data.num_proc}")
-    if cfg.data.held_out_rows < 0:
+    if cfg.data.held_out_rows is not None and cfg.data.held_out_rows < 0:
         raise ConfigError("data.held_out_rows", f"must be >= 0, got {cfg.data.held_out_rows}")
     t = cfg.training
     for key in ("sequence_length", "global_batch_size", "micro_batch_size", "checkpoint_interval"):

@@ -113,6 +113,9 @@ class ModelConf:
     init_seed: int = II("seed")  # type: ignore[assignment]  #: seed of the random initialisation
 
 
+DEFAULT_HELD_OUT_ROWS = 16  #: held-out rows when ``data.held_out_rows`` is null (and they fit)
+
+
 @dataclass
 class DataConf:
     """The training corpus and its order (``data=`` option).
@@ -134,7 +137,9 @@ class DataConf:
     token_dir: str = II("cache_dir") + "/tokens"  # type: ignore[assignment]
     seed: int = II("seed")  # type: ignore[assignment]  #: data-order seed (PCG64(seed + epoch))
     first_epoch: int = 1  #: 1 = OLMo-core's count (OLMo-2 counts from 0: OLMo-2 seed S = OLMo-core seed S-1)
-    held_out_rows: int = 16  #: rows at the end of the first epoch's order, never trained, for perplexity
+    #: rows at the end of the first epoch's order, never trained, for perplexity; null (default): up to
+    #: :data:`DEFAULT_HELD_OUT_ROWS`, fewer (logged) where the run or the checkpoint trains the last rows
+    held_out_rows: Optional[int] = None
     dtype: Optional[str] = None  #: token-file dtype (``uint16``/``uint32``); None = from the vocabulary size
     path_prefixes: Dict[str, str] = field(default_factory=dict)  #: ``{old prefix: new prefix}`` applied to
     #: ``paths`` before reading (first match wins), e.g. ``{"http://olmo-data.org/": "/data/mirror/"}``
