@@ -17,7 +17,7 @@ from typing import List, Optional
 
 from omegaconf import MISSING
 
-from pretrain_exp.core.config import DataConf, EvalConf, FrameworkConf, ModelConf, TrainingConf, WandbConf
+from pretrain_exp.core.config import DataConf, EvalConf, FrameworkConf, ModelConf, ReleaseConf, TrainingConf, WandbConf
 from pretrain_exp.insertion.schema import InsertionConf
 
 
@@ -41,6 +41,7 @@ class ExperimentConfig:
     eval: EvalConf = field(default_factory=EvalConf)
     training: TrainingConf = field(default_factory=TrainingConf)
     wandb: WandbConf = field(default_factory=WandbConf)
+    release: ReleaseConf = field(default_factory=ReleaseConf)
     name: str = "default"  #: experiment name (presets set their own); part of ``run_name``
     seed: int = 0
     run_name: str = MISSING

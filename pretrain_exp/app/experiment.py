@@ -429,6 +429,10 @@ class Experiment:
     def run(self) -> dict:
         """Execute the loop (module docstring); returns the ``results.json`` content."""
         cfg, t = self.cfg, self.cfg.training
+        if cfg.release.push_to_hub and self.main:
+            from pretrain_exp.report.release import check_push_possible
+
+            check_push_possible()  # offline or no token: refused before anything is trained
         t_start = time.perf_counter()
         evaluated: Dict[int, Dict[str, dict]] = {}
         timing: list = []  #: per trained segment of this invocation: ``{step, train_s, segment_end_s}``
@@ -476,8 +480,31 @@ class Experiment:
             results = self._write_results(tracker, evaluated, t_start, ckpt, initial, end, {
                 "eval_mode": cfg.eval.mode.value, "segments": timing, "final_eval_wait_s": wait_s,
                 "final_checkpoint_wait_s": checkpoint_wait_s})
+        if cfg.release.push_to_hub:
+            self.release()
         self._cleanup()
         return results
+
+    def release(self) -> dict:
+        """Bundle this finished run and push it (``release.*``, :func:`pretrain_exp.report.release.release`);
+        returns the bundle's record.
+
+        :raises PushError: if the push fails; the bundle stays in ``release.out_dir`` and the logged
+            ``pretrain-exp-release`` command retries it.
+        """
+        from pretrain_exp.core.errors import PushError
+        from pretrain_exp.report.release import release
+
+        r = self.cfg.release
+        out = Path(r.out_dir) if r.out_dir else self.run_dir / "release"
+        retry = f"pretrain-exp-release {self.run_dir} {out} --push {r.repo_id}" + (" --private" if r.private else "")
+        try:
+            (rec,) = release(self.run_dir, out, r.repo_id, push=True, private=r.private, revision=r.revision,
+                             license_id=r.license)
+        except PushError as e:
+            raise PushError(f"{e} (retry: {retry})") from None
+        log.info("released %s: model and dataset repos %s (bundle %s)", self.cfg.run_name, r.repo_id, out)
+        return rec
 
     def evaluate_checkpoints(self, steps: Optional[list] = None, redo: bool = False) -> dict:
         """Evaluate the checkpoints this run holds with ``eval.tasks`` (``pretrain-exp-eval``; no training): its

@@ -18,13 +18,14 @@ import re
 from typing import Iterable, List
 
 #: config keys that may change between invocations on the same run dir (they don't change what is trained)
-MUTABLE_KEYS = ("eval.", "wandb.", "run_dir", "cache_dir", "name", "run_name", "data.token_dir", "insertion.verify",
-                "insertion.audit",
+MUTABLE_KEYS = ("eval.", "wandb.", "release.", "run_dir", "cache_dir", "name", "run_name", "data.token_dir",
+                "insertion.verify", "insertion.audit",
                 "training.max_retries", "training.retry_base_delay_s", "training.num_threads", "training.cleanup",
                 "training.keep_last_checkpoints", "training.export_hf", "training.report_to",
                 "training.gradient_checkpointing")
 #: override keys already spelled in the plain name, or not about what is trained (groups included)
-_NOT_IN_SUFFIX = ("seed", "model.checkpoint_step", "experiment", "eval", "wandb", "hydra", "local", "sweep")
+_NOT_IN_SUFFIX = ("seed", "model.checkpoint_step", "experiment", "eval", "wandb", "release", "hydra", "local",
+                  "sweep")
 #: groups whose chosen option is shown in the suffix (the model's name is in the plain name already)
 _SHOWN_GROUPS = ("framework", "data", "insertion", "training")
 

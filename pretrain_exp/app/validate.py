@@ -15,7 +15,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.app.settings import log_overrides
-from pretrain_exp.core.config import EvalMode
+from pretrain_exp.core.config import Cleanup, EvalMode, ExportHF
 from pretrain_exp.core.errors import ConfigError, PretrainExpError
 
 MODEL_INITS = ("checkpoint", "random")  #: ``model.init``
@@ -159,7 +159,33 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError("eval.async_launcher", f"must be one of auto, local, slurm; got {cfg.eval.async_launcher!r}")
     if not cfg.eval.async_pending_wait_s >= 0:
         raise ConfigError("eval.async_pending_wait_s", f"must be >= 0 seconds, got {cfg.eval.async_pending_wait_s}")
+    if cfg.release.push_to_hub:
+        validate_release(cfg)
     return cfg
+
+
+def validate_release(cfg: ExperimentConfig) -> None:
+    """Check ``release.*`` for a run that pushes itself at its end (whether the Hub can be reached and a token is
+    set is checked when the run starts, :meth:`Experiment.run <pretrain_exp.app.experiment.Experiment.run>`).
+
+    :raises ConfigError: naming ``release.repo_id``, ``training.cleanup`` or ``training.export_hf``.
+    """
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    r, t = cfg.release, cfg.training
+    if not r.repo_id:
+        raise ConfigError("release.repo_id", "release.push_to_hub=true needs the Hub repo, e.g. "
+                          "release.repo_id=<org>/<name>")
+    try:
+        validate_repo_id(r.repo_id)
+    except HFValidationError as e:
+        raise ConfigError("release.repo_id", f"{r.repo_id!r} is not a Hub repo id ({e})") from None
+    if t.cleanup == Cleanup.all:
+        raise ConfigError("training.cleanup", "'all' deletes the run dir the release is built from; use bulky or "
+                          "none with release.push_to_hub=true")
+    if cfg.framework.name in ("olmo_core", "olmo2") and t.export_hf == ExportHF.none:
+        raise ConfigError("training.export_hf", "none keeps no HF model of the final step to release; use final or "
+                          "every with release.push_to_hub=true")
 
 
 def validate_cpdt(cfg: ExperimentConfig) -> None:

@@ -208,6 +208,21 @@ class TrainingConf:
 
 
 @dataclass
+class ReleaseConf:
+    """Release the run at its end (``release.push_to_hub=true``): the bundle of ``pretrain-exp-release``
+    (:mod:`pretrain_exp.report.release`) written to ``out_dir`` and pushed to the Hub repos ``repo_id`` (model and
+    dataset). The token is ``huggingface_hub``'s own (``HF_TOKEN`` or ``hf auth login``); a push that cannot
+    happen is refused before training."""
+
+    push_to_hub: bool = False
+    repo_id: Optional[str] = None  #: ``<org>/<name>`` of the model repo (the dataset repo gets the same id)
+    private: bool = True
+    revision: str = "main"  #: the branch the final model goes to; each kept step gets its own branch
+    out_dir: Optional[str] = None  #: the bundle's dir; None: ``<run_dir>/release``
+    license: str = "other"  #: the cards' licence id
+
+
+@dataclass
 class WandbConf:
     """W&B tracking (``wandb=`` option); ``offline`` unless ``mode=online`` and a key is configured."""
 

@@ -204,3 +204,32 @@ def test_a_sweep_dir_gives_one_bundle_per_job(hf_run, tmp_path):
     card = (tmp_path / "out" / "0" / "model" / "README.md").read_text()
     assert f"{REPO}-0" in card
     assert pd.read_parquet(next((tmp_path / "out" / "0" / "dataset" / "data").glob("items-*.parquet"))).shape[0] > 0
+
+
+@pytest.mark.slow
+def test_a_run_releases_itself_at_its_end(tmp_path, tiny_model_dir):
+    """``release.push_to_hub=true``: refused before training without a repo id, offline or without a token; with
+    a token the finished run's bundle (``<run_dir>/release``) arrives on the local Hub endpoint."""
+    runs = tmp_path / "runs"
+    push = ["experiment=tiny", "training.num_steps=2", "training.checkpoint_interval=2", "training.num_threads=1",
+            "insertion.experiments.fictional_bios.repetitions=[0,1]", "wandb=disabled", "release.push_to_hub=true"]
+    no_repo = run_module("pretrain_exp", *push, check=False, env={"PRETRAIN_EXP_RUNS": str(runs)})
+    assert no_repo.returncode == 2 and "error: release.repo_id:" in no_repo.stderr
+    offline = run_module("pretrain_exp", *push, f"release.repo_id={REPO}", check=False,
+                         env={"PRETRAIN_EXP_RUNS": str(runs), "HF_TOKEN": TOKEN})
+    assert offline.returncode == 2 and "HF_HUB_OFFLINE" in offline.stderr, offline.stderr[-2000:]
+    assert not list(runs.rglob("checkpoint-*"))  # nothing trained
+    with HubServer(TOKEN) as hub:
+        env = {"PRETRAIN_EXP_RUNS": str(runs), "HF_ENDPOINT": hub.base, "HF_HUB_OFFLINE": "0",
+               "HF_HUB_DISABLE_XET": "1", "HF_HOME": str(tmp_path / "hf_home"), "HF_TOKEN": TOKEN}
+        ok = run_module("pretrain_exp", *push, f"release.repo_id={REPO}", env=env)
+        run_dir = Path(ok.stdout.strip().splitlines()[-1].removeprefix("run dir: "))
+        assert TOKEN not in ok.stdout + ok.stderr
+        bundle = run_dir / "release"
+        rec = json.loads((bundle / "release.json").read_text())
+        model, dataset = hub.repos[("model", REPO)], hub.repos[("dataset", REPO)]
+        assert model["private"] and set(model["branches"]) == {"main", *rec["revisions"]}
+        assert model["branches"]["main"] == {str(p.relative_to(bundle / "model")): p.read_bytes()
+                                             for p in (bundle / "model").rglob("*") if p.is_file()}
+        assert set(dataset["branches"]["main"]) == {str(p.relative_to(bundle / "dataset"))
+                                                    for p in (bundle / "dataset").rglob("*") if p.is_file()}
