@@ -9,7 +9,7 @@ TEST_JOBS ?= 2
 # tcmalloc makes CPU training ~2x faster (fewer page faults on the big LM-head buffers); used when present
 PRELOAD = LD_PRELOAD=$$(ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 2>/dev/null || true)
 
-.PHONY: help install demo test test-fast lint bench gpu-test gpu-bench dry-run clean
+.PHONY: help install demo test test-fast lint docs docs-images bench gpu-test gpu-bench dry-run clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -42,6 +42,19 @@ lint: install ## flake8 + isort check
 	$(PY) -m flake8 pretrain_exp frameworks evals tests benchmarks
 	$(PY) -m isort --check-only --diff pretrain_exp frameworks evals tests benchmarks
 
+# the docs extra goes into the same .venv (autodoc imports the package), once per change of pyproject.toml
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install -q -c $(VENV)/torch-constraint.txt -e '.[docs]' 2>&1 | grep -v "is ignored" || true
+	$(PY) -c "import sphinx, myst_parser, furo" && touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP) ## build the docs site into docs/_build/html (Sphinx, warnings as errors)
+	$(PY) -m sphinx -W --keep-going -n -q -b html docs docs/_build/html $(ARGS)
+	@echo "docs: $(CURDIR)/docs/_build/html/index.html"
+
+docs-images: install ## regenerate the docs' figures (runs the demo and experiment=tiny; see docs/make_images.py)
+	$(PRELOAD) $(PY) docs/make_images.py $(ARGS)
+
 bench: install ## plan-building and Plan.apply benchmark (prints times, memory and ratios)
 	$(PY) benchmarks/plan_build.py $(ARGS)
 
@@ -59,4 +72,4 @@ dry-run: install ## print the composed config of the default run (add ARGS="key=
 	$(PY) -m pretrain_exp --cfg job $(ARGS)
 
 clean: ## delete runs/ and caches in the checkout (not .venv, not ~/.cache/pretrain_exp)
-	rm -rf runs outputs multirun .pytest_cache
+	rm -rf runs outputs multirun .pytest_cache docs/_build

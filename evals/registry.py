@@ -49,6 +49,7 @@ def _spec(module: str, conf: str, fn: str, sharded: bool = True) -> EvalSpec:
     return EvalSpec(f"pretrain_exp.evals.{module}:{conf}", f"pretrain_exp.evals.{module}:{fn}", sharded)
 
 
+#: eval type name -> its :class:`EvalSpec`
 EVALS: Dict[str, EvalSpec] = {
     "benchmark": _spec("benchmark", "BenchmarkConf", "benchmark"),
     "gaussian": _spec("gaussian", "GaussianConf", "gaussian"),

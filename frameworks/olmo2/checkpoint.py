@@ -284,7 +284,7 @@ def read_checkpoint(ckpt_dir: str | Path, *, optimizer: bool = True) -> OLMo2Che
     """Read every file of an OLMo-2 ``step<N>-unsharded/`` folder.
 
     :param ckpt_dir: the local checkpoint folder (e.g. from
-    :func:`pretrain_exp.frameworks.download.download_olmo2_checkpoint`).
+        :func:`pretrain_exp.frameworks.download.download_olmo2_checkpoint`).
     :param optimizer: also read ``optim.*`` (a missing optimizer file gives ``optim_state=None`` and a warning).
     :raises CheckpointError: if the folder, ``config.yaml``, the model file or ``train.pt`` is missing or unreadable.
     """

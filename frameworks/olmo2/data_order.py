@@ -10,6 +10,7 @@ step takes the next ``global_train_batch_size`` instances. That is this project'
 count, used here) with seed ``S - 1`` for OLMo-2 seed ``S``.
 
 Limits:
+
 - only checkpoints inside their first epoch (``epoch == 0``) whose data position is exactly ``global_step``
   global batches (no ``fast_forward_batches``, no batch-size change mid-run) are continued;
 - the epoch's last global batch may differ: OLMo-2 trims an epoch to a multiple of its world size

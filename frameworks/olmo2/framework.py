@@ -101,8 +101,9 @@ def run_optim_config(cfg: RunConfig, config: dict):
 
 
 def run_max_grad_norm(cfg: RunConfig, config: dict) -> Optional[float]:
-    """Gradient clipping of the run: the checkpoint's ``max_grad_norm`` (:func:`~pretrain_exp.frameworks.olmo2.convert
-    .max_grad_norm`) with ``framework.lr_schedule=checkpoint``, else ``training.max_grad_norm``."""
+    """Gradient clipping of the run: the checkpoint's ``max_grad_norm``
+    (:func:`~pretrain_exp.frameworks.olmo2.convert.max_grad_norm`) with ``framework.lr_schedule=checkpoint``, else
+    ``training.max_grad_norm``."""
     from pretrain_exp.frameworks.olmo2.convert import max_grad_norm
 
     if cfg.framework.lr_schedule == "checkpoint":

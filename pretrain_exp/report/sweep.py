@@ -62,8 +62,8 @@ def job_label(job: Job, keys: Sequence[str]) -> str:
 
 
 def report_rows(frame: pd.DataFrame, keys: Sequence[str]) -> List[dict]:
-    """One row per (job, experiment, dup count) of the finished jobs of a :func:`~pretrain_exp.report.tables.
-    sweep_frame` (:data:`REPORT_COLUMNS`)."""
+    """One row per (job, experiment, dup count) of the finished jobs of a
+    :func:`~pretrain_exp.report.tables.sweep_frame` (:data:`REPORT_COLUMNS`)."""
     rows = []
     for j in frame[frame["status"] == "done"].to_dict("records"):
         base = {r["experiment"]: r.get("mean_loss") for r in j["per_dup"] if r.get("dup_count") == 0}

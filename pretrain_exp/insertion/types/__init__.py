@@ -22,6 +22,7 @@ from pretrain_exp.core.registry import lookup
 
 log = logging.getLogger(__name__)
 
+#: insertion type name -> ``"module:attr"`` of its :class:`~pretrain_exp.insertion.types.base.TypeSpec`
 TYPES: Dict[str, str] = {
     "texts": "pretrain_exp.insertion.types.texts:TYPE",
     "tokens": "pretrain_exp.insertion.types.tokens:TYPE",

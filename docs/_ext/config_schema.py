@@ -1,0 +1,287 @@
+"""Sphinx extension: the config reference generated from the schema dataclasses and the YAML options.
+
+A page that holds the line ``<!-- command-help: <module> [args] -->`` gets the ``--help`` text of that command,
+run at build time. A page that holds the line ``<!-- config-schema -->`` gets, in its place and at build time, one section per
+config group: the options of ``conf/<group>/`` (each with the leading comment of its YAML file) and a table of
+every field of the group's schema dataclasses (type, default, and the field's ``#:`` comment), plugins' own
+schemas included (each framework's, each insertion type's, each eval's, the closed-loop policies'). Nothing of it
+is written by hand, so it cannot drift from the code: a field added to a dataclass appears on the next build.
+
+:func:`render` returns the Markdown; ``python docs/_ext/config_schema.py`` prints it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+import typing
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+MARKER = "<!-- config-schema -->"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# field documentation: the ``#:`` comments, read the way autodoc reads them
+
+
+def _attr_docs(cls: type) -> Dict[str, str]:
+    """field name -> its ``#:`` comment (or docstring after it), for ``cls`` and its bases (nearest first)."""
+    from sphinx.pycode import ModuleAnalyzer
+
+    out: Dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            docs = ModuleAnalyzer.for_module(klass.__module__).find_attr_docs()
+        except Exception:  # a module without source: no comments
+            continue
+        for (qual, name), lines in docs.items():
+            if qual == klass.__qualname__:
+                out[name] = " ".join(line.strip() for line in lines if line.strip())
+    return out
+
+
+_ROLE = re.compile(r":(?:py:)?(class|func|mod|meth|attr|data|exc|obj):`([^`]+)`")
+
+
+def _md(text: str) -> str:
+    """reST inline markup of a docstring as MyST Markdown for a table cell."""
+    text = _ROLE.sub(lambda m: "{py:%s}`%s`" % (m.group(1), m.group(2)), text)
+    text = text.replace("``", "`")
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _first_paragraph(doc: Optional[str]) -> str:
+    if not doc:
+        return ""
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# types and defaults
+
+
+def _type_name(tp: Any) -> str:
+    if isinstance(tp, str):
+        return tp
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Union:
+        rest = [a for a in args if a is not type(None)]
+        inner = " \\| ".join(_type_name(a) for a in rest)
+        return f"{inner} or null" if len(rest) < len(args) else inner
+    if origin in (list, List):
+        return f"list[{_type_name(args[0])}]" if args else "list"
+    if origin in (dict, Dict):
+        return f"dict[{', '.join(_type_name(a) for a in args)}]" if args else "dict"
+    if origin in (tuple, Tuple):
+        return f"tuple[{', '.join(_type_name(a) for a in args)}]"
+    if tp is Any:
+        return "any"
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return " \\| ".join(f"`{m.value}`" for m in tp)
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return f"{tp.__name__} (below)"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _default(f: dataclasses.Field) -> str:
+    from omegaconf import MISSING
+
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        value = f.default_factory()  # type: ignore[misc]
+        if dataclasses.is_dataclass(value):
+            return "(below)"
+    else:
+        return "required"
+    if value == MISSING:
+        return "required (`???`)"
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if value is None:
+        return "`null`"
+    text = repr(value) if not isinstance(value, str) else value
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    text = text.replace("`", "'")
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"`{text}`" if text else '`""`'
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tables
+
+
+def schema_table(cls: type, key: str) -> Tuple[List[str], List[Tuple[type, str]]]:
+    """Markdown lines of ``cls``'s field table under the dotted ``key``, and its nested dataclass fields."""
+    hints = typing.get_type_hints(cls)
+    docs = _attr_docs(cls)
+    lines = ["| key | type | default | description |", "|---|---|---|---|"]
+    nested: List[Tuple[type, str]] = []
+    for f in dataclasses.fields(cls):
+        if f.name.startswith("_"):
+            continue
+        tp = hints.get(f.name, f.type)
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            nested.append((tp, f"{key}.{f.name}"))
+        full = f"{key}.{f.name}" if key else f.name
+        lines.append(f"| `{full}` | {_md(_type_name(tp))} | {_md(_default(f))} | {_md(docs.get(f.name, ''))} |")
+    return lines, nested
+
+
+def schema_section(cls: type, key: str, title: str, level: int = 4) -> List[str]:
+    """A heading, the class's first docstring paragraph, its table, then its nested dataclasses' tables."""
+    out = [f"{'#' * level} {title}", "", f"{{py:class}}`{cls.__module__}.{cls.__qualname__}`. "
+           + _md(_first_paragraph(cls.__doc__)), ""]
+    table, nested = schema_table(cls, key)
+    out += table + [""]
+    for sub, subkey in nested:
+        if sub.__module__.startswith("pretrain_exp"):
+            out += schema_section(sub, subkey, f"`{subkey}`", level + 1)
+    return out
+
+
+def _yaml_comment(path: Path) -> str:
+    """The leading comment of a YAML option (without ``@package`` and indented example lines)."""
+    lines = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            break
+        text = line[1:]
+        if text.strip().startswith("@package"):
+            continue
+        if text.startswith("   ") or text.strip().startswith(("python ", "pretrain-exp")):
+            break
+        lines.append(text.strip())
+    return " ".join(lines).strip()
+
+
+def options_table(conf: Path, group: str) -> List[str]:
+    """The YAML options of ``conf/<group>/`` (sub-folders of options included) with their comments."""
+    folder = conf / group
+    rows = ["| option | what |", "|---|---|"]
+    for path in sorted(folder.rglob("*.yaml")):
+        if "local" in path.relative_to(conf).parts:
+            continue
+        name = path.relative_to(folder).with_suffix("").as_posix()
+        rows.append(f"| `{group}={name}` | {_md(_yaml_comment(path))} |")
+    return rows + [""]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the page
+
+
+def render() -> str:
+    """The generated Markdown of every config group (module docstring)."""
+    import pretrain_exp
+    from pretrain_exp.app.config import CpdtConf, ExperimentConfig
+    from pretrain_exp.core.config import DataConf, EvalConf, FrameworkConf, ModelConf, TrainingConf, WandbConf
+    from pretrain_exp.core.registry import load
+    from pretrain_exp.evals.registry import EVALS
+    from pretrain_exp.frameworks.registry import SCHEMAS
+    from pretrain_exp.insertion.dynamic import DynamicConf
+    from pretrain_exp.insertion.schema import InsertionConf
+    from pretrain_exp.insertion.types import TYPES, schema
+
+    conf = pretrain_exp.conf_dir()
+    out: List[str] = ["## Root keys", ""]
+    table, _ = schema_table(ExperimentConfig, "")
+    out += [f"{{py:class}}`~pretrain_exp.app.config.ExperimentConfig`: "
+            "the root of the composed config; each group below is one of its keys.", ""] + table + [""]
+
+    groups: List[Tuple[str, List[Tuple[type, str, str]]]] = [
+        ("framework", [(FrameworkConf, "framework", "Common fields")]
+         + [(load(t), "framework", f"`framework={n}`") for n, t in SCHEMAS.items()]),
+        ("model", [(ModelConf, "model", "Schema")]),
+        ("data", [(DataConf, "data", "Schema")]),
+        ("insertion", [(InsertionConf, "insertion", "Common fields")]
+         + [(schema(n), f"insertion.experiments.<name>", f"`type: {n}`") for n in TYPES]
+         + [(DynamicConf, "insertion.dynamic", "Closed-loop policies (`insertion.dynamic`)")]),
+        ("eval", [(EvalConf, "eval", "Common fields")]
+         + [(spec.config, "eval.tasks.<name>", f"`type: {n}`") for n, spec in EVALS.items()]),
+        ("training", [(TrainingConf, "training", "Schema")]),
+        ("wandb", [(WandbConf, "wandb", "Schema")]),
+        ("cpdt", [(CpdtConf, "cpdt", "Schema")]),
+    ]
+    for group, schemas in groups:
+        out += [f"## `{group}`", ""]
+        if (conf / group).is_dir():
+            out += ["Options (`conf/" + group + "/`):", ""] + options_table(conf, group)
+        for cls, key, title in schemas:
+            out += schema_section(cls, key, title, level=3)
+    for group, title in (("experiment", "Presets: `experiment`"), ("sweep", "Sweep presets: `+sweep`"),
+                         ("hydra/launcher", "Launchers: `hydra/launcher`")):
+        out += [f"## {title}", ""] + options_table(conf, group)
+    return "\n".join(out) + "\n"
+
+
+_HELP = re.compile(r"<!-- command-help: ([\w.]+)((?: [\w-]+)*) -->")
+
+
+def command_help(module: str, args: str = "") -> str:
+    """``python -m <module> [args] --help`` as a fenced block, run from the checkout (Hydra's help of
+    ``pretrain_exp`` up to its config dump)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-m", module, *args.split(), "--help"], cwd=root, capture_output=True,
+                         text=True, timeout=300, env={**__import__("os").environ, "COLUMNS": "100"})
+    if out.returncode != 0:
+        raise RuntimeError(f"python -m {module}{args} --help exited {out.returncode}: {out.stderr[-2000:]}")
+    text = out.stdout.split("== Config ==")[0].rstrip()
+    return "```text\n" + text + "\n```"
+
+
+MODULES_MARKER = "<!-- module-index -->"
+
+
+def module_names() -> List[str]:
+    """Every module of the package under its import name (``frameworks/`` and ``evals/`` as
+    ``pretrain_exp.frameworks`` / ``pretrain_exp.evals``), ``__main__`` modules left out."""
+    root = Path(__file__).resolve().parents[2]
+    names = []
+    for folder, prefix in (("pretrain_exp", "pretrain_exp"), ("frameworks", "pretrain_exp.frameworks"),
+                           ("evals", "pretrain_exp.evals")):
+        for path in sorted((root / folder).rglob("*.py")):
+            rel = path.relative_to(root / folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            if rel.name == "__main__" or "__pycache__" in rel.parts:
+                continue
+            names.append(".".join([prefix, *parts]))
+    return sorted(set(names))
+
+
+def module_index() -> str:
+    """One section per module, each an ``automodule`` with its members."""
+    out = []
+    for name in module_names():
+        out += [f"## `{name}`", "", "```{eval-rst}", f".. automodule:: {name}", "```", ""]
+    return "\n".join(out)
+
+
+def _source_read(app, docname: str, source: List[str]) -> None:
+    if MODULES_MARKER in source[0]:
+        source[0] = source[0].replace(MODULES_MARKER, module_index())
+    if MARKER in source[0]:
+        source[0] = source[0].replace(MARKER, render())
+    source[0] = _HELP.sub(lambda m: command_help(m.group(1), m.group(2)), source[0])
+
+
+def setup(app) -> Dict[str, Any]:
+    app.connect("source-read", _source_read)
+    return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    print(render())
