@@ -4,6 +4,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DOCS_STAMP := $(VENV)/.docs-installed
 # pytest-xdist workers for `make test` / `make test-fast` (run one at a time, the suite kept ~1 of 2 cores busy)
 TEST_JOBS ?= 2
 # tcmalloc makes CPU training ~2x faster (fewer page faults on the big LM-head buffers); used when present
@@ -12,7 +13,7 @@ PRELOAD = LD_PRELOAD=$$(ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 2>
 .PHONY: help install demo test test-fast lint docs docs-images bench gpu-test gpu-bench dry-run clean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 # torch is pinned through a constraint file so that nothing pulls a newer torch with GBs of CUDA wheels here;
 # pyproject.toml keeps the range (torch>=2.10,<2.14) that GPU users install against.
@@ -32,18 +33,17 @@ install: $(STAMP) ## create .venv and install the project (idempotent); tcmalloc
 demo: install ## run the embedded default experiment (python -m pretrain_exp): SmolLM2-135M on Shakespeare
 	$(PRELOAD) $(PY) -m pretrain_exp $(ARGS)
 
-test: install ## run all tests except GPU ones (what CI runs)
+test: install $(DOCS_STAMP) ## run all tests except GPU ones (what CI runs; it builds the docs too)
 	$(PRELOAD) $(PY) -m pytest -m "not gpu" -q -n $(TEST_JOBS) --dist loadgroup $(ARGS)
 
 test-fast: install ## run the tests not marked slow, gpu or network (under 3 minutes)
 	$(PRELOAD) $(PY) -m pytest -m "not slow and not gpu and not network" -q -n $(TEST_JOBS) --dist loadgroup $(ARGS)
 
 lint: install ## flake8 + isort check
-	$(PY) -m flake8 pretrain_exp frameworks evals tests benchmarks
-	$(PY) -m isort --check-only --diff pretrain_exp frameworks evals tests benchmarks
+	$(PY) -m flake8 pretrain_exp frameworks evals tests benchmarks docs
+	$(PY) -m isort --check-only --diff pretrain_exp frameworks evals tests benchmarks docs
 
 # the docs extra goes into the same .venv (autodoc imports the package), once per change of pyproject.toml
-DOCS_STAMP := $(VENV)/.docs-installed
 $(DOCS_STAMP): $(STAMP) pyproject.toml
 	$(PY) -m pip install -q -c $(VENV)/torch-constraint.txt -e '.[docs]' 2>&1 | grep -v "is ignored" || true
 	$(PY) -c "import sphinx, myst_parser, furo" && touch $(DOCS_STAMP)

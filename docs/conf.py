@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -13,6 +14,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(DOCS / "_ext"))
 
 import pretrain_exp  # noqa: E402
+
+# OLMo-core logs at import that transformer_engine is absent (autodoc imports its modules): not a docs warning
+logging.getLogger("olmo_core").setLevel(logging.ERROR)
 
 project = "pretrain_exp"
 author = "the pretrain_exp authors"

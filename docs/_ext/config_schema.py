@@ -1,11 +1,12 @@
 """Sphinx extension: the config reference generated from the schema dataclasses and the YAML options.
 
-A page that holds the line ``<!-- command-help: <module> [args] -->`` gets the ``--help`` text of that command,
-run at build time. A page that holds the line ``<!-- config-schema -->`` gets, in its place and at build time, one section per
-config group: the options of ``conf/<group>/`` (each with the leading comment of its YAML file) and a table of
-every field of the group's schema dataclasses (type, default, and the field's ``#:`` comment), plugins' own
-schemas included (each framework's, each insertion type's, each eval's, the closed-loop policies'). Nothing of it
-is written by hand, so it cannot drift from the code: a field added to a dataclass appears on the next build.
+A page that holds the line ``<!-- command-help: <module> [args] -->`` gets the ``--help`` text of that command, run
+at build time; ``<!-- module-index -->`` an ``automodule`` section per module of the package. A page that holds the
+line ``<!-- config-schema -->`` gets, in its place and at build time, one section per config group: the options of
+``conf/<group>/`` (each with the leading comment of its YAML file) and a table of every field of the group's schema
+dataclasses (type, default, and the field's ``#:`` comment), plugins' own schemas included (each framework's, each
+insertion type's, each eval's, the closed-loop policies'). Nothing of it is written by hand, so it cannot drift from
+the code: a field added to a dataclass appears on the next build.
 
 :func:`render` returns the Markdown; ``python docs/_ext/config_schema.py`` prints it.
 """
@@ -26,21 +27,45 @@ MARKER = "<!-- config-schema -->"
 # field documentation: the ``#:`` comments, read the way autodoc reads them
 
 
-def _attr_docs(cls: type) -> Dict[str, str]:
-    """field name -> its ``#:`` comment (or docstring after it), for ``cls`` and its bases (nearest first)."""
-    from sphinx.pycode import ModuleAnalyzer
+def _class_comments(klass: type) -> Dict[str, str]:
+    """field -> its ``#:`` comment in ``klass``'s source: the comment after the field on its line plus the ``#:``
+    lines that continue it, or (for a field without one) the ``#:`` lines just above it."""
+    import inspect
 
+    try:
+        lines = inspect.getsourcelines(klass)[0]
+    except (OSError, TypeError):
+        return {}
+    out: Dict[str, str] = {}
+    above: List[str] = []
+    last: Optional[str] = None  # the field whose inline comment the next ``#:`` lines continue
+    for line in lines:
+        text = line.strip()
+        if text.startswith("#:"):
+            if last is not None:
+                out[last] += " " + text[2:].strip()
+            else:
+                above.append(text[2:].strip())
+            continue
+        m = re.match(r"^\s+([A-Za-z_]\w*)\s*:[^=]*(=.*)?$", line.rstrip("\n"))
+        if m and not text.startswith(("def ", "class ", "@", "return", "#")):
+            name, rest = m.group(1), line.split("#:", 1)
+            if len(rest) == 2:
+                out[name], last = rest[1].strip(), name
+            else:
+                out[name], last = " ".join(above), None
+            above = []
+        else:
+            above, last = [], None
+    return {k: v for k, v in out.items() if v}
+
+
+def _attr_docs(cls: type) -> Dict[str, str]:
+    """field name -> its ``#:`` comment, for ``cls`` and its bases (nearest first)."""
     out: Dict[str, str] = {}
     for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass):
-            continue
-        try:
-            docs = ModuleAnalyzer.for_module(klass.__module__).find_attr_docs()
-        except Exception:  # a module without source: no comments
-            continue
-        for (qual, name), lines in docs.items():
-            if qual == klass.__qualname__:
-                out[name] = " ".join(line.strip() for line in lines if line.strip())
+        if dataclasses.is_dataclass(klass):
+            out.update(_class_comments(klass))
     return out
 
 
@@ -71,7 +96,7 @@ def _type_name(tp: Any) -> str:
     args = typing.get_args(tp)
     if origin is typing.Union:
         rest = [a for a in args if a is not type(None)]
-        inner = " \\| ".join(_type_name(a) for a in rest)
+        inner = " | ".join(_type_name(a) for a in rest)
         return f"{inner} or null" if len(rest) < len(args) else inner
     if origin in (list, List):
         return f"list[{_type_name(args[0])}]" if args else "list"
@@ -82,7 +107,7 @@ def _type_name(tp: Any) -> str:
     if tp is Any:
         return "any"
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return " \\| ".join(f"`{m.value}`" for m in tp)
+        return " | ".join(f"`{m.value}`" for m in tp)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return f"{tp.__name__} (below)"
     return getattr(tp, "__name__", str(tp))
@@ -135,15 +160,18 @@ def schema_table(cls: type, key: str) -> Tuple[List[str], List[Tuple[type, str]]
     return lines, nested
 
 
-def schema_section(cls: type, key: str, title: str, level: int = 4) -> List[str]:
-    """A heading, the class's first docstring paragraph, its table, then its nested dataclasses' tables."""
+def schema_section(cls: type, key: str, title: str, level: int = 4, seen: Optional[set] = None) -> List[str]:
+    """A heading, the class's first docstring paragraph, its table, then its nested dataclasses' tables (each nested
+    class once a page: ``seen``)."""
+    seen = set() if seen is None else seen
     out = [f"{'#' * level} {title}", "", f"{{py:class}}`{cls.__module__}.{cls.__qualname__}`. "
            + _md(_first_paragraph(cls.__doc__)), ""]
     table, nested = schema_table(cls, key)
     out += table + [""]
     for sub, subkey in nested:
-        if sub.__module__.startswith("pretrain_exp"):
-            out += schema_section(sub, subkey, f"`{subkey}`", level + 1)
+        if sub.__module__.startswith("pretrain_exp") and sub not in seen:
+            seen.add(sub)
+            out += schema_section(sub, subkey, f"`{subkey}`", level + 1, seen)
     return out
 
 
@@ -193,7 +221,7 @@ def render() -> str:
     conf = pretrain_exp.conf_dir()
     out: List[str] = ["## Root keys", ""]
     table, _ = schema_table(ExperimentConfig, "")
-    out += [f"{{py:class}}`~pretrain_exp.app.config.ExperimentConfig`: "
+    out += ["{py:class}`~pretrain_exp.app.config.ExperimentConfig`: "
             "the root of the composed config; each group below is one of its keys.", ""] + table + [""]
 
     groups: List[Tuple[str, List[Tuple[type, str, str]]]] = [
@@ -202,7 +230,7 @@ def render() -> str:
         ("model", [(ModelConf, "model", "Schema")]),
         ("data", [(DataConf, "data", "Schema")]),
         ("insertion", [(InsertionConf, "insertion", "Common fields")]
-         + [(schema(n), f"insertion.experiments.<name>", f"`type: {n}`") for n in TYPES]
+         + [(schema(n), "insertion.experiments.<name>", f"`type: {n}`") for n in TYPES]
          + [(DynamicConf, "insertion.dynamic", "Closed-loop policies (`insertion.dynamic`)")]),
         ("eval", [(EvalConf, "eval", "Common fields")]
          + [(spec.config, "eval.tasks.<name>", f"`type: {n}`") for n, spec in EVALS.items()]),
@@ -210,12 +238,13 @@ def render() -> str:
         ("wandb", [(WandbConf, "wandb", "Schema")]),
         ("cpdt", [(CpdtConf, "cpdt", "Schema")]),
     ]
+    seen: set = set()
     for group, schemas in groups:
         out += [f"## `{group}`", ""]
         if (conf / group).is_dir():
             out += ["Options (`conf/" + group + "/`):", ""] + options_table(conf, group)
         for cls, key, title in schemas:
-            out += schema_section(cls, key, title, level=3)
+            out += schema_section(cls, key, title, level=3, seen=seen)
     for group, title in (("experiment", "Presets: `experiment`"), ("sweep", "Sweep presets: `+sweep`"),
                          ("hydra/launcher", "Launchers: `hydra/launcher`")):
         out += [f"## {title}", ""] + options_table(conf, group)

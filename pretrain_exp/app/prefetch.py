@@ -1,13 +1,12 @@
-"""``pretrain-exp-prefetch <the run's Hydra overrides>`` (``python -m pretrain_exp.app.prefetch``): fetch a run's
-window ahead of time.
+"""``pretrain-exp-prefetch <the run's Hydra overrides>``: fetch a run's token-file window ahead of time.
 
-Composes the same config a run composes (``conf/``, Hydra's compose API, validated by
-:func:`~pretrain_exp.app.validate.to_config`), then fetches the instances of the rows the run will train,
-``[model.checkpoint_step * B, (model.checkpoint_step + training.num_steps) * B)``, from the remote token files
-into the window cache under ``cache_dir`` (:func:`pretrain_exp.data.prefetch.prefetch`), e.g. on a login node
-before the job starts; the run then finds them cached. Prints the bytes needed, the disk free and a progress
-bar; the last line is ``window cache: <dir>``. Errors of the user's making (and Hydra's override errors) print one
-``error:`` line and exit 2.
+The same command is ``python -m pretrain_exp.app.prefetch``. Composes the same config a run composes (``conf/``,
+Hydra's compose API, validated by :func:`~pretrain_exp.app.validate.to_config`), then fetches the instances of the
+rows the run will train, ``[model.checkpoint_step * B, (model.checkpoint_step + training.num_steps) * B)``, from the
+remote token files into the window cache under ``cache_dir`` (:func:`pretrain_exp.data.prefetch.prefetch`), e.g. on
+a login node before the job starts; the run then finds them cached. Prints the bytes needed, the disk free and a
+progress bar; the last line is ``window cache: <dir>``. Errors of the user's making (and Hydra's override errors)
+print one ``error:`` line and exit 2.
 
 A prefix map on the command line needs Hydra's force-add (``++``; the dict is in struct mode) and an escaped
 colon in the key, e.g.::
