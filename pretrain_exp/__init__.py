@@ -1,6 +1,6 @@
 """pretrain_exp: continual-pretraining experiments with controlled data insertion.
 
-Entry point: ``python -m pretrain_exp`` (Hydra; see README.md). The layers, each importing only those below it
+Entry point: ``python -m pretrain_exp`` (Hydra; see README.md and docs/). The layers, each importing only those below it
 (a test over the source holds it):
 
 - :mod:`pretrain_exp.app` -- the root config and its validation, the experiment loop, launch, worker, CLI.

@@ -18,7 +18,7 @@ checkpoint's optimizer (AdamW betas, eps, weight decay and OLMo-2's decay / no-d
 ``framework.lr_schedule=run`` applies ``training.*`` from step S. The checkpoint's ``data.instance_filter`` masks
 the loss of repetitive instances through OLMo-core's ``InstanceFilterConfig``.
 
-Not reproduced (documented in README.md): token files given by ``s3://`` paths (the run's ``data.paths`` are
+Not reproduced: token files given by ``s3://`` paths (the run's ``data.paths`` are
 read; names are compared and a difference is logged).
 """
 
