@@ -33,6 +33,7 @@ def run_experiment(runs: Path, *overrides: str) -> Path:
     env = {**os.environ, "PRETRAIN_EXP_RUNS": str(runs), "WANDB_MODE": "disabled"}
     out = subprocess.run([sys.executable, "-m", "pretrain_exp", "wandb=disabled", *overrides], cwd=runs, env=env,
                          stdout=subprocess.PIPE, text=True, check=True)
+    print(out.stdout, end="")  # the run's table: the numbers the figures show
     last = [line for line in out.stdout.splitlines() if line.startswith("run dir: ")][-1]
     return Path(last[len("run dir: "):])
 
