@@ -152,9 +152,22 @@ def overrides_of(cmd: str):
 
 
 def _compose(overrides, tmp_path):
+    """The composed config (with the Hydra node, for launcher overrides); Hydra is initialized once per module
+    (:func:`_hydra`), else here."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    args = dict(overrides=[f"run_dir={tmp_path / 'run'}", f"cache_dir={CACHE_DIR}", *overrides],
+                return_hydra_config=True)
+    if GlobalHydra.instance().is_initialized():
+        return compose("config", **args)
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        return compose("config", overrides=[f"run_dir={tmp_path / 'run'}", f"cache_dir={CACHE_DIR}", *overrides],
-                       return_hydra_config=True)
+        return compose("config", **args)
+
+
+@pytest.fixture(scope="module")
+def _hydra():
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        yield
 
 
 COMMAND_LINES = command_lines()
@@ -184,12 +197,12 @@ def test_the_docs_name_commands():
 
 
 @pytest.mark.parametrize("where,overrides", UNIQUE, ids=[w for w, _ in UNIQUE])
-def test_documented_command_composes(where, overrides, tmp_path):
+def test_documented_command_composes(where, overrides, tmp_path, _hydra):
     cfg = _compose(overrides, tmp_path)
     assert cfg.framework.name and cfg.training is not None
 
 
-def test_a_composition_error_is_caught(tmp_path):
+def test_a_composition_error_is_caught(tmp_path, _hydra):
     """The check would catch a stale line: a key no schema has, an option that does not exist."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException

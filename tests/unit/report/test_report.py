@@ -291,9 +291,12 @@ def test_report_of_benchmark_and_forgetting_results(tmp_path):
     assert media, "no tables or images in the W&B run"
 
 
-def test_readme_documents_the_outputs_a_run_and_a_report_write():
-    """Every file name the code writes into a run dir or a report dir appears in the README's tables."""
-    readme = (ROOT / "README.md").read_text()
+def test_the_docs_document_the_outputs_a_run_and_a_report_write():
+    """Every file name the code writes into a run dir or a report dir appears in the docs' tables (the run-dir
+    reference, the reports section, the commands reference)."""
+    docs = "\n".join(p.read_text() for p in [ROOT / "docs" / "reference" / "run-dir.md",
+                                            ROOT / "docs" / "guides" / "launching.md",
+                                            ROOT / "docs" / "reference" / "commands.md"])
     for name in ("wandb_id.txt", "olmo_core_work/", "forgetting/<job>.png", "effect_pooled.csv", "loss_vs_dup.png",
                  "effect_vs_dup.png", "pretrain-exp-eval"):
-        assert f"`{name}" in readme, name
+        assert f"`{name}" in docs, name
