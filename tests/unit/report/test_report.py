@@ -294,9 +294,9 @@ def test_report_of_benchmark_and_forgetting_results(tmp_path):
 def test_the_docs_document_the_outputs_a_run_and_a_report_write():
     """Every file name the code writes into a run dir or a report dir appears in the docs' tables (the run-dir
     reference, the reports section, the commands reference)."""
-    docs = "\n".join(p.read_text() for p in [ROOT / "docs" / "reference" / "run-dir.md",
-                                            ROOT / "docs" / "guides" / "launching.md",
-                                            ROOT / "docs" / "reference" / "commands.md"])
+    pages = [ROOT / "docs" / "reference" / "run-dir.md", ROOT / "docs" / "guides" / "launching.md",
+             ROOT / "docs" / "reference" / "commands.md"]
+    docs = "\n".join(p.read_text() for p in pages)
     for name in ("wandb_id.txt", "olmo_core_work/", "forgetting/<job>.png", "effect_pooled.csv", "loss_vs_dup.png",
                  "effect_vs_dup.png", "pretrain-exp-eval"):
         assert f"`{name}" in docs, name
