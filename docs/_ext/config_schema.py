@@ -238,6 +238,11 @@ def render() -> str:
         ("wandb", [(WandbConf, "wandb", "Schema")]),
         ("cpdt", [(CpdtConf, "cpdt", "Schema")]),
     ]
+    covered = {g for g, _ in groups}  # any other dataclass key of the root config gets its schema too
+    for f in dataclasses.fields(ExperimentConfig):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
+        if f.name not in covered and dataclasses.is_dataclass(default):
+            groups.append((f.name, [(type(default), f.name, "Schema")]))
     seen: set = set()
     for group, schemas in groups:
         out += [f"## `{group}`", ""]
