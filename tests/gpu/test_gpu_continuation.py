@@ -22,21 +22,13 @@ import pytest
 import torch
 
 from tests.conftest import CACHE_DIR, ROOT
+from tests.gpu.test_gpu_scale import cli
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 BF16_LOSS_TOL = 1e-2  #: |loss - OLMo-core's loss| of the continued step (module docstring)
 GPU_BF16 = ("--device", "cuda", "--bf16")
-
-
-def cli(args, run_dir: Path) -> str:
-    env = os.environ | {"PRETRAIN_EXP_RUNS": str(run_dir.parent), "PRETRAIN_EXP_CACHE": str(CACHE_DIR),
-                        "WANDB_SILENT": "true", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "pretrain_exp", *args, f"hydra.run.dir={run_dir}"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    return proc.stdout + proc.stderr
 
 
 def steps_of(path: Path) -> dict:
