@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -285,6 +286,9 @@ def test_report_of_benchmark_and_forgetting_results(tmp_path):
     wandb_dir = log_report_wandb(rep, tmp_path, "offline", "pretrain_exp", group="sweep-x")
     assert wandb_dir is not None and wandb_dir.parent == tmp_path / "wandb"
     (wb,) = wandb_dir.glob("*.wandb")
+    deadline = time.monotonic() + 60  # W&B's service may still be flushing its transaction log on a busy machine
+    while not of_type(wb, "run") and time.monotonic() < deadline:
+        time.sleep(0.5)
     (meta,) = of_type(wb, "run")  # next to the sweep's jobs in W&B (their group is the sweep dir's name)
     assert (meta.run_group, meta.job_type) == ("sweep-x", "report")
     media = {p.name.split("_")[0] for p in (wandb_dir / "files" / "media").rglob("*") if p.is_file()}

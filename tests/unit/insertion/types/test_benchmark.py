@@ -183,7 +183,7 @@ def tiny(tiny_model_dir, tokenizer, cache_dir):
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
     items = items_of(bench_exp(), tokenizer, cache_dir)
-    plan = build_plan({"arc": items}, {"arc": bench_exp()}, (0, 0), L, 1, 0, len(tokenizer))  # evaluate-only
+    plan = build_plan({"arc": items}, {"arc": bench_exp()}, (0, 64 * L), L, 1, 0, len(tokenizer))  # 4 items x 4
     return model, plan
 
 
