@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -128,6 +129,21 @@ def _yaml_function(path: Path, qual: str) -> Any:
         raise ImportError(f"{path}: !function {qual}: {e}") from e
 
 
+_FUNCTION_TAG = re.compile(r"!function\s+([\w.]+)")  #: lm-eval's tag for a Python function of the task
+_FUNCTION_MARK = "__lm_eval_function__:"  #: a string no task YAML holds
+
+
+def _resolve_functions(node: Any, path: Path) -> Any:
+    """``node`` (a loaded YAML value) with every ``!function`` marker string replaced by its function."""
+    if isinstance(node, dict):
+        return {k: _resolve_functions(v, path) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_resolve_functions(v, path) for v in node]
+    if isinstance(node, str) and node.startswith(_FUNCTION_MARK):
+        return _yaml_function(path, node[len(_FUNCTION_MARK):])
+    return node
+
+
 def load_task_yaml(path: str | Path, _seen: Tuple[Path, ...] = ()) -> Dict[str, Any]:
     """An lm-eval task YAML as a config dict, as lm-eval reads it: its ``include`` files merged first (the file's
     own keys win) and ``!function module.fn`` tags resolved to the functions (:func:`_yaml_function`). Plain
@@ -141,12 +157,9 @@ def load_task_yaml(path: str | Path, _seen: Tuple[Path, ...] = ()) -> Dict[str, 
     if path in _seen:
         raise ValueError(f"{path}: include cycle")
 
-    class Loader(yaml.SafeLoader):
-        pass
-
-    Loader.add_constructor("!function", lambda loader, node: _yaml_function(path, loader.construct_scalar(node)))
-    with path.open("rb") as fh:
-        cfg = yaml.load(fh, Loader=Loader)  # noqa: S506 (SafeLoader plus the !function tag)
+    # ``!function module.fn`` becomes a marker string, so yaml.safe_load reads the file; markers then resolve
+    text = _FUNCTION_TAG.sub(lambda m: f'"{_FUNCTION_MARK}{m.group(1)}"', path.read_text(encoding="utf-8"))
+    cfg = _resolve_functions(yaml.safe_load(text), path)
     if not isinstance(cfg, dict):
         raise ValueError(f"{path}: an lm-eval task YAML must be a mapping, not {type(cfg).__name__}")
     includes = cfg.pop("include", None)
