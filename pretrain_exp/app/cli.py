@@ -82,7 +82,7 @@ def main() -> None:
     (:func:`~pretrain_exp.app.hydra_errors.hydra_error_line`), like the project's own errors."""
     from hydra.errors import HydraException
 
-    from pretrain_exp.app.hydra_errors import hydra_error_line
+    from pretrain_exp.app.hydra_errors import exit_on_hydra_error
 
     global _set_full_error
     ours = _set_full_error = "HYDRA_FULL_ERROR" not in os.environ
@@ -91,11 +91,7 @@ def main() -> None:
     try:
         _main()
     except HydraException as e:
-        line = hydra_error_line(e)
-        if line is None:
-            raise
-        print(f"error: {redact(line)}", file=sys.stderr)
-        sys.exit(2)
+        exit_on_hydra_error(e)
     finally:
         if ours:
             os.environ.pop("HYDRA_FULL_ERROR", None)

@@ -83,7 +83,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     """The command line (module docstring)."""
     from hydra.errors import HydraException
 
-    from pretrain_exp.app.hydra_errors import hydra_error_line
+    from pretrain_exp.app.hydra_errors import exit_on_hydra_error
     from pretrain_exp.core.secrets import redact
     from pretrain_exp.report.summary import print_table
 
@@ -103,11 +103,7 @@ def main(argv: Optional[List[str]] = None) -> None:
             raise ConfigError("--steps", f"must be comma-separated integers, got {args.steps!r}") from None
         results = evaluate_run(args.run_dir, args.overrides, steps, args.redo)
     except HydraException as e:
-        line = hydra_error_line(e)
-        if line is None:
-            raise
-        print(f"error: {redact(line)}", file=sys.stderr)
-        sys.exit(2)
+        exit_on_hydra_error(e)
     except PretrainExpError as e:
         msg = " | ".join(ln.strip() for ln in str(e).splitlines() if ln.strip())
         print(f"error: {redact(msg)}", file=sys.stderr)

@@ -74,3 +74,17 @@ def hydra_error_line(e: BaseException) -> Optional[str]:
     if cause is not None and key:
         return f"{key}: {_first_line(cause)}"
     return _first_line(e) or type(e).__name__
+
+
+def exit_on_hydra_error(e: BaseException) -> None:
+    """Print a Hydra composition error as one ``error:`` line (credentials redacted) and exit with status 2;
+    re-raise ``e`` when it is not one (:func:`hydra_error_line` gives no line)."""
+    import sys
+
+    from pretrain_exp.core.secrets import redact
+
+    line = hydra_error_line(e)
+    if line is None:
+        raise e
+    print(f"error: {redact(line)}", file=sys.stderr)
+    sys.exit(2)
