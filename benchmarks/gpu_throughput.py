@@ -16,7 +16,14 @@ dense 989 TFLOP/s, also the H200's). Each olmo_core configuration runs for every
 OLMo-core's own ``Trainer`` on the same shape, tokens and settings with nothing of the project in the loop
 (:func:`bare_olmo_core`). Each row also gives the data wait per step (OLMo-core's ``throughput/device/data loading
 (%)``), the peak GPU memory in use during the run (``nvidia-smi``) and OLMo-core's peak reserved memory.
-``--probe-micro-batch 4,8,16`` tries one training step per micro-batch size for the largest that fits. Prints one
+``--probe-micro-batch 4,8,16`` tries one training step per micro-batch size for the largest that fits.
+``--remote-latency-ms MS`` adds an olmo_core row (insertion on) whose token file is read over HTTP from a Range server
+on 127.0.0.1 (``tests/remote_server.py``, its own process, ``MS`` ms added to every request) through the run's window
+prefetch and OLMo-core's 4 loader workers: its data wait per step is the figure (goal <= 1%).
+``--async-eval`` adds an ``eval.mode=async`` run (:func:`async_eval_run`): OLMo-core's ``--async-config`` shape
+(default ``olmo2_190M``) trains 3 segments while the default evals of each segment's checkpoint run in their own
+process on the same GPU; it prints the median tokens/s of the steps with evals beside them over the steps of the
+first segment (none beside them), and the peak GPU memory. Prints one
 table and the ratios insertion on / off (goal >= 0.99), project / anchor (goal >= 0.98) and the MFU goals
 (olmo_core >= 45%, hf >= 35%). Numbers are printed, not asserted; a failed configuration is reported and the
 others still run.
@@ -72,10 +79,11 @@ def bios_for_fraction(fraction: float, window_tokens: int) -> int:
 
 
 def run_overrides(framework: str, setup: Setup, insertion: bool, fraction: float,
-                  hf_config: Optional[Path]) -> List[str]:
-    """The CLI overrides of one configuration (a from-scratch run of ``setup`` on ``framework``)."""
+                  hf_config: Optional[Path], data: Optional[List[str]] = None) -> List[str]:
+    """The CLI overrides of one configuration (a from-scratch run of ``setup`` on ``framework``); ``data``
+    replaces ``data=shakespeare`` (e.g. remote token files)."""
     L, B = setup.sequence_length, setup.micro_batch
-    out = ["model=scratch", "data=shakespeare", "training=tiny", "wandb=disabled", "eval=[]",
+    out = [*(data or ["data=shakespeare"]), "model=scratch", "training=tiny", "wandb=disabled", "eval=[]",
            f"training.num_steps={setup.steps}", f"training.checkpoint_interval={setup.steps}",
            f"training.sequence_length={L}", f"training.global_batch_size={B}", f"training.micro_batch_size={B}",
            f"training.precision={setup.precision}", "training.learning_rate=4e-4", "training.warmup_steps=0",
@@ -255,6 +263,61 @@ def bare_olmo_core(setup: Setup, token_file: Path, run_dir: Path) -> None:
                   ).build(module, loader).fit()
 
 
+class RemoteTokens:
+    """``token_file`` served over HTTP by ``tests/remote_server.py`` in a child process (its own GIL, as a real
+    server) with ``latency_ms`` added to every request; a context manager whose ``overrides`` point a run at it
+    (``data=token_files``, the file's URL, ``data.prefetch=window``)."""
+
+    def __init__(self, token_file: Path, latency_ms: float):
+        self.token_file, self.latency_ms = token_file, latency_ms
+
+    def __enter__(self):
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.remote_server", str(self.token_file.parent),
+                                      "--latency-ms", str(self.latency_ms)], cwd=ROOT, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        base = self.proc.stdout.readline().strip()
+        self.overrides = ["data=token_files", f"data.paths=[{base}/{self.token_file.name}]", "data.dtype=uint32",
+                          "data.prefetch=window"]
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.stdin.close()
+        self.served = self.proc.stdout.read().split()
+        self.proc.wait(timeout=30)
+
+
+def async_eval_run(config: str, sequence_length: int, micro_batch: int, steps: int, warmup: int, precision: str,
+                   run_dir: Path, env: Dict[str, str]) -> dict:
+    """A from-scratch ``framework=olmo_core`` run of builder ``config`` with the default evals in
+    ``eval.mode=async``: ``steps`` steps in 3 segments; each segment's evals (HF export, then the evals in their own
+    process) run beside the next segment's training on the same device. Returns the median tokens/s of steps
+    ``warmup+1 .. steps/3`` (nothing beside them) and of the later steps (evals beside some of them), their ratio,
+    the peak GPU memory (``nvidia-smi``) and the run's exit status.
+
+    :raises RuntimeError: if the run fails.
+    """
+    seg = steps // 3
+    overrides = ["model=scratch", "data=shakespeare", "training=tiny", "wandb=disabled", "framework=olmo_core",
+                 "framework.lr_schedule=run", f"model.config={config}", f"training.num_steps={3 * seg}",
+                 f"training.checkpoint_interval={seg}", f"training.sequence_length={sequence_length}",
+                 f"training.global_batch_size={micro_batch}", f"training.micro_batch_size={micro_batch}",
+                 f"training.precision={precision}", "training.warmup_steps=0", "training.lr_scheduler=constant",
+                 "data.held_out_rows=null", "eval.mode=async", "eval.async_launcher=local",
+                 "training.export_hf=every"]
+    with GpuMemoryPoll() as mem:
+        run_one(overrides, run_dir, env)
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    tps = {m["step"]: m["train/tokens_per_s"] for m in recs if "train/tokens_per_s" in m}
+    alone = [v for k, v in tps.items() if warmup < k <= seg]
+    beside = [v for k, v in tps.items() if k > seg + 1]
+    evals = sorted((p.name for p in (run_dir / "evals").glob("step*")), key=lambda n: (len(n), n))
+    if not alone or not beside:
+        raise RuntimeError(f"{run_dir}: too few steps logged ({sorted(tps)})")
+    a, b = statistics.median(alone), statistics.median(beside)
+    return {"alone_tps": a, "beside_tps": b, "ratio": b / a, "peak_gib": mem.peak_gib, "evals": evals,
+            "segment_steps": seg}
+
+
 def probe_micro_batch(setup: Setup, sizes: List[int]) -> List[tuple]:
     """``[(micro-batch, fits, peak allocated GiB)]``: one OLMo-core training step (forward with its loss,
     backward, AdamW step) of ``setup``'s model at sequence length ``L`` in bf16 autocast for each micro-batch size
@@ -315,6 +378,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="micro-batch sizes to try in one OLMo-core step each (largest that fits), e.g. 4,8,16,32")
     ap.add_argument("--hf-config", type=Path, default=None,
                     help="HF config.json of --config (default: exported from its from-scratch checkpoint)")
+    ap.add_argument("--remote-latency-ms", type=float, default=None,
+                    help="also an olmo_core row (insertion on) reading its tokens over HTTP from a local server "
+                         "with this latency per request (window prefetch, OLMo-core's 4 loader workers)")
+    ap.add_argument("--async-eval", action="store_true",
+                    help="also an eval.mode=async run: step time with the default evals beside training")
+    ap.add_argument("--async-config", default="olmo2_190M", help="model builder of the --async-eval run")
+    ap.add_argument("--async-steps", type=int, default=60, help="steps of the --async-eval run (3 segments)")
     ap.add_argument("--peak-tflops", type=float, default=H100_BF16_DENSE_TFLOPS)
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run of the same code path")
     ap.add_argument("--out", type=Path, default=None, help="keep the run dirs here (default: a temp dir, each run "
@@ -391,6 +461,31 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(f"measured {name}: {rows[-1]}", flush=True)
                 if args.out is None:
                     shutil.rmtree(run_dir, ignore_errors=True)
+        if args.remote_latency_ms is not None and "olmo_core" in frameworks:
+            s = Setup(**{**setup.__dict__, "compile": compile_modes[0] == "on", "attention": attentions[0]})
+            label = f"olmo_core (remote, {args.remote_latency_ms:g} ms/request)"
+            run_dir = out / "olmo_core-remote"
+            try:
+                with RemoteTokens(dolma2_token_file(cache_dir), args.remote_latency_ms) as remote, \
+                        GpuMemoryPoll() as mem:
+                    run_one(run_overrides("olmo_core", s, True, args.fraction, None, remote.overrides)
+                            + ["training.export_hf=none"], run_dir, env)
+                rows.append(measure(run_dir, label, s.compile, s.attention, True, s, fpt, mem.peak_gib))
+                print(f"measured {label}: {rows[-1]}; served (requests, bytes): {remote.served}", flush=True)
+            except RuntimeError as e:
+                print(f"failed: {e}", flush=True)
+        if args.async_eval:
+            cfg = "olmo2_14M" if args.tiny else args.async_config
+            L = setup.sequence_length
+            try:
+                res = async_eval_run(cfg, L, setup.micro_batch, 24 if args.tiny else args.async_steps,
+                                     1 if args.tiny else setup.warmup, setup.precision, out / "olmo_core-async", env)
+                print(f"eval.mode=async ({cfg}, L={L}, micro-batch {setup.micro_batch}, {res['segment_steps']} steps "
+                      f"per segment, evals {', '.join(res['evals'])}): tokens/s with evals beside / alone = "
+                      f"{res['beside_tps']:,.0f} / {res['alone_tps']:,.0f} = {res['ratio']:.3f}; peak GPU memory "
+                      f"{'n/a' if res['peak_gib'] is None else format(res['peak_gib'], '.1f') + ' GiB'}", flush=True)
+            except RuntimeError as e:
+                print(f"failed: eval.mode=async run: {e}", flush=True)
     print(f"{device}: {setup.config}, L={setup.sequence_length}, micro-batch {setup.micro_batch}, {setup.steps} "
           f"steps (median after {setup.warmup}), {setup.precision}, {fpt / 1e9:.2f} GFLOP/token, peak "
           f"{setup.peak_tflops:g} TFLOP/s")
