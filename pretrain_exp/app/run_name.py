@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from pathlib import PurePosixPath
 from typing import Iterable, List
 
 #: config keys that may change between invocations on the same run dir (they don't change what is trained)
@@ -73,9 +74,23 @@ def _resolve_suffix() -> str:
         return ""
 
 
+def name_part(value: str) -> str:
+    """A model source as one readable run-name component: a path's or Hub id's last part (a ``config.json``'s
+    folder; ``.json`` dropped), other characters than ``[A-Za-z0-9_.+-]`` as ``_``. A builder name such as
+    ``olmo2_1B_v2`` stays as it is. ``/m/hf-1B.json`` -> ``hf-1B``; ``/m/ckpt/config.json`` -> ``ckpt``;
+    ``allenai/OLMo-2-0425-1B`` -> ``OLMo-2-0425-1B``."""
+    path = PurePosixPath(str(value).rstrip("/"))
+    if path.name == "config.json" and path.parent.name:
+        path = path.parent
+    name = path.name[:-5] if path.name.endswith(".json") else path.name
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", name).strip("_.") or "model"
+
+
 def register_run_name_resolver() -> None:
-    """Register ``${run_suffix:}`` (idempotent)."""
+    """Register ``${run_suffix:}`` and ``${name_part:...}`` (idempotent)."""
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("run_suffix"):
         OmegaConf.register_new_resolver("run_suffix", _resolve_suffix)
+    if not OmegaConf.has_resolver("name_part"):
+        OmegaConf.register_new_resolver("name_part", name_part)

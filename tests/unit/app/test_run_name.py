@@ -64,3 +64,15 @@ def test_a_conflicting_run_dir_says_in_plain_words_what_differs(tmp_path):
     steps = make_config("experiment=tiny", "training.num_steps=3", run_dir=tmp_path)
     with pytest.raises(ConfigError, match=r"training.num_steps changes \(12 -> 3\)"):
         check_same_run(steps, tmp_path)
+
+
+def test_a_scratch_model_from_a_config_path_names_its_run_dir_by_the_file_not_the_path(monkeypatch, tmp_path):
+    """``model=scratch model.config=/abs/path/x.json``: the run dir is one folder under the runs dir, named after
+    the file (a ``/`` in the name made nested dirs and a run name with the whole path)."""
+    config = tmp_path / "cfgs" / "hf-olmo2_1B_v2-config.json"
+    run_dir = _run_dir_of(monkeypatch, tmp_path, "model=scratch", "framework=hf", f"model.config={config}",
+                          "wandb=disabled")
+    assert run_dir.parent == tmp_path / "runs"
+    assert run_dir.name.startswith("default-scratch-hf-olmo2_1B_v2-config-step0-seed0")
+    builder = _run_dir_of(monkeypatch, tmp_path, "experiment=scratch_olmo_core", "wandb=disabled")
+    assert builder.name == "scratch_olmo_core-scratch-olmo2_14M-step0-seed0"  # a builder name stays as it is
