@@ -12,7 +12,8 @@ median over the steps after ``--warmup`` (compilation and the first steps exclud
 ``metrics.jsonl`` (OLMo-core's speed monitor ``throughput/device/TPS``; the hf framework's per-step tokens/s); MFU =
 tokens/s/GPU x OLMo-core's ``num_flops_per_token(4096)`` of the model / the peak (``--peak-tflops``, H100 SXM bf16
 dense 989 TFLOP/s, also the H200's). Each olmo_core configuration runs for every ``--compile`` (on, off) and
-``--attention`` (sdpa, flash: left out with a note where flash-attn is not installed) setting; the anchor is
+``--attention`` (sdpa, flash: left out with a note where flash-attn is not installed) setting, each hf one for every
+``--compile`` setting (``training.compile``: ``TrainingArguments.torch_compile``); the anchor is
 OLMo-core's own ``Trainer`` on the same shape, tokens and settings with nothing of the project in the loop
 (:func:`bare_olmo_core`). Each row also gives the data wait per step (OLMo-core's ``throughput/device/data loading
 (%)``), the peak GPU memory in use during the run (``nvidia-smi``) and OLMo-core's peak reserved memory.
@@ -93,7 +94,7 @@ def run_overrides(framework: str, setup: Setup, insertion: bool, fraction: float
                 f"training.compile={str(setup.compile).lower()}", f"training.attention={setup.attention}"]
     else:
         out += ["framework=hf", f"model.config={hf_config}", "model.tokenizer=dolma2",
-                "framework.attn_implementation=sdpa"]
+                "framework.attn_implementation=sdpa", f"training.compile={str(setup.compile).lower()}"]
     if insertion:
         n = bios_for_fraction(fraction, setup.steps * B * L)
         out += ["insertion=fictional_bios", f"insertion.experiments.fictional_bios.num_items={n}",
@@ -427,8 +428,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         for fw in frameworks:
             if fw == "olmo_core":
                 variants += [(fw, c == "on", a) for c in compile_modes for a in attentions]
-            else:
-                variants.append((fw, False, "sdpa"))
+            else:  # hf: SDPA; compiled through TrainingArguments.torch_compile (training.compile)
+                variants += [(fw, c == "on", "sdpa") for c in compile_modes]
         if args.bare and "olmo_core" in frameworks:
             s = Setup(**{**setup.__dict__, "compile": compile_modes[0] == "on", "attention": attentions[0]})
             run_dir = out / "olmo_core-bare"

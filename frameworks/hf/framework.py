@@ -205,6 +205,7 @@ class HFFramework(Framework):
             logging_steps=1,
             report_to=[r for r in self.cfg.training.report_to if r != "csv"] or "none",
             **{CHECKPOINTING_ARG: t.gradient_checkpointing},
+            torch_compile=t.compile,
             seed=self.cfg.seed,
             dataloader_num_workers=0,
             remove_unused_columns=False,

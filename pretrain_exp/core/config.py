@@ -189,7 +189,8 @@ class TrainingConf:
     data_parallel: str = "auto"  #: olmo_core: ``auto`` (FSDP on GPUs, DDP on CPUs), ``fsdp``, ``hsdp`` (shard
     #: within a node, replicate across nodes: OLMo-core's ``DataParallelType.hsdp``, shard degree nproc_per_node),
     #: ``ddp``
-    compile: bool = False  #: olmo_core: ``torch.compile`` the model (OLMo-core's ``compile_model``)
+    compile: bool = False  #: ``torch.compile`` the model: olmo_core/olmo2: OLMo-core's ``compile_model``; hf:
+    #: ``TrainingArguments.torch_compile``
     activation_checkpointing: bool = False  #: olmo_core: OLMo-core's full activation checkpointing
     attention: str = "sdpa"  #: olmo_core attention backend: ``sdpa`` (torch) or ``flash`` (flash-attn 2)
     keep_last_checkpoints: int = 1  #: checkpoints kept in the run dir (0 = all, e.g. for checkpoint sweeps)

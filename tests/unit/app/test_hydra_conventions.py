@@ -31,18 +31,19 @@ def test_a_key_added_with_plus_that_no_schema_has_is_refused(tmp_path):
     assert e.value.key in added and "unknown key" in str(e.value)
 
 
-def test_gradient_checkpointing_and_report_to_reach_the_hf_trainer(tmp_path, tiny_model_dir):
+def test_gradient_checkpointing_compile_and_report_to_reach_the_hf_trainer(tmp_path, tiny_model_dir):
     from pretrain_exp.app.validate import validate
     from pretrain_exp.frameworks.hf.framework import CHECKPOINTING_ARG, HFFramework
 
     cfg = make_config("experiment=tiny", "training.gradient_checkpointing=true", "training.report_to=[tensorboard,csv]",
-                      run_dir=tmp_path)
+                      "training.compile=true", run_dir=tmp_path)
     args = HFFramework(cfg, tiny_model_dir).training_arguments()
     assert getattr(args, CHECKPOINTING_ARG) is True and args.report_to == ["tensorboard"]  # csv: the run's own callback
+    assert args.torch_compile is True
     plain = copy.deepcopy(cfg)
-    plain.training.gradient_checkpointing, plain.training.report_to = False, "none"
+    plain.training.gradient_checkpointing, plain.training.report_to, plain.training.compile = False, "none", False
     args = HFFramework(validate(plain), tiny_model_dir).training_arguments()
-    assert getattr(args, CHECKPOINTING_ARG) is False and args.report_to == []
+    assert getattr(args, CHECKPOINTING_ARG) is False and args.report_to == [] and args.torch_compile is False
     for bad, key in (("wandb", "training.report_to[0]"), (["tensorboard", "nope"], "training.report_to[1]")):
         wrong = copy.deepcopy(cfg)
         wrong.training.report_to = bad
