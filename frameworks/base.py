@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import pathlib
-import re
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
@@ -24,6 +23,7 @@ import numpy as np
 
 from pretrain_exp.core.config import ModelConf, RunConfig
 from pretrain_exp.core.errors import CheckpointError, ConfigError
+from pretrain_exp.core.rundir import RunDir
 
 _multiarray = (np._core if hasattr(np, "_core") else np.core).multiarray
 #: the non-tensor types a trainer state (OLMo-2 ``train.pt``, OLMo-core ``train/rank<r>.pt``) may hold for
@@ -39,23 +39,6 @@ TRAIN_STATE_SAFE_GLOBALS = [
 
 #: called with (metrics, global step) for every logged training scalar
 LogFn = Callable[[Dict[str, float], int], None]
-
-
-def step_dirs(parent: Path, pattern: str, complete_marker: str) -> list:
-    """The sub-dirs of ``parent`` whose name fully matches ``pattern`` (one integer group: its step) and that hold
-    ``complete_marker`` (the file a framework writes last into a checkpoint), as ``[(step, path), ...]`` by step."""
-    out = []
-    for d in Path(parent).glob("*"):
-        m = re.fullmatch(pattern, d.name)
-        if m and (d / complete_marker).is_file():
-            out.append((int(m[1]), d))
-    return sorted(out)
-
-
-def latest_step_dir(parent: Path, pattern: str, complete_marker: str) -> Optional[Tuple[int, Path]]:
-    """The last of :func:`step_dirs` (the highest step), or ``None`` if there is none."""
-    found = step_dirs(parent, pattern, complete_marker)
-    return found[-1] if found else None
 
 
 @dataclass
@@ -143,6 +126,7 @@ class Framework(ABC):
         self.cfg = cfg
         self.model_dir = Path(model_dir)  #: dir of the initial checkpoint (framework format)
         self.run_dir = Path(cfg.run_dir)
+        self.rundir = RunDir(self.run_dir)  #: the run dir's paths (checkpoints, work dirs, logs)
 
     @classmethod
     def resolve_model(cls, cfg: RunConfig) -> Path:

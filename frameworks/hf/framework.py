@@ -40,7 +40,8 @@ from pretrain_exp.core.config import Precision
 from pretrain_exp.core.distributed import world_size
 from pretrain_exp.core.errors import CheckpointError
 from pretrain_exp.core.io import apply_default_modes
-from pretrain_exp.frameworks.base import Checkpoint, Framework, LogFn, latest_step_dir, step_dirs
+from pretrain_exp.core.rundir import RunDir, step_name
+from pretrain_exp.frameworks.base import Checkpoint, Framework, LogFn
 from pretrain_exp.frameworks.hf.sampler import RankLayoutSampler
 from pretrain_exp.frameworks.noise_feed import NoiseFeed
 
@@ -99,7 +100,7 @@ class _Segment(TrainerCallback):
 
     def on_save(self, args, state, control, **kw):
         if state.is_world_process_zero:  # safetensors writes model.safetensors with mode 0600
-            apply_default_modes(Path(args.output_dir) / f"checkpoint-{state.global_step}")
+            apply_default_modes(Path(args.output_dir) / step_name(state.global_step, RunDir.HF_CHECKPOINT))
 
     def on_log(self, args, state, control, logs=None, **kw):
         now = time.perf_counter()
@@ -145,18 +146,18 @@ class HFFramework(Framework):
 
     @property
     def checkpoint_dir(self) -> Path:
-        return self.run_dir / "checkpoints"
+        return self.rundir.checkpoints
 
     def latest_checkpoint(self) -> Optional[Checkpoint]:
         """Newest ``checkpoint-<k>`` with a ``trainer_state.json`` (written last by the Trainer); its global step
         is ``model.checkpoint_step + k``."""
-        found = latest_step_dir(self.checkpoint_dir, r"checkpoint-(\d+)", "trainer_state.json")
-        return None if found is None else Checkpoint(found[1], self.cfg.model.checkpoint_step + found[0])
+        found = self.rundir.checkpoint_dirs(RunDir.HF_CHECKPOINT, "trainer_state.json")
+        return Checkpoint(found[-1][1], self.cfg.model.checkpoint_step + found[-1][0]) if found else None
 
     def checkpoints(self) -> Dict[int, Checkpoint]:
         """Every ``checkpoint-<k>`` with a ``trainer_state.json``, by global step."""
         s = self.cfg.model.checkpoint_step
-        found = step_dirs(self.checkpoint_dir, r"checkpoint-(\d+)", "trainer_state.json")
+        found = self.rundir.checkpoint_dirs(RunDir.HF_CHECKPOINT, "trainer_state.json")
         return {s + k: Checkpoint(d, s + k) for k, d in found}
 
     def sampler(self, dp_world: int) -> RankLayoutSampler:
@@ -230,7 +231,7 @@ class HFFramework(Framework):
             model=model, args=self.training_arguments(), train_dataset=rows, data_collator=default_data_collator,
             processing_class=AutoTokenizer.from_pretrained(str(self.model_dir)),  # saved with every checkpoint
             callbacks=[_Segment(until_step - s0, s0, t.global_batch_size * t.sequence_length, log_fn)]
-            + ([CsvLog(self.run_dir / "trainer_log.csv", s0)] if "csv" in t.report_to else []),
+            + ([CsvLog(self.rundir.trainer_log, s0)] if "csv" in t.report_to else []),
             sampler=self.sampler(world_size()), noise=noise)
         log.info("training steps %d -> %d (%s)", start.step, until_step, "resumed" if resume else "fresh")
         try:

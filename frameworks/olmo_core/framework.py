@@ -54,8 +54,9 @@ import torch
 from pretrain_exp.core.config import ModelConf, Precision, RunConfig
 from pretrain_exp.core.distributed import is_main_process, rank, world_size
 from pretrain_exp.core.errors import CheckpointError, ConfigError, TrainingError
+from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.data.schedule import rows_for
-from pretrain_exp.frameworks.base import Checkpoint, Framework, LogFn, latest_step_dir, step_dirs
+from pretrain_exp.frameworks.base import Checkpoint, Framework, LogFn
 from pretrain_exp.frameworks.noise_feed import NoiseFeed
 from pretrain_exp.frameworks.olmo_core.callbacks import (
     ForwardMetrics,
@@ -70,6 +71,8 @@ from pretrain_exp.frameworks.olmo_core.global_indices import share_global_indice
 
 log = logging.getLogger(__name__)
 
+#: the file OLMo-core writes last into a checkpoint folder (a folder without it is an unfinished save)
+COMPLETE = ".metadata.json"
 #: ``training.lr_scheduler`` values this framework maps onto OLMo-core schedulers
 SCHEDULERS = ("constant", "constant_with_warmup", "cosine", "linear")
 
@@ -345,7 +348,7 @@ class OlmoCoreFramework(Framework):
 
     @property
     def checkpoint_dir(self) -> Path:
-        return self.run_dir / "checkpoints"
+        return self.rundir.checkpoints
 
     @functools.cached_property
     def _tokenizer(self):
@@ -390,13 +393,13 @@ class OlmoCoreFramework(Framework):
 
     def latest_checkpoint(self) -> Optional[Checkpoint]:
         """Newest complete ``checkpoints/step<N>/`` (OLMo-core writes ``.metadata.json`` last)."""
-        found = latest_step_dir(self.checkpoint_dir, r"step(\d+)", ".metadata.json")
-        return None if found is None else OlmoCoreCheckpoint(found[1], found[0], self._tokenizer)
+        found = self.rundir.checkpoint_dirs(RunDir.OLMO_CORE_CHECKPOINT, COMPLETE)
+        return OlmoCoreCheckpoint(found[-1][1], found[-1][0], self._tokenizer) if found else None
 
     def checkpoints(self) -> Dict[int, Checkpoint]:
         """Every complete ``checkpoints/step<N>/``, by global step."""
         return {s: OlmoCoreCheckpoint(d, s, self._tokenizer)
-                for s, d in step_dirs(self.checkpoint_dir, r"step(\d+)", ".metadata.json")}
+                for s, d in self.rundir.checkpoint_dirs(RunDir.OLMO_CORE_CHECKPOINT, COMPLETE)}
 
     @functools.cached_property
     def experiment_config(self) -> Dict[str, Any]:
@@ -564,13 +567,14 @@ class OlmoCoreFramework(Framework):
     def _rows_log(self, rank: int) -> Optional[Path]:
         if not self.cfg.training.log_rows:
             return None
-        (self.run_dir / "rows").mkdir(parents=True, exist_ok=True)
-        return self.run_dir / "rows" / f"rank{rank}.jsonl"
+        path = self.rundir.rows_log(rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
 
     @property
     def work_dir(self) -> Path:
         """OLMo-core's data work dir of the run (global-indices files)."""
-        return self.run_dir / "olmo_core_work"
+        return self.rundir.olmo_core_work
 
     def dataset(self, order):
         """OLMo-core's ``NumpyFSLDataset`` over the run's token files (``order.files``), as training builds it: the
@@ -743,7 +747,8 @@ class OlmoCoreFramework(Framework):
         self._trainer, self._rng = (trainer, EnvRngStates.current_state().as_dict()) if keep else (None, None)
         live = trainer.train_module.model if keep and checkpointer.checkpoint_pending and self._unsharded(
             trainer) else None
-        self._last = OlmoCoreCheckpoint(self.checkpoint_dir / f"step{until_step}", until_step, self._tokenizer,
+        self._last = OlmoCoreCheckpoint(self.rundir.checkpoint(until_step, RunDir.OLMO_CORE_CHECKPOINT), until_step,
+                                        self._tokenizer,
                                         live_model=live, wait=self.finish_checkpoints)
         if not checkpointer.checkpoint_pending:
             self._trim_checkpoints(self._last)
@@ -798,9 +803,9 @@ class OlmoCoreFramework(Framework):
     def _drop_incomplete_checkpoints(self) -> None:
         """Remove ``step<N>/`` folders without ``.metadata.json`` (an asynchronous save cut short by a kill), which
         OLMo-core would refuse to save into again; the main process removes them, then every rank goes on."""
-        if is_main_process() and self.checkpoint_dir.is_dir():
-            for d in self.checkpoint_dir.glob("step*"):
-                if d.is_dir() and d.name[4:].isdigit() and not (d / ".metadata.json").is_file():
+        if is_main_process():
+            for _, d in self.rundir.checkpoint_dirs(RunDir.OLMO_CORE_CHECKPOINT):
+                if d.is_dir() and not (d / COMPLETE).is_file():
                     log.warning("removing %s: a checkpoint whose save did not finish", d)
                     shutil.rmtree(d, ignore_errors=True)
         if torch.distributed.is_initialized():
@@ -810,10 +815,10 @@ class OlmoCoreFramework(Framework):
         keep = self.cfg.training.keep_last_checkpoints
         if keep <= 0 or not is_main_process():
             return
-        found = sorted((int(d.name[4:]), d) for d in self.checkpoint_dir.glob("step*") if d.name[4:].isdigit())
+        found = self.rundir.checkpoint_dirs(RunDir.OLMO_CORE_CHECKPOINT)
         for _, d in found[:-keep]:
             if d != last.path:
-                (d / ".metadata.json").unlink(missing_ok=True)  # invalidate first, as OLMo-core does
+                (d / COMPLETE).unlink(missing_ok=True)  # invalidate first, as OLMo-core does
                 shutil.rmtree(d, ignore_errors=True)
 
 

@@ -46,11 +46,11 @@ from typing import Any, Dict, List, Optional
 
 from pretrain_exp.core.errors import LaunchError
 from pretrain_exp.core.io import default_mode, write_json
-from pretrain_exp.report.pending import MARKER
+from pretrain_exp.core.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
-LOG = "async.log"  #: ``evals/step<N>/async.log``: its output
+LOG = RunDir.ASYNC_LOG  #: ``evals/step<N>/async.log``: its output
 #: files of an HF checkpoint dir that an eval does not read (optimizer, scheduler, RNG and trainer state)
 NOT_MODEL = ("optimizer", "scheduler", "rng_state", "trainer_state", "training_args")
 
@@ -84,7 +84,7 @@ def run_launcher(run_dir: Path) -> Dict[str, Any]:
     resolve there is left out); ``{}`` when absent, e.g. a run started through the worker entry point."""
     from omegaconf import OmegaConf
 
-    path = Path(run_dir) / ".hydra" / "hydra.yaml"
+    path = RunDir(run_dir).hydra_file("hydra")
     if not path.is_file():
         return {}
     cfg = OmegaConf.load(path)
@@ -199,15 +199,15 @@ class AsyncEvals:
 
         :raises LaunchError: if the process or SLURM job cannot be started.
         """
-        out = self.run_dir / "evals" / f"step{step}"
-        out.mkdir(parents=True, exist_ok=True)
+        rd = RunDir(self.run_dir)
+        rd.eval_dir(step).mkdir(parents=True, exist_ok=True)
         argv = [str(self.config), str(step), str(hf_dir)]
-        log_path = out / LOG
+        log_path = rd.eval_log(step)
         if self.launcher == "slurm":
             try:
                 import submitit
 
-                executor = submitit.AutoExecutor(folder=str(self.run_dir / "evals" / "slurm"), cluster="slurm")
+                executor = submitit.AutoExecutor(folder=str(rd.eval_slurm), cluster="slurm")
                 executor.update_parameters(**slurm_parameters(run_launcher(self.run_dir)))
                 command = [sys.executable, "-m", "pretrain_exp.app.eval_worker", *argv, "--log", str(log_path)]
                 handle = executor.submit(submitit.helpers.CommandFunction(command, cwd=os.getcwd()))
@@ -220,8 +220,8 @@ class AsyncEvals:
                 handle = subprocess.Popen([sys.executable, "-m", "pretrain_exp.app.eval_worker", *argv],
                                           stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             where = {"launcher": "local", "host": socket.gethostname(), "pid": handle.pid}
-        write_json(out / MARKER, {"step": step, "tasks": tasks, "hf_dir": str(hf_dir), **where,
-                                  "started": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        write_json(rd.eval_marker(step), {"step": step, "tasks": tasks, "hf_dir": str(hf_dir), **where,
+                                          "started": time.strftime("%Y-%m-%dT%H:%M:%S")})
         self.jobs[step] = _Job(step, handle, log_path, argv)
         log.info("evaluating step %d in the background (%s): %s; log %s", step,
                  f"SLURM job {where['job_id']}" if "job_id" in where else f"pid {where['pid']}", ", ".join(tasks),
@@ -265,7 +265,7 @@ class AsyncEvals:
             log.warning("the eval job of step %d (SLURM job %s) had not started after %.1f s of the final wait "
                         "(pending, e.g. for the resources this run holds): cancelled; running its evals in this "
                         "run's allocation (log %s)", job.step, job_id, waited_s, job.log_path)
-            marker = job.log_path.parent / MARKER
+            marker = RunDir(self.run_dir).eval_marker(job.step)
             with contextlib.suppress(OSError, ValueError):  # the report's view of it: here now, not in SLURM
                 rec = {k: v for k, v in json.loads(marker.read_text()).items() if k != "job_id"}
                 write_json(marker, {**rec, "launcher": "inline", "host": socket.gethostname(), "pid": os.getpid(),

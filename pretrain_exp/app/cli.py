@@ -33,6 +33,7 @@ from pretrain_exp.app.config import register_configs
 from pretrain_exp.app.validate import to_config
 from pretrain_exp.core.errors import PretrainExpError
 from pretrain_exp.core.io import write_text
+from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.core.runlock import RunDirLock
 from pretrain_exp.core.secrets import install_log_redaction, redact, redact_obj
 
@@ -45,8 +46,7 @@ register_configs()
 #: files Hydra and the entry point write before any training (the Hydra files, the resolved config and the
 #: insertion plan with its manifest); a fresh run dir holding only these is discarded on error, so a corrected
 #: re-run in the same dir does not meet a stale plan
-_SCAFFOLD = {".hydra", "pretrain_exp.log", "config.resolved.yaml",
-             "plan.npz", "manifest.jsonl", "items.jsonl"}
+_SCAFFOLD = RunDir.SCAFFOLD
 
 
 def save_hydra_files(cfg: DictConfig, run_dir: Path) -> None:
@@ -60,11 +60,11 @@ def save_hydra_files(cfg: DictConfig, run_dir: Path) -> None:
     from omegaconf import OmegaConf
 
     hc = HydraConfig.get()
-    out = Path(run_dir) / ".hydra"
-    for name, node in (("config.yaml", OmegaConf.to_container(cfg, resolve=False)),
-                       ("hydra.yaml", {"hydra": OmegaConf.to_container(hc, resolve=False)}),
-                       ("overrides.yaml", list(hc.overrides.task))):
-        write_text(out / name, OmegaConf.to_yaml(OmegaConf.create(redact_obj(node))))
+    rd = RunDir(run_dir)
+    for name, node in (("config", OmegaConf.to_container(cfg, resolve=False)),
+                       ("hydra", {"hydra": OmegaConf.to_container(hc, resolve=False)}),
+                       ("overrides", list(hc.overrides.task))):
+        write_text(rd.hydra_file(name), OmegaConf.to_yaml(OmegaConf.create(redact_obj(node))))
 
 
 #: whether :func:`main` set ``HYDRA_FULL_ERROR`` for Hydra's composition (a user's own setting is left alone)
@@ -112,7 +112,7 @@ def _main(cfg: DictConfig) -> None:
     from pretrain_exp.app.launch import job_nodes, launch
 
     run_dir = Path(cfg.run_dir).resolve()
-    fresh = not (run_dir / "config.resolved.yaml").exists()
+    fresh = not RunDir(run_dir).config.exists()
     sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     if fresh:  # a new run dir has nothing to protect; its .hydra/ lets the sweep report list a job that fails
         save_hydra_files(cfg, run_dir)

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from pretrain_exp.core.rundir import RunDir
+
 #: torchrun's variables, which the eval process must not inherit from the rank that started it
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
                 "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
@@ -35,7 +37,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         os.dup2(fh.fileno(), 1)
         os.dup2(fh.fileno(), 2)
     if len(argv) != 3:
-        print("usage: python -m pretrain_exp.app.eval_worker <config.resolved.yaml> <step> <hf dir>", file=sys.stderr)
+        print(f"usage: python -m pretrain_exp.app.eval_worker <{RunDir.CONFIG}> <step> <hf dir>", file=sys.stderr)
         return 2
     from pretrain_exp.core.secrets import install_log_redaction
 

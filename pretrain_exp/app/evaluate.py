@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from pretrain_exp.core.errors import ConfigError, PretrainExpError
+from pretrain_exp.core.rundir import RunDir
 
 log = logging.getLogger("pretrain_exp")
 #: the keys (and groups) this command may change: the rest is the run's
@@ -40,9 +41,9 @@ def eval_config(run_dir: Path, overrides: List[str]):
     from pretrain_exp.app.validate import to_config
     from pretrain_exp.core.config import EvalMode
 
-    path = run_dir / "config.resolved.yaml"
+    path = RunDir(run_dir).config
     if not path.is_file():
-        raise ConfigError("RUN_DIR", f"{run_dir} is not a run dir (no config.resolved.yaml)")
+        raise ConfigError("RUN_DIR", f"{run_dir} is not a run dir (no {RunDir.CONFIG})")
     for o in overrides:
         key = o.lstrip("+~").split("=", 1)[0]
         if key.split(".", 1)[0].split("/", 1)[0] not in ALLOWED:
@@ -90,7 +91,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(prog="pretrain-exp-eval", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="example: pretrain-exp-eval runs/<run> 'eval=[insertion_loss,mia]'")
-    ap.add_argument("run_dir", type=Path, help="the run dir (holds config.resolved.yaml)")
+    ap.add_argument("run_dir", type=Path, help=f"the run dir (holds {RunDir.CONFIG})")
     ap.add_argument("overrides", nargs="*", help="eval (and wandb) overrides, as for pretrain-exp")
     ap.add_argument("--steps", help="comma-separated global steps to evaluate (default: every checkpoint held)")
     ap.add_argument("--redo", action="store_true", help="re-run tasks already saved for a step")

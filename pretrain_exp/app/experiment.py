@@ -52,6 +52,7 @@ from pretrain_exp.core.config import DEFAULT_HELD_OUT_ROWS, Cleanup, EvalMode, E
 from pretrain_exp.core.distributed import barrier, init_process_group, is_main_process, world_size
 from pretrain_exp.core.errors import CheckpointError, ConfigError, InsertionError, PretrainExpError, TrainingError
 from pretrain_exp.core.io import disk_full_error, is_disk_full, write_json, write_text
+from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.core.secrets import redact_obj
 from pretrain_exp.data.hf_dataset import tokenize_dataset
 from pretrain_exp.data.order import DataOrder, step_window
@@ -114,6 +115,7 @@ class Experiment:
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.rundir = RunDir(self.run_dir)  #: the run dir's paths and readers
         self.main = is_main_process()  #: only rank 0 writes files, logs and evaluates
         t = cfg.training
         self.L, self.B = t.sequence_length, t.global_batch_size
@@ -172,7 +174,7 @@ class Experiment:
         for rec in self.additions:  # resume: the saved decisions, re-applied in order
             plan = dynamic.apply_additions(plan, rec, dynamic.additions_path(self.run_dir, rec["decided_at"]))
             self.plans.append((rec["decided_at"], plan))
-        path = self.run_dir / "plan.npz"
+        path = self.rundir.plan
         exists = path.is_file()
         saved = Plan.load(path).digest() if exists else None
         if exists and saved not in {p.digest() for _, p in self.plans}:
@@ -197,9 +199,10 @@ class Experiment:
         for rec in self.additions:
             for p in rec["positions"]:
                 fields[int(p)] = {"decided_at": rec["decided_at"], "segment": rec["segment"]}
-        plan.write_manifest(self.run_dir / "manifest.jsonl", self.items,
-                            self.audit.item_records(plan) if self.audit is not None else None, fields)
-        plan.save(self.run_dir / "plan.npz")
+        plan.write_manifest(self.rundir.manifest, self.items,
+                            self.audit.item_records(plan) if self.audit is not None else None, fields,
+                            items_path=self.rundir.items)
+        plan.save(self.rundir.plan)
 
     def plan_for_step(self, step: int) -> Plan:
         """The plan as of checkpoint ``step``: static plus the additions decided before ``step``."""
@@ -209,11 +212,11 @@ class Experiment:
     def loss_history(self, upto: int) -> Dict[int, dynamic.Losses]:
         """Evaluated step (``<= upto``) -> item losses of the dynamic policy's ``insertion_loss`` task."""
         out = {}
-        for d in (self.run_dir / "evals").glob("step*"):
-            f = d / f"{self.dynamic.task}.json"
-            if int(d.name[4:]) <= upto and f.is_file():
-                out[int(d.name[4:])] = dynamic.read_losses(f)
-        return dict(sorted(out.items()))
+        for step, _ in self.rundir.eval_steps():
+            f = self.rundir.evals(step, self.dynamic.task)
+            if step <= upto and f.is_file():
+                out[step] = dynamic.read_losses(f)
+        return out
 
     def add_dynamic(self, a: int, b: int) -> None:
         """Decide (rank 0; from the losses at step ``a``), save, apply and verify the additions of segment
@@ -270,7 +273,7 @@ class Experiment:
             log.warning("audit skipped: the window's token files are remote and not prefetched "
                         "(data.prefetch=window or insertion.audit=strict runs it)")
             return None, False
-        path = self.run_dir / "audit.json"
+        path = self.rundir.audit
         res, fresh = None, False
         if path.is_file():
             old = AuditResult.load(path)
@@ -302,7 +305,7 @@ class Experiment:
         labels = [f"{it.experiment}[{it.index}] {it.source}" for name in plan.experiments for it in items[name]]
         bad = res.contaminated_controls(plan)
         if bad and ins.audit == AuditMode.strict:
-            more = f"; {len(bad) - 1} more control(s) in audit.json" if len(bad) > 1 else ""
+            more = f"; {len(bad) - 1} more control(s) in {RunDir.AUDIT}" if len(bad) > 1 else ""
             raise InsertionError(f"insertion.audit=strict: control {res.describe(plan, bad[0], labels)}{more}")
         for i in bad[:10]:
             log.warning("audit: control %s", res.describe(plan, i, labels))
@@ -332,10 +335,9 @@ class Experiment:
         from transformers import AutoModelForCausalLM
 
         distributed = self.distributed_eval()
-        out_dir = self.run_dir / "evals" / f"step{ckpt.step}"
         results, pending = {}, {}
         for name, task in self.cfg.eval.tasks.items() if self.main else ():
-            f = out_dir / f"{name}.json"
+            f = self.rundir.evals(ckpt.step, name)
             if f.is_file() and not redo:
                 results[name] = json.loads(f.read_text())
             else:
@@ -365,7 +367,7 @@ class Experiment:
                         continue
                     rec = {"task": name, "type": task.type, "step": ckpt.step, **asdict(res),
                            "seconds": time.perf_counter() - t0}
-                    write_json(out_dir / f"{name}.json", rec)
+                    write_json(self.rundir.evals(ckpt.step, name), rec)
                     tracker.log({f"eval/{name}/{k}": v for k, v in res.metrics.items()}, ckpt.step)
                     results[name] = rec
                 del model, ctx
@@ -399,7 +401,7 @@ class Experiment:
 
     def hf_export_dir(self, step: int) -> Path:
         """Where the kept HF export of the checkpoint at global step ``step`` lives: ``<run dir>/hf/step<N>/``."""
-        return self.run_dir / "hf" / f"step{step}"
+        return self.rundir.hf_export(step)
 
     def keep_hf_export(self, ckpt: Checkpoint, final: bool) -> Optional[Path]:
         """Write the kept HF export of a segment's checkpoint if ``training.export_hf`` asks for it (``every``, or
@@ -496,7 +498,7 @@ class Experiment:
         from pretrain_exp.report.release import release
 
         r = self.cfg.release
-        out = Path(r.out_dir) if r.out_dir else self.run_dir / "release"
+        out = Path(r.out_dir) if r.out_dir else self.rundir.release
         retry = f"pretrain-exp-release {self.run_dir} {out} --push {r.repo_id}" + (" --private" if r.private else "")
         try:
             (rec,) = release(self.run_dir, out, r.repo_id, push=True, private=r.private, revision=r.revision,
@@ -517,18 +519,17 @@ class Experiment:
         t_start = time.perf_counter()
         initial = self.framework.initial_checkpoint()
         held = dict(self.framework.checkpoints())
-        for d in sorted((self.run_dir / "hf").glob("step*")):
-            if d.name[4:].isdigit() and (d / "config.json").is_file():
-                held.setdefault(int(d.name[4:]), Checkpoint(d, int(d.name[4:])))
-        if self.num_steps == 0 or (self.run_dir / "evals" / f"step{initial.step}").is_dir():
+        for step, d in self.rundir.hf_exports(marker="config.json"):
+            held.setdefault(step, Checkpoint(d, step))
+        if self.num_steps == 0 or self.rundir.eval_dir(initial.step).is_dir():
             held.setdefault(initial.step, initial)
         chosen = sorted(held) if steps is None else sorted(set(steps))
         missing = [s for s in chosen if s not in held]
         if missing or not chosen:
             raise ConfigError("--steps", f"{self.run_dir} holds no checkpoint of step(s) {missing or chosen} "
                               f"(it holds: {', '.join(map(str, sorted(held))) or 'none'})")
-        old = self.run_dir / "results.json"
-        timing = json.loads(old.read_text()).get("timing") if old.is_file() else None
+        old = self.rundir.read_results()
+        timing = old.get("timing") if old is not None else None
         with Tracker(self.cfg) as tracker:
             evaluated = {s: self.evaluate(held[s], tracker, redo=redo) for s in chosen}
             return self._write_results(tracker, evaluated, t_start, held[chosen[-1]], initial,
@@ -538,8 +539,7 @@ class Experiment:
                        initial: Checkpoint, end: int, timing: Optional[dict]) -> dict:
         """Write ``results.json`` (with ``timing``), the run's tables and plots, and log them to the tracker."""
         cfg = self.cfg
-        audit = self.run_dir / "audit.json"
-        audit = json.loads(audit.read_text()) if self.audit is not None and audit.is_file() else None
+        audit = self.rundir.read_audit() if self.audit is not None else None
         if audit is not None and self.dynamic is not None:  # audited on the static plan: final dup counts
             for it in audit["items"]:
                 d = int(self.plan.item_dup_count[it["item_id"]])
@@ -552,13 +552,13 @@ class Experiment:
         if self.dynamic is not None:
             results["dynamic"] = dynamic.summary(self.dynamic, dynamic.report(
                 self.plan, self.dynamic, self.loss_history(end), self.additions))
-        write_json(self.run_dir / "results.json", results)
+        write_json(self.rundir.results, results)
         write_run_tables(self.run_dir)  # manifest, items and per-item eval rows as Parquet (load_run)
         plots = {"loss_vs_dup": plot_per_dup, "loss_vs_step": plot_loss_vs_step}
         for name, plot in plots.items():
-            plot(results, self.run_dir / "plots" / f"{name}.png")
+            plot(results, self.rundir.plot(name))
         if tracker.wandb_dir is not None:  # figures, tables and artifacts at the run's last global step
-            tracker.log_media({f"plots/{name}": _wandb_image(self.run_dir / "plots" / f"{name}.png")
+            tracker.log_media({f"plots/{name}": _wandb_image(self.rundir.plot(name))
                                for name in plots}, ckpt.step)
             tracker.log_results(results, all_evaluated, ckpt.step)
             tracker.log_artifacts(None if ckpt is initial else ckpt.path)
@@ -573,7 +573,7 @@ class Experiment:
             if isinstance(e, PretrainExpError) or not is_disk_full(e):
                 raise
             named = next((x.filename for x in (e, e.__cause__, e.__context__) if getattr(x, "filename", None)), None)
-            ckpts = Path(getattr(self.framework, "checkpoint_dir", self.run_dir / "checkpoints"))
+            ckpts = Path(getattr(self.framework, "checkpoint_dir", self.rundir.checkpoints))
             newest = (max(ckpts.iterdir(), key=lambda p: p.stat().st_mtime_ns, default=ckpts) if ckpts.is_dir()
                       else ckpts)  # the checkpoint being written
             raise disk_full_error(f"training steps {start.step}->{until_step} wrote", named or newest, e) from e
@@ -597,7 +597,7 @@ class Experiment:
     def _async_evals(self) -> "async_eval.AsyncEvals":
         """The run's background-eval launcher; the eval processes read ``config.resolved.yaml`` (or, for a config
         with credentials, which that file has redacted, a copy readable by this user only, removed at the end)."""
-        config, private = self.run_dir / "config.resolved.yaml", holds_credentials(self.cfg)
+        config, private = self.rundir.config, holds_credentials(self.cfg)
         if private:
             from pretrain_exp.app.tracking import config_dict
 
@@ -609,8 +609,7 @@ class Experiment:
         return async_eval.AsyncEvals(self.run_dir, config, launcher, private_config=private)
 
     def _missing_tasks(self, step: int) -> list:
-        out_dir = self.run_dir / "evals" / f"step{step}"
-        return [name for name in self.cfg.eval.tasks if not (out_dir / f"{name}.json").is_file()]
+        return self.rundir.missing_evals(step, self.cfg.eval.tasks)
 
     def _launch_async(self, ckpt: Checkpoint, tracker, final: bool) -> None:
         """Write the HF dir the evals of ``ckpt`` read (kept until they are written) and start them."""
@@ -648,18 +647,16 @@ class Experiment:
         for step in (ae.wait(self.cfg.eval.async_pending_wait_s) if wait else ae.poll()):
             if step in ae.failures():
                 continue
-            out_dir = self.run_dir / "evals" / f"step{step}"
             for name in self.cfg.eval.tasks:
-                f = out_dir / f"{name}.json"
-                if f.is_file():
-                    rec = json.loads(f.read_text())
+                rec = self.rundir.read_eval(step, name)
+                if rec is not None:
                     tracker.log({f"eval/{name}/{k}": v for k, v in rec["metrics"].items()}, step)
             self._drop_async(step)
 
     def _drop_async(self, step: int) -> None:
         """Remove the marker of ``step``'s written background evals and their HF dir, unless
         ``training.export_hf`` keeps it."""
-        (self.run_dir / "evals" / f"step{step}" / async_eval.MARKER).unlink(missing_ok=True)
+        self.rundir.eval_marker(step).unlink(missing_ok=True)
         mode = self.cfg.training.export_hf
         kept = not self.framework.initial_checkpoint().is_hf and (
             mode == ExportHF.every or (mode == ExportHF.final and step == self.start_step + self.num_steps))
@@ -681,16 +678,12 @@ class Experiment:
         missing = {s: self._missing_tasks(s) for s in self.async_evals.jobs if self._missing_tasks(s)}
         if missing:
             raise TrainingError(f"background evals ended without writing {missing}; re-run the same command")
-        for marker in (self.run_dir / "evals").glob(f"step*/{async_eval.MARKER}"):  # evals written before a kill
-            step = int(marker.parent.name[4:])
+        for step, _ in self.rundir.async_markers():  # evals written before a kill
             if not self._missing_tasks(step):
                 self._drop_async(step)
 
     def _all_evaluated(self) -> Dict[int, Dict[str, dict]]:
-        out: Dict[int, Dict[str, dict]] = {}
-        for d in sorted((self.run_dir / "evals").glob("step*")):
-            out[int(d.name[4:])] = {f.stem: json.loads(f.read_text()) for f in sorted(d.glob("*.json"))}
-        return dict(sorted(out.items()))
+        return self.rundir.all_evals()
 
     def _cleanup(self) -> None:
         mode = self.cfg.training.cleanup
@@ -698,7 +691,7 @@ class Experiment:
             shutil.rmtree(self.run_dir)
         elif mode == Cleanup.bulky:
             last = self.framework.latest_checkpoint()
-            ckpts = self.run_dir / "checkpoints"
+            ckpts = self.rundir.checkpoints
             for d in sorted(ckpts.iterdir()) if ckpts.is_dir() else []:
                 if last is not None and d == last.path:  # HF: drop its optimizer/scheduler/RNG files
                     for f in d.iterdir():  # (OLMo-core keeps optimizer state inside its DCP shards)
@@ -771,7 +764,7 @@ def save_resolved_config(cfg: ExperimentConfig, run_dir: Path) -> Path:
     """Write ``config.resolved.yaml`` (what re-runs compare with and workers read; no Hydra interpolations left),
     credentials redacted (:func:`~pretrain_exp.core.secrets.redact_obj`: a URL's userinfo and query string, the
     values of secret environment variables)."""
-    path = Path(run_dir) / "config.resolved.yaml"
+    path = RunDir(run_dir).config
     write_text(path, OmegaConf.to_yaml(OmegaConf.create(redact_obj(config_dict(cfg)))))
     return path
 
@@ -797,7 +790,7 @@ def check_same_run(cfg: ExperimentConfig, run_dir: Path) -> None:
 
     :raises ConfigError: naming the first keys that differ from the run dir's ``config.resolved.yaml``.
     """
-    path = Path(run_dir) / "config.resolved.yaml"
+    path = RunDir(run_dir).config
     if not path.is_file():
         return
     old = _flatten(OmegaConf.to_container(OmegaConf.load(path)))

@@ -20,7 +20,6 @@ Output goes to the terminal with rich; ``--html OUT`` also writes the same view 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ import numpy as np
 
 from pretrain_exp.core.commands import prog
 from pretrain_exp.core.errors import ConfigError, PretrainExpError
+from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.data.order import step_row_offset
 from pretrain_exp.data.rows import TrainingRows
 from pretrain_exp.insertion.audit import ItemIndex, row_blocks, scan_rows
@@ -61,11 +61,12 @@ class RunView:
         from pretrain_exp.app.validate import load_resolved
 
         run_dir = Path(run_dir).resolve()
-        for name in ("config.resolved.yaml", "plan.npz"):
-            if not (run_dir / name).is_file():
-                raise ConfigError("run_dir", f"{run_dir / name} not found: not a run dir (plan built?)")
-        cfg = load_resolved(run_dir / "config.resolved.yaml")
-        plan = Plan.load(run_dir / "plan.npz")
+        rd = RunDir(run_dir)
+        for path in (rd.config, rd.plan):
+            if not path.is_file():
+                raise ConfigError("run_dir", f"{path} not found: not a run dir (plan built?)")
+        cfg = load_resolved(rd.config)
+        plan = Plan.load(rd.plan)
         _, tokenizer, _, order = run_data(cfg, progress=False)
         L = plan.sequence_length
         first, end = plan.window[0] // L, plan.window[1] // L
@@ -74,8 +75,7 @@ class RunView:
     @cached_property
     def items(self) -> List[dict]:
         """``items.jsonl`` rows by item id (an entry per plan item; ``{}`` where the table is missing)."""
-        path = self.run_dir / "items.jsonl"
-        rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+        rows = RunDir(self.run_dir).read_items()
         by_id = {r["item_id"]: r for r in rows}
         return [by_id.get(i, {}) for i in range(self.plan.num_items)]
 
@@ -156,10 +156,10 @@ def eval_rows(run_dir: Path, item: int) -> List[dict]:
     """``{step, loss, exact_match, matched_length}`` of ``item`` at every evaluated step (``None`` where an eval
     has no row for it), from ``evals/step*/`` ``insertion_loss`` and ``memorization`` records."""
     out = []
-    for d in sorted((run_dir / "evals").glob("step*"), key=lambda p: int(p.name[4:])):
-        rec: Dict[str, object] = {"step": int(d.name[4:]), "loss": None, "exact_match": None, "matched_length": None}
-        for f in d.glob("*.json"):
-            doc = json.loads(f.read_text())
+    rd = RunDir(run_dir)
+    for step, _ in rd.eval_steps():
+        rec: Dict[str, object] = {"step": step, "loss": None, "exact_match": None, "matched_length": None}
+        for doc in rd.read_evals(step).values():
             for r in doc.get("rows", []):
                 if r.get("item_id") != item:
                     continue
@@ -200,9 +200,9 @@ def show_item(view: RunView, key: str) -> list:
                   "-" if r["exact_match"] is None else str(r["exact_match"]),
                   "-" if r["matched_length"] is None else str(r["matched_length"]))
     out.append(t if ev else Text("no evals in the run dir yet"))
-    audit = view.run_dir / "audit.json"
-    if audit.is_file():
-        rec = next((r for r in json.loads(audit.read_text())["items"] if r["item_id"] == item), None)
+    audit = RunDir(view.run_dir).read_audit()
+    if audit is not None:
+        rec = next((r for r in audit["items"] if r["item_id"] == item), None)
         if rec is not None:
             at = ", ".join(f"step {w['step']} row {w['row']} offset {w['offset']}" for w in rec["exact_at"][:5])
             out.append(Text(f"natural occurrences (audit): {rec['natural_exact']} exact in the window"

@@ -39,6 +39,7 @@ from omegaconf import OmegaConf
 
 from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.core.errors import LaunchError, TrainingError
+from pretrain_exp.core.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -164,10 +165,10 @@ def launch(cfg: ExperimentConfig) -> dict | None:
         check_same_run(cfg, run_dir)
         config_path = save_resolved_config(cfg, run_dir)
         Experiment(cfg)  # assets, tokens, plan + verification here: config and data errors surface before torchrun
-        log_dir = run_dir / "torchrun"
+        log_dir = RunDir(run_dir).torchrun_logs
     else:  # the other nodes write nothing into the run dir: their workers read a node-local copy of the config
         node_dir = Path(tempfile.mkdtemp(prefix=f"pretrain_exp-{nodes.rdzv_id}-node{nodes.rank}-"))
-        config_path, log_dir = save_resolved_config(cfg, node_dir), node_dir / "torchrun"
+        config_path, log_dir = save_resolved_config(cfg, node_dir), RunDir(node_dir).torchrun_logs
     # the run dir must be on a filesystem every node sees; OLMo-core refuses to checkpoint across nodes unless told
     env = os.environ if nodes.count == 1 else {"OLMO_SHARED_FS": "1", **os.environ}
     with _worker_config(cfg, config_path) as worker_config:

@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional
 from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.core.config import WandbMode
 from pretrain_exp.core.io import write_text
+from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.core.secrets import redact_obj
 from pretrain_exp.report.wandb_log import has_wandb_login
 
@@ -45,10 +46,6 @@ def config_dict(cfg: ExperimentConfig) -> Dict[str, Any]:
     return _plain(cfg)
 
 
-#: files of the run dir logged as the ``insertion-plan`` artifact (those present)
-PLAN_FILES = ("plan.npz", "manifest.jsonl", "items.jsonl", "audit.json", "config.resolved.yaml")
-
-
 class Tracker:
     """``metrics.jsonl`` + W&B for one run. Use as a context manager (finishes the W&B run).
 
@@ -61,7 +58,8 @@ class Tracker:
 
     def __init__(self, cfg: ExperimentConfig):
         self.run_dir = Path(cfg.run_dir)
-        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.rundir = RunDir(self.run_dir)
+        self.metrics_path = self.rundir.metrics
         self.cfg = cfg
         w = cfg.wandb
         mode = w.mode
@@ -76,9 +74,9 @@ class Tracker:
             log.warning("wandb.mode=online but W&B finds no login for %s (WANDB_API_KEY, `wandb login` or "
                         "~/.netrc); logging offline instead", os.environ.get("WANDB_BASE_URL", "api.wandb.ai"))
             mode = WandbMode.offline
-        id_file = self.run_dir / "wandb_id.txt"
+        id_file = self.rundir.wandb_id
         # written atomically below; an empty file (left by an older, non-atomic write) counts as absent
-        run_id = w.resume_id or (id_file.read_text().strip() if id_file.is_file() else "") or uuid.uuid4().hex[:8]
+        run_id = w.resume_id or self.rundir.read_wandb_id() or uuid.uuid4().hex[:8]
         name = f"{w.name}-step{cfg.model.checkpoint_step}" if w.add_step_to_name else w.name
         os.environ.setdefault("WANDB_SILENT", "true")
         self.run = wandb.init(project=w.project, entity=w.entity, name=name, id=run_id, dir=str(self.run_dir),
@@ -130,19 +128,19 @@ class Tracker:
         import wandb
 
         rid = self.run.id
-        files = [self.run_dir / n for n in PLAN_FILES if (self.run_dir / n).is_file()]
+        files = [f for f in self.rundir.plan_files() if f.is_file()]
         if files:
             art = wandb.Artifact(f"plan-{rid}", type="insertion-plan",
                                  description=f"insertion plan, manifest and resolved config of {self.cfg.run_name}")
             for f in files:
                 art.add_file(str(f))
             self.run.log_artifact(art)
-        exports = sorted((d for d in (self.run_dir / "hf").glob("step*") if d.name[4:].isdigit() and d.is_dir()),
-                         key=lambda d: int(d.name[4:]))
+        exports = self.rundir.hf_exports()
         if exports:
-            art = wandb.Artifact(f"hf-{rid}", type="model", metadata={"step": int(exports[-1].name[4:])},
-                                 description=f"HF export of {self.cfg.run_name} at {exports[-1].name}")
-            art.add_dir(str(exports[-1]))
+            step, last = exports[-1]
+            art = wandb.Artifact(f"hf-{rid}", type="model", metadata={"step": step},
+                                 description=f"HF export of {self.cfg.run_name} at {last.name}")
+            art.add_dir(str(last))
             self.run.log_artifact(art)
         if self.cfg.wandb.log_checkpoints and checkpoint is not None and Path(checkpoint).is_dir():
             art = wandb.Artifact(f"checkpoint-{rid}", type="checkpoint", metadata={"path": str(checkpoint)})

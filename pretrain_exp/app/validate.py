@@ -17,6 +17,7 @@ from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.app.settings import log_overrides
 from pretrain_exp.core.config import Cleanup, EvalMode, ExportHF
 from pretrain_exp.core.errors import ConfigError, PretrainExpError
+from pretrain_exp.core.rundir import RunDir
 
 MODEL_INITS = ("checkpoint", "random")  #: ``model.init``
 DATA_PARALLEL = ("auto", "fsdp", "hsdp", "ddp")  #: ``training.data_parallel``
@@ -107,7 +108,7 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
                               "one W&B run with the global step as its axis); leave wandb out of training.report_to")
         if name not in framework.report_to:
             allowed = (f"allowed: {sorted(framework.report_to)}" if framework.report_to else
-                       "it logs to metrics.jsonl and W&B only; set training.report_to=none")
+                       f"it logs to {RunDir.METRICS} and W&B only; set training.report_to=none")
             raise ConfigError(f"training.report_to[{i}]", f"{name!r} is not a logger of framework "
                               f"{cfg.framework.name!r}; {allowed}")
     if t.checkpoint_async and not framework.saves_async:

@@ -14,6 +14,7 @@ from typing import Callable, List, Optional
 from pretrain_exp.app.validate import load_resolved
 from pretrain_exp.core.distributed import is_main_process, rank
 from pretrain_exp.core.errors import PretrainExpError
+from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.core.secrets import install_log_redaction, redact
 
 
@@ -21,7 +22,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Run the experiment of a resolved config; returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m pretrain_exp.app.worker <config.resolved.yaml>", file=sys.stderr)
+        print(f"usage: python -m pretrain_exp.app.worker <{RunDir.CONFIG}>", file=sys.stderr)
         return 2
     install_log_redaction()
     logging.basicConfig(level=logging.INFO if is_main_process() else logging.WARNING,

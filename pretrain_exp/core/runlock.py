@@ -33,10 +33,11 @@ from pathlib import Path
 from typing import Optional
 
 from pretrain_exp.core.errors import LaunchError
+from pretrain_exp.core.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
-LOCK_NAME = ".lock"
+LOCK_NAME = RunDir.LOCK  #: ``<run dir>/.lock``
 HEARTBEAT_S = 30.0  #: seconds between touches of a held lock
 STALE_AFTER_S = 300.0  #: a lock of another host not touched for this long is stale
 
@@ -79,7 +80,7 @@ class RunDirLock:
     """
 
     def __init__(self, run_dir: str | Path, stale_after_s: float = STALE_AFTER_S, heartbeat_s: float = HEARTBEAT_S):
-        self.path = Path(run_dir) / LOCK_NAME
+        self.path = RunDir(run_dir).lock
         self.stale_after_s, self.heartbeat_s = stale_after_s, heartbeat_s
         self.me = holder_record()
         self._stop = threading.Event()

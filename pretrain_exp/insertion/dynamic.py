@@ -34,6 +34,7 @@ import numpy as np
 
 from pretrain_exp.core.errors import CheckpointError, ConfigError
 from pretrain_exp.core.io import write_json
+from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.insertion.items import experiment_rng
 from pretrain_exp.insertion.placement import Occupancy, place_random
 from pretrain_exp.insertion.plan import Plan
@@ -274,8 +275,9 @@ def extend_plan(plan, item_ids: np.ndarray, positions: np.ndarray):
 
 
 def additions_path(run_dir: Path, step: int) -> Path:
-    """``<run dir>/dynamic/step<step>.json``: the additions decided at ``step``."""
-    return Path(run_dir) / "dynamic" / f"step{step}.json"
+    """``<run dir>/dynamic/step<step>.json``: the additions decided at ``step``
+    (:meth:`RunDir.additions <pretrain_exp.core.rundir.RunDir.additions>`)."""
+    return RunDir(run_dir).additions(step)
 
 
 def save_additions(run_dir: Path, record: dict) -> Path:
@@ -301,12 +303,12 @@ def load_additions(run_dir: Path) -> List[dict]:
     :raises CheckpointError: for an unreadable file.
     """
     out = []
-    for p in (Path(run_dir) / "dynamic").glob("step*.json"):
+    for _, p in RunDir(run_dir).additions_files():
         try:
-            out.append((int(p.stem[4:]), json.loads(p.read_text())))
+            out.append(json.loads(p.read_text()))
         except (ValueError, OSError) as e:
             raise CheckpointError(f"{p}: not a readable dynamic-insertion record ({e})") from None
-    return [r for _, r in sorted(out, key=lambda t: t[0])]
+    return out
 
 
 def read_losses(path: Path) -> Losses:

@@ -30,6 +30,7 @@ import numpy as np
 
 from pretrain_exp.core.errors import CheckpointError, InsertionError
 from pretrain_exp.core.io import atomic_write
+from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.core.secrets import redact
 from pretrain_exp.data.order import step_row_offset
 from pretrain_exp.data.token_files import dtype_for_vocab
@@ -222,9 +223,11 @@ class Plan:
             raise CheckpointError(f"{path}: not a readable plan ({e})") from None
 
     def write_manifest(self, path: str | Path, items: Dict[str, ItemSet],
-                       natural: Optional[List[dict]] = None, span_fields: Optional[Dict[int, dict]] = None) -> None:
-        """Write ``manifest.jsonl`` (one line per span, by position) and, beside it, ``items.jsonl`` (one per
-        item).
+                       natural: Optional[List[dict]] = None, span_fields: Optional[Dict[int, dict]] = None,
+                       items_path: Optional[str | Path] = None) -> None:
+        """Write ``manifest.jsonl`` (one line per span, by position) and ``items.jsonl`` (one per item; at
+        ``items_path``, by default beside the manifest: :attr:`RunDir.items <pretrain_exp.core.rundir.RunDir.items>`
+        of the manifest's folder).
 
         :param items: the item sets the plan was built from (for sources and texts).
         :param natural: per item, extra columns of ``items.jsonl`` (the natural-duplicate audit's counts,
@@ -267,7 +270,7 @@ class Plan:
                 f.write(json.dumps(rec) + "\n")
 
         atomic_write(path, manifest)
-        atomic_write(path.with_name("items.jsonl"), item_table)
+        atomic_write(RunDir(path.parent).items if items_path is None else items_path, item_table)
 
 
 def _merge_spans(arrays: Dict[str, np.ndarray], L: int) -> Dict[str, np.ndarray]:

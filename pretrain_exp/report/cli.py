@@ -8,6 +8,7 @@ from typing import Optional, Sequence
 
 from pretrain_exp.core.commands import prog
 from pretrain_exp.core.errors import PretrainExpError
+from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.report.cpdt import print_cpdt
 from pretrain_exp.report.sweep import column_name, write_report
 from pretrain_exp.report.text import fmt
@@ -108,7 +109,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # the group of a sweep's jobs is its dir name (the CLI's default wandb.group)
         log_report_wandb(rep, args.out or args.dir, args.wandb, args.wandb_project, group=args.dir.resolve().name)
     if not rep["rows"] and all(j.results is None for j in rep["jobs"]):
-        print(f"error: {Path(args.dir).resolve()}: no job has results.json ({len(rep['failed'])} failed)",
+        print(f"error: {Path(args.dir).resolve()}: no job has {RunDir.RESULTS} ({len(rep['failed'])} failed)",
               file=sys.stderr)
         return 1
     return 0

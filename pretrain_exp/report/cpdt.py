@@ -26,7 +26,6 @@ the run's W&B run (:func:`log_cpdt_wandb`); ``python -m pretrain_exp.report <run
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Tuple
 
@@ -34,6 +33,7 @@ import numpy as np
 
 from pretrain_exp.core.errors import CheckpointError, ConfigError
 from pretrain_exp.core.io import write_json, write_text
+from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.insertion.types import TYPES, get_type
 from pretrain_exp.insertion.types.base import EffectSpec
 from pretrain_exp.report.plots import save_png
@@ -69,12 +69,12 @@ TOGETHER = "together"
 
 def arm_dir(run_dir: Path, arm: str, seed: int) -> Path:
     """``<run_dir>/arms/<arm>-seed<seed>``: the run dir of one arm."""
-    return Path(run_dir) / "arms" / f"{arm}-seed{seed}"
+    return RunDir(run_dir).arm(arm, seed).path
 
 
 def is_cpdt_run(path: Path) -> bool:
     """Whether ``path`` is a CPDT run dir (``arms/`` next to ``config.resolved.yaml``)."""
-    return (Path(path) / "arms").is_dir() and (Path(path) / "config.resolved.yaml").is_file()
+    return RunDir(path).is_cpdt()
 
 
 def load_run_config(run_dir: Path) -> dict:
@@ -84,7 +84,7 @@ def load_run_config(run_dir: Path) -> dict:
     """
     import yaml
 
-    path = Path(run_dir) / "config.resolved.yaml"
+    path = RunDir(run_dir).config
     try:
         cfg = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as e:
@@ -97,12 +97,12 @@ def load_run_config(run_dir: Path) -> dict:
 
 
 def _last_eval(path: Path, task: str) -> Tuple[int, dict]:
-    steps = sorted((int(d.name[4:]), d) for d in (path / "evals").glob("step*") if (d / f"{task}.json").is_file())
-    if not steps or not (path / "results.json").is_file():
-        raise CheckpointError(f"{path}: arm not finished (no results.json or no {task} eval); re-run the same "
+    rd = RunDir(path)
+    steps = [s for s, _ in rd.eval_steps() if rd.evals(s, task).is_file()]
+    if not steps or not rd.results.is_file():
+        raise CheckpointError(f"{path}: arm not finished (no {RunDir.RESULTS} or no {task} eval); re-run the same "
                               "command to resume it")
-    step, d = steps[-1]
-    return step, json.loads((d / f"{task}.json").read_text())
+    return steps[-1], rd.read_eval(steps[-1], task)
 
 
 def arm_values(path: Path, experiment: str, task: str, value: str) -> Tuple[int, Dict[int, Tuple[int, float]]]:
@@ -113,7 +113,7 @@ def arm_values(path: Path, experiment: str, task: str, value: str) -> Tuple[int,
     from pretrain_exp.insertion.plan import Plan
 
     step, _ = _last_eval(path, task)
-    plan = Plan.load(path / "plan.npz")
+    plan = Plan.load(RunDir(path).plan)
     first = int(np.flatnonzero(plan.item_experiment == plan.experiments.index(experiment))[0])
     run = load_run(path)  # the arm's per-item eval rows
     if value not in run.columns:
@@ -265,9 +265,8 @@ def write_cpdt_report(run_dir: Path, out_dir: Path | None = None) -> dict:
     :raises CheckpointError, ConfigError: as :func:`compute_table`.
     """
     table = compute_table(run_dir)
-    out = Path(out_dir or run_dir).resolve()
-    paths = {"json": out / "cpdt.json", "csv": out / "cpdt.csv", "md": out / "cpdt.md",
-             "png": out / "plots" / "cpdt.png"}
+    out = RunDir(Path(out_dir or run_dir).resolve())
+    paths = {**{ext: out.cpdt_table(ext) for ext in ("json", "csv", "md")}, "png": out.plot("cpdt")}
     write_json(paths["json"], table)
     write_text(paths["csv"], csv_text(table["rows"], COLUMNS))
     write_text(paths["md"], table_markdown(table))

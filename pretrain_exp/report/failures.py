@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
+from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.report.jobs import Job, find_job_dirs, is_job_dir, load_job, natural_key, walk
 from pretrain_exp.report.pending import describe_pending
 
@@ -100,7 +101,7 @@ def failure_reason(job: Job, logs: Sequence[Path]) -> str:
     pending = describe_pending(job.path)
     pending = f"; {pending}" if pending else ""
     if where is None:
-        return f"no results.json and no error in its logs (still running, or killed?){pending}"
+        return f"no {RunDir.RESULTS} and no error in its logs (still running, or killed?){pending}"
     return f"{best[1]} ({where.name}){pending}"
 
 

@@ -7,15 +7,16 @@ command line), ``.hydra/hydra.yaml`` (Hydra's job id and number, the sweeper's p
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from pretrain_exp.core.rundir import RunDir
+
 #: folders of a job dir (or a sweep dir) that never hold a job dir
-_NOT_JOBS = {"checkpoints", "evals", "plots", "wandb"}
+_NOT_JOBS = RunDir.OUTPUTS
 
 
 @dataclass
@@ -39,7 +40,7 @@ def natural_key(text: str):
 
 def is_job_dir(path: Path) -> bool:
     """Whether ``path`` is a job dir (holds ``.hydra/`` or ``config.resolved.yaml``)."""
-    return (path / ".hydra").is_dir() or (path / "config.resolved.yaml").is_file()
+    return RunDir(path).is_job_dir()
 
 
 def walk(root: Path) -> Tuple[List[Path], List[Path]]:
@@ -60,7 +61,7 @@ def find_job_dirs(root: Path) -> List[Path]:
     """Every job dir under ``root`` (a dir with ``.hydra/`` or ``config.resolved.yaml``; ``root`` itself if it is
     one), in natural order (``2`` before ``10``). Hidden folders (``.submitit``) and run outputs are skipped."""
     root = Path(root)
-    return [root] if is_job_dir(root) and not (root / "arms").is_dir() else walk(root)[0]
+    return [root] if is_job_dir(root) and not RunDir(root).arms.is_dir() else walk(root)[0]
 
 
 def _read_yaml(path: Path):
@@ -93,20 +94,19 @@ def load_job(path: Path, root: Path) -> Job:
     path = Path(path)
     name = path.name if path == Path(root) else str(path.relative_to(root))
     job = Job(path=path, name=name)
-    job.overrides = dict(_override_key(str(o)) for o in _read_yaml(path / ".hydra" / "overrides.yaml") or [])
-    hydra_cfg = (_read_yaml(path / ".hydra" / "hydra.yaml") or {}).get("hydra", {}) or {}
+    rd = RunDir(path)
+    job.overrides = dict(_override_key(str(o)) for o in _read_yaml(rd.hydra_file("overrides")) or [])
+    hydra_cfg = (_read_yaml(rd.hydra_file("hydra")) or {}).get("hydra", {}) or {}
     job.hydra_job = hydra_cfg.get("job", {}) or {}
     params = (hydra_cfg.get("sweeper", {}) or {}).get("params") or {}
     job.sweeper_keys = [_override_key(str(k))[0] for k in params]
-    job.config = _read_yaml(path / "config.resolved.yaml") or {}
+    job.config = _read_yaml(rd.config) or {}
     for key in job.overrides:  # the value the run used: a refused re-run cannot have changed the resolved config
         value = _lookup(job.config, key)
         if value is not None and not isinstance(value, (dict, list)):
             job.overrides[key] = str(value).lower() if isinstance(value, bool) else str(value)
-    res = path / "results.json"
-    if res.is_file():
-        try:
-            job.results = json.loads(res.read_text())
-        except (OSError, ValueError) as e:
-            job.reason = f"unreadable results.json ({e})"
+    try:
+        job.results = rd.read_results()
+    except (OSError, ValueError) as e:
+        job.reason = f"unreadable {RunDir.RESULTS} ({e})"
     return job

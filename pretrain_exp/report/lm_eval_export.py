@@ -37,6 +37,7 @@ import yaml
 from pretrain_exp.core.commands import prog
 from pretrain_exp.core.errors import ConfigError, DataError
 from pretrain_exp.core.io import read_jsonl
+from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.insertion.types.benchmark import item_text, prompt, sample_docs, task_name
 
 MC_METRICS = [{"metric": m, "aggregation": "mean", "higher_is_better": True} for m in ("acc", "acc_norm")]
@@ -49,7 +50,7 @@ def _task_yaml(name: str, data: Path, **fields: Any) -> Dict[str, Any]:
 
 
 def _load_run(run_dir: Path):
-    cfg_path, items_path = run_dir / "config.resolved.yaml", run_dir / "items.jsonl"
+    cfg_path, items_path = RunDir(run_dir).config, RunDir(run_dir).items
     for p in (cfg_path, items_path):
         if not p.is_file():
             raise DataError(f"{p}: missing (not a run dir, or its plan was never written)")
@@ -100,13 +101,13 @@ def export_lm_eval(run_dir: str | Path, out_dir: str | Path, prefix: Optional[st
                 docs = sample_docs(conf["benchmark"], num_items=conf.get("num_items"), seed=seed,
                                    cache_dir=cache_dir, key=f"insertion.experiments.{exp}")
                 if len(docs) != len(recs):
-                    raise DataError(f"{run_dir}/items.jsonl: experiment {exp!r} has {len(recs)} items, its config "
+                    raise DataError(f"{RunDir(run_dir).items}: experiment {exp!r} has {len(recs)} items, its config "
                                     f"gives {len(docs)} {conf['benchmark']} questions")
                 fmt = conf.get("format", "cloze")
                 rows = {"contaminated": [], "clean": []}
                 for rec, doc in zip(recs, docs):
                     if rec.get("text") != item_text(doc, fmt):
-                        raise DataError(f"{run_dir}/items.jsonl: item {rec['item_id']} of {exp!r} is not "
+                        raise DataError(f"{RunDir(run_dir).items}: item {rec['item_id']} of {exp!r} is not "
                                         f"{doc.source} in format {fmt!r}")
                     context, choices = prompt(doc, fmt)
                     rows["contaminated" if rec["dup_count"] > 0 else "clean"].append(
@@ -161,7 +162,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         prog=prog("pretrain-exp-export-lm-eval", "pretrain_exp.report export-lm-eval"),
         description="Write a run's inserted benchmark items (contaminated and clean) and insertion items as an "
                     "lm-eval task directory: lm_eval --include_path <out dir> --tasks <prefix>.")
-    parser.add_argument("run_dir", type=Path, help="a run dir (holds config.resolved.yaml and items.jsonl)")
+    parser.add_argument("run_dir", type=Path, help=f"a run dir (holds {RunDir.CONFIG} and {RunDir.ITEMS})")
     parser.add_argument("out_dir", type=Path, help="the task directory to write (must not exist)")
     parser.add_argument("--prefix", default=None, help="task-name prefix and group name (default: the run name)")
     args = parser.parse_args(argv)

@@ -8,22 +8,25 @@ import json
 from pathlib import Path
 from typing import Dict, List
 
-MARKER = ".async.json"  #: ``evals/step<N>/.async.json``: ``{step, tasks, launcher, pid | job_id, started, ...}``
+from pretrain_exp.core.rundir import RunDir
+
+MARKER = RunDir.ASYNC_MARKER  #: ``evals/step<N>/.async.json``: ``{step, tasks, launcher, pid | job_id, started, ...}``
 
 
 def pending_evals(run_dir: Path) -> Dict[int, List[str]]:
     """``{step: [task, ...]}`` of the started evals whose ``evals/step<N>/<task>.json`` is missing (empty for a run
     without async evals, or once they are all written)."""
+    rd = RunDir(run_dir)
     out = {}
-    for marker in sorted(Path(run_dir).glob(f"evals/step*/{MARKER}")):
+    for step, marker in rd.async_markers():
         try:
             tasks = json.loads(marker.read_text())["tasks"]
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        missing = [t for t in tasks if not (marker.parent / f"{t}.json").is_file()]
+        missing = rd.missing_evals(step, tasks)
         if missing:
-            out[int(marker.parent.name[4:])] = missing
-    return dict(sorted(out.items()))
+            out[step] = missing
+    return out
 
 
 def describe_pending(run_dir: Path) -> str:

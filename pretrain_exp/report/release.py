@@ -50,6 +50,7 @@ import yaml
 from pretrain_exp.core.commands import prog
 from pretrain_exp.core.errors import DataError, PretrainExpError, PushError
 from pretrain_exp.core.io import default_mode, sha256_file, write_json
+from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.core.secrets import redact
 from pretrain_exp.report.tables import RUN_COLUMNS, load_items, load_manifest, load_run
 
@@ -80,37 +81,31 @@ def revision_name(step: int, tokens: int) -> str:
 
 # --- reading the run ----------------------------------------------------------------------------------------------
 def _read_run(run_dir: Path) -> Dict[str, Any]:
-    files = {name: run_dir / name for name in ("results.json", "config.resolved.yaml", "plan.npz")}
-    for name, p in files.items():
+    rd = RunDir(run_dir)
+    for p in (rd.results, rd.config, rd.plan):
         if not p.is_file():
-            raise DataError(f"{p}: missing (not a finished run dir: {name} is written "
-                            + ("at the end of a run)" if name == "results.json" else "when the run starts)"))
+            raise DataError(f"{p}: missing (not a finished run dir: {p.name} is written "
+                            + ("at the end of a run)" if p == rd.results else "when the run starts)"))
     try:
-        results = json.loads(files["results.json"].read_text())
-        config = yaml.safe_load(files["config.resolved.yaml"].read_text()) or {}
+        results = rd.read_results()
+        config = rd.read_config()
     except (ValueError, yaml.YAMLError) as e:
-        raise DataError(f"{run_dir}: unreadable results.json or config.resolved.yaml ({e})") from None
+        raise DataError(f"{run_dir}: unreadable {RunDir.RESULTS} or {RunDir.CONFIG} ({e})") from None
     for key in ("step", "plan", "per_dup"):
         if key not in results:
-            raise DataError(f"{files['results.json']}: no {key!r} (written by another version?)")
-    overrides = run_dir / ".hydra" / "overrides.yaml"
-    return {"results": results, "config": config, "plan_sha256": sha256_file(files["plan.npz"]),
-            "config_sha256": sha256_file(files["config.resolved.yaml"]),
-            "overrides": (yaml.safe_load(overrides.read_text()) or []) if overrides.is_file() else []}
+            raise DataError(f"{rd.results}: no {key!r} (written by another version?)")
+    return {"results": results, "config": config, "plan_sha256": sha256_file(rd.plan),
+            "config_sha256": sha256_file(rd.config), "overrides": rd.read_hydra("overrides") or []}
 
 
 def model_dirs(run_dir: str | Path, config: dict) -> Dict[int, Path]:
     """Global step -> HF model dir of every kept model of a run (module docstring), sorted by step."""
-    run_dir = Path(run_dir)
-    found: Dict[int, Path] = {}
-    for d in (run_dir / "hf").glob("step*"):
-        if d.name[4:].isdigit() and (d / "config.json").is_file():
-            found[int(d.name[4:])] = d
+    rd = RunDir(run_dir)
+    found: Dict[int, Path] = dict(rd.hf_exports(marker="config.json"))
     start = int((config.get("model") or {}).get("checkpoint_step") or 0)
-    for d in (run_dir / "checkpoints").glob("checkpoint-*"):
-        k = d.name.rsplit("-", 1)[-1]
-        if k.isdigit() and (d / "config.json").is_file() and (d / "trainer_state.json").is_file():
-            found.setdefault(start + int(k), d)
+    for k, d in rd.checkpoint_dirs(RunDir.HF_CHECKPOINT, marker="trainer_state.json"):
+        if (d / "config.json").is_file():
+            found.setdefault(start + k, d)
     return dict(sorted(found.items()))
 
 
@@ -150,11 +145,11 @@ def dataset_tables(run_dir: str | Path, config: dict) -> Dict[str, pd.DataFrame]
     """
     from pretrain_exp.insertion.plan import Plan
 
-    run_dir = Path(run_dir)
-    items = load_items(run_dir)
+    rd = RunDir(run_dir)
+    items = load_items(rd.path)
     if items.empty:
-        raise DataError(f"{run_dir}/items.jsonl: missing or empty (the run inserted nothing to release)")
-    plan = Plan.load(run_dir / "plan.npz")
+        raise DataError(f"{rd.items}: missing or empty (the run inserted nothing to release)")
+    plan = Plan.load(rd.plan)
     experiments = (config.get("insertion") or {}).get("experiments") or {}
     items = items.sort_values("item_id", ignore_index=True)
     items.insert(2, "type", [str((experiments.get(e) or {}).get("type", "")) for e in items["experiment"]])
@@ -262,8 +257,8 @@ def _insertion_section(run: dict, facts: dict) -> List[str]:
              f"- training window: global token positions [{facts['window'][0]:,}, {facts['window'][1]:,})"
              + (f" = steps {facts['steps'][0]}..{facts['steps'][1]}" if facts["steps"] else ""),
              f"- plan: {plan['num_items']} items, {plan['num_insertions']} insertions",
-             f"- `plan.npz` sha256: `{run['plan_sha256']}`",
-             f"- `config.resolved.yaml` sha256: `{run['config_sha256']}`", ""]
+             f"- `{RunDir.PLAN}` sha256: `{run['plan_sha256']}`",
+             f"- `{RunDir.CONFIG}` sha256: `{run['config_sha256']}`", ""]
     return lines
 
 
@@ -320,10 +315,10 @@ def _eval_lines(res: dict) -> List[str]:
 def _reproduce_lines(run: dict) -> List[str]:
     cmd = " ".join(["pretrain-exp"] + [str(o) for o in run["overrides"]])
     return ["## How to reproduce", "",
-            "```bash", "pip install pretrain_exp  # the version that wrote this run: see config.resolved.yaml",
+            "```bash", f"pip install pretrain_exp  # the version that wrote this run: see {RunDir.CONFIG}",
             cmd, "```", "",
-            "The resolved config (also `config.resolved.yaml` of the dataset repo, sha256 above):", "",
-            "<details><summary>config.resolved.yaml</summary>", "", "```yaml",
+            f"The resolved config (also `{RunDir.CONFIG}` of the dataset repo, sha256 above):", "",
+            f"<details><summary>{RunDir.CONFIG}</summary>", "", "```yaml",
             yaml.safe_dump(run["config"], sort_keys=False).rstrip(), "```", "", "</details>", ""]
 
 
@@ -374,7 +369,7 @@ def dataset_card(run: dict, facts: dict, tables: Dict[str, pd.DataFrame], repo_i
              "Positions: `position = q*L + offset`, `q` the row's training-order index, `step = q // B + 1`, "
              f"`row = q % B` (L = {facts['L']}, B = {facts['B']}).", ""]
     body += _insertion_section(run, facts) + _audit_lines(res.get("audit"))
-    body += ["`plan.npz` (the insertion plan, numpy arrays, `allow_pickle=False`) and `config.resolved.yaml` are "
+    body += [f"`{RunDir.PLAN}` (the insertion plan, numpy arrays, `allow_pickle=False`) and `{RunDir.CONFIG}` are "
              "included; their sha256 are above.", "", "## License", "",
              f"`{license_id}` (set with `--license`); the licenses of the items' sources (`source` column) apply.",
              ""]
@@ -437,8 +432,8 @@ def build_bundle(run_dir: str | Path, out_dir: str | Path, repo_id: Optional[str
             path = ds / data_file(name, run["plan_sha256"], run["config_sha256"])
             path.parent.mkdir(parents=True, exist_ok=True)
             tables[name].to_parquet(path, index=False, engine="pyarrow")
-        for name in ("config.resolved.yaml", "plan.npz"):
-            shutil.copy2(run_dir / name, ds / name)
+        for src in (RunDir(run_dir).config, RunDir(run_dir).plan):
+            shutil.copy2(src, ds / src.name)
         dataset_card(run, facts, tables, repo_id, license_id).save(ds / "README.md")
         rec = {"run_dir": str(run_dir), "run_name": res.get("run_name"), "repo_id": repo_id,
                "license": license_id, "step": final, "plan_sha256": run["plan_sha256"],
@@ -456,7 +451,7 @@ def build_bundle(run_dir: str | Path, out_dir: str | Path, repo_id: Optional[str
 
 def sweep_jobs(root: Path) -> Optional[List[Path]]:
     """The finished job dirs of a sweep dir (sorted), or ``None`` when ``root`` is one run dir."""
-    if (root / "results.json").is_file() or (root / "config.resolved.yaml").is_file():
+    if RunDir(root).results.is_file() or RunDir(root).config.is_file():
         return None
     from pretrain_exp.report.failures import collect
 
@@ -541,7 +536,7 @@ def release(path: str | Path, out_dir: str | Path, repo_id: Optional[str] = None
         check_push_possible()  # refuse before writing anything
     jobs = sweep_jobs(path)
     if jobs == []:
-        raise DataError(f"{path}: no finished run (results.json) in this dir or its job dirs")
+        raise DataError(f"{path}: no finished run ({RunDir.RESULTS}) in this dir or its job dirs")
     targets = [(path, out_dir, repo_id)] if jobs is None else [
         (j, out_dir / j.relative_to(path).as_posix().replace("/", "-"),
          f"{repo_id}-{j.relative_to(path).as_posix().replace('/', '-')}" if repo_id else None) for j in jobs]
@@ -565,7 +560,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     "<out>/revisions/step<N>-tokens<T>B (every kept step), <out>/dataset (items, placements, evals "
                     "as Parquet + dataset card); optionally push it to the Hugging Face Hub. A sweep dir gives one "
                     "bundle per finished job (<out>/<job>, pushed to <REPO_ID>-<job>).")
-    parser.add_argument("run_dir", type=Path, help="a finished run dir (results.json) or a sweep dir")
+    parser.add_argument("run_dir", type=Path, help=f"a finished run dir ({RunDir.RESULTS}) or a sweep dir")
     parser.add_argument("out_dir", type=Path, help="the bundle dir to write (an existing bundle of the same run and "
                                                    "repo id is reused, e.g. to retry a push)")
     parser.add_argument("--push", metavar="REPO_ID", default=None,

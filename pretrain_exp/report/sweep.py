@@ -19,6 +19,7 @@ from typing import Dict, List, Optional, Sequence
 import pandas as pd
 
 from pretrain_exp.core.io import write_text
+from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.report import cpdt
 from pretrain_exp.report.failures import collect
 from pretrain_exp.report.jobs import Job
@@ -148,7 +149,7 @@ def write_report(root: Path, out_dir: Optional[Path] = None) -> dict:
         raise FileNotFoundError(f"{root}: no such directory")
     jobs, orphans = collect(root)
     if not jobs and not orphans:
-        raise LookupError(f"{root}: no job dirs (dirs with .hydra/ or config.resolved.yaml) under it")
+        raise LookupError(f"{root}: no job dirs (dirs with {RunDir.HYDRA}/ or {RunDir.CONFIG}) under it")
     done = [j for j in jobs if j.results is not None]
     keys = swept_keys(done or jobs)
     columns = ["job", *(column_name(k) for k in keys), *REPORT_COLUMNS]

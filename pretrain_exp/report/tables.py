@@ -19,20 +19,18 @@ The sweep report (:mod:`pretrain_exp.report.sweep`) is built on :func:`sweep_fra
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Dict, List, Sequence
 
 import pandas as pd
 
 from pretrain_exp.core.io import atomic_path, read_jsonl
+from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.report.failures import collect
 from pretrain_exp.report.jobs import Job
 
 #: prefix of the override columns of :func:`load_sweep`
 OVERRIDE_PREFIX = "override:"
-#: the JSONL files of a run dir and their Parquet copies
-JSONL_TABLES = {"manifest.jsonl": "manifest.parquet", "items.jsonl": "items.parquet"}
 #: the leading columns of :func:`load_run`
 RUN_COLUMNS = ["item_id", "step", "eval", "eval_type", "experiment", "dup_count"]
 
@@ -45,14 +43,15 @@ def eval_rows_frame(run_dir: str | Path) -> pd.DataFrame:
     """The per-item rows of every ``evals/step<N>/<eval>.json`` of a run, with ``step``, ``eval`` and
     ``eval_type`` columns; sorted by step, eval and item. Empty (with the leading columns) if there are none."""
     frames = []
-    for f in sorted(Path(run_dir).glob("evals/step*/*.json")):
-        rec = json.loads(f.read_text())
-        if rec.get("rows"):
-            df = pd.DataFrame(rec["rows"])
-            df.insert(0, "step", int(rec.get("step", f.parent.name[4:])))
-            df.insert(1, "eval", rec.get("task", f.stem))
-            df.insert(2, "eval_type", rec.get("type"))
-            frames.append(df)
+    rd = RunDir(run_dir)
+    for step, _ in rd.eval_steps():
+        for task, rec in rd.read_evals(step).items():
+            if rec.get("rows"):
+                df = pd.DataFrame(rec["rows"])
+                df.insert(0, "step", int(rec.get("step", step)))
+                df.insert(1, "eval", rec.get("task", task))
+                df.insert(2, "eval_type", rec.get("type"))
+                frames.append(df)
     if not frames:
         return pd.DataFrame(columns=RUN_COLUMNS[1:4])
     out = pd.concat(frames, ignore_index=True)
@@ -66,19 +65,19 @@ def write_run_tables(run_dir: str | Path) -> Dict[str, Path]:
 
     :returns: table name (file stem) -> path written.
     """
-    run_dir = Path(run_dir)
+    rd = RunDir(run_dir)
     out = {}
-    tables = {pq: _jsonl_frame(run_dir / src) for src, pq in JSONL_TABLES.items() if (run_dir / src).is_file()}
-    tables["evals.parquet"] = eval_rows_frame(run_dir)
-    for name, df in tables.items():
-        with atomic_path(run_dir / name) as tmp:
+    tables = {table: _jsonl_frame(src) for table, src in (("manifest", rd.manifest), ("items", rd.items))
+              if src.is_file()}
+    tables["evals"] = eval_rows_frame(rd.path)
+    for table, df in tables.items():
+        with atomic_path(rd.parquet(table)) as tmp:
             df.to_parquet(tmp, index=False, engine="pyarrow")
-        out[name.split(".")[0]] = run_dir / name
+        out[table] = rd.parquet(table)
     return out
 
 
-def _fresh_parquet(run_dir: Path, name: str, sources: Sequence[Path]) -> bool:
-    p = run_dir / name
+def _fresh_parquet(p: Path, sources: Sequence[Path]) -> bool:
     return p.is_file() and all(s.stat().st_mtime_ns < p.stat().st_mtime_ns for s in sources)
 
 
@@ -91,8 +90,9 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: no such directory")
-    evals_json = list(run_dir.glob("evals/step*/*.json"))
-    rows = (pd.read_parquet(run_dir / "evals.parquet") if _fresh_parquet(run_dir, "evals.parquet", evals_json)
+    rd = RunDir(run_dir)
+    evals_json = [f for step, _ in rd.eval_steps() for f in rd.eval_files(step)]
+    rows = (pd.read_parquet(rd.parquet("evals")) if _fresh_parquet(rd.parquet("evals"), evals_json)
             else eval_rows_frame(run_dir))
     items = load_items(run_dir)
     if len(rows) and len(items) and "item_id" in rows:
@@ -104,17 +104,17 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
 
 def load_items(run_dir: str | Path) -> pd.DataFrame:
     """One row per item of a run (``items.parquet`` where it is current, else ``items.jsonl``); empty if neither."""
-    run_dir = Path(run_dir)
-    fresh = _fresh_parquet(run_dir, "items.parquet", [run_dir / "items.jsonl"])
-    return pd.read_parquet(run_dir / "items.parquet") if fresh else _jsonl_frame(run_dir / "items.jsonl")
+    rd = RunDir(run_dir)
+    fresh = _fresh_parquet(rd.parquet("items"), [rd.items])
+    return pd.read_parquet(rd.parquet("items")) if fresh else _jsonl_frame(rd.items)
 
 
 def load_manifest(run_dir: str | Path) -> pd.DataFrame:
     """One row per inserted span of a run (``manifest.parquet`` where it is current, else ``manifest.jsonl``);
     empty if neither."""
-    run_dir = Path(run_dir)
-    fresh = _fresh_parquet(run_dir, "manifest.parquet", [run_dir / "manifest.jsonl"])
-    return pd.read_parquet(run_dir / "manifest.parquet") if fresh else _jsonl_frame(run_dir / "manifest.jsonl")
+    rd = RunDir(run_dir)
+    fresh = _fresh_parquet(rd.parquet("manifest"), [rd.manifest])
+    return pd.read_parquet(rd.parquet("manifest")) if fresh else _jsonl_frame(rd.manifest)
 
 
 def sweep_frame(jobs: Sequence[Job]) -> pd.DataFrame:
