@@ -59,6 +59,7 @@ from pretrain_exp.core.commands import prog
 from pretrain_exp.core.errors import CheckpointError
 from pretrain_exp.core.io import file_lock
 from pretrain_exp.core.retry import MAX_DELAY_S, RetryPolicy, TransientError, backoff_delay  # noqa: F401
+from pretrain_exp.core.rundir import step_name
 from pretrain_exp.core.secrets import install_log_redaction, redact, redact_url
 
 log = logging.getLogger(__name__)
@@ -216,12 +217,12 @@ def download_file(url: str, dest: str | os.PathLike, *, max_retries: int = 5, ba
 
 def olmo2_checkpoint_url(base_url: str, step: int) -> str:
     """``<base>/step<N>-unsharded`` (no trailing slash)."""
-    return f"{base_url.rstrip('/')}/step{int(step)}-unsharded"
+    return f"{base_url.rstrip('/')}/{step_name(step, suffix='-unsharded')}"
 
 
 def olmo_core_checkpoint_url(base_url: str, step: int) -> str:
     """``<base>/step<N>`` (no trailing slash)."""
-    return f"{base_url.rstrip('/')}/step{int(step)}"
+    return f"{base_url.rstrip('/')}/{step_name(step)}"
 
 
 def _read_marker(ckpt_dir: Path) -> bool:
@@ -373,7 +374,7 @@ def download_olmo_core_checkpoint(base_url: str, step: int, dest_dir: str | os.P
         if rank == 0:
             raise CheckpointError(f"{fetch.url}/model_and_optim/__0_0.distcp: not found (HTTP 404)")
 
-    return _download_checkpoint(olmo_core_checkpoint_url(base_url, step), Path(dest_dir) / f"step{int(step)}",
+    return _download_checkpoint(olmo_core_checkpoint_url(base_url, step), Path(dest_dir) / step_name(step),
                                 fetch_files, max_retries=max_retries, base_delay_s=base_delay_s, sleep=sleep,
                                 timeout_s=timeout_s)
 
