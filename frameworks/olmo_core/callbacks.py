@@ -30,6 +30,7 @@ from pretrain_exp.core.errors import TrainingError
 from pretrain_exp.data.schedule import rows_for
 from pretrain_exp.frameworks.base import LogFn
 from pretrain_exp.frameworks.noise_feed import NoiseFeed
+from pretrain_exp.frameworks.olmo_core import upstream
 
 #: OLMo-core metric -> the run's metric name
 METRICS = {
@@ -125,22 +126,29 @@ class SegmentCheckpointer(CheckpointerCallback):
     next save) joins it. Saves within a fit are OLMo-core's own."""
 
     def post_train(self) -> None:
-        if self.enabled and self.step > self._latest_checkpoint_step:
-            self._checkpoints.append(self._save_checkpoint())
+        if self.enabled and self.step > upstream.latest_checkpoint_step(self):
+            upstream.saved_checkpoints(self).append(upstream.save_checkpoint(self))
 
     def _save_checkpoint(self, save_async: Optional[bool] = None, ephemeral: bool = False) -> str:
         """OLMo-core's save, and the metric ``checkpoint/hold_s``: the seconds it held the training loop (the whole
-        write when synchronous; waiting for the previous save plus staging to CPU memory when asynchronous)."""
+        write when synchronous; waiting for the previous save plus staging to CPU memory when asynchronous).
+        Overrides OLMo-core's private save (:data:`upstream.MEMBERS <pretrain_exp.frameworks.olmo_core.upstream.
+        MEMBERS>` checks its name and parameters), which the callback's own interval saves call too."""
         from olmo_core.train.common import ReduceType
 
         t0 = time.perf_counter()
-        path = super()._save_checkpoint(save_async=save_async, ephemeral=ephemeral)
+        path = upstream.save_checkpoint(super(), save_async=save_async, ephemeral=ephemeral)
         self.trainer.record_metric("checkpoint/hold_s", time.perf_counter() - t0, reduce_type=ReduceType.max)
         return path
 
+    @property
+    def latest_path(self) -> Path:
+        """The folder of the latest save (started; with an asynchronous save maybe still being written)."""
+        return upstream.latest_checkpoint_path(self)
+
     def wait(self) -> None:
         """Return once the pending save (if any) is complete; re-raises its error."""
-        self._await_last_checkpoint()
+        upstream.await_last_checkpoint(self)
 
 
 class SaveModelConfig(Callback):

@@ -58,6 +58,7 @@ from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.data.schedule import rows_for
 from pretrain_exp.frameworks.base import Checkpoint, Framework, LogFn
 from pretrain_exp.frameworks.noise_feed import NoiseFeed
+from pretrain_exp.frameworks.olmo_core import upstream
 from pretrain_exp.frameworks.olmo_core.callbacks import (
     ForwardMetrics,
     Insertions,
@@ -135,7 +136,8 @@ def olmo_core_config(raw: Dict[str, Any], base: type, where: Path, key: str):
 def dataset_paths(dataset: Dict[str, Any], where: Path) -> list:
     """The token files of an OLMo-core ``config.json`` ``dataset`` entry in OLMo-core's order: ``paths`` (globs
     expanded with ``expand_glob``) or ``mix`` under ``mix_base_dir``, permuted by ``source_permutation_seed``
-    (OLMo-core's own ``NumpyDatasetConfig._resolve_paths_metadata``, ``olmo_core/data/numpy_dataset.py``).
+    (OLMo-core's own ``NumpyDatasetConfig._resolve_paths_metadata``, ``olmo_core/data/numpy_dataset.py``, through
+    :func:`~pretrain_exp.frameworks.olmo_core.upstream.resolve_paths`).
     ``[]`` if it names none.
 
     :raises CheckpointError: naming ``where`` if they cannot be resolved.
@@ -150,10 +152,11 @@ def dataset_paths(dataset: Dict[str, Any], where: Path) -> list:
     raw.setdefault("tokenizer", {"vocab_size": 1})
     config = olmo_core_config(raw, NumpyFSLDatasetConfig, where, "dataset")
     try:
-        paths, _, _ = config._resolve_paths_metadata(allow_mix=True)
+        return upstream.resolve_paths(config)
+    except upstream.OlmoCoreChanged:
+        raise
     except Exception as e:  # noqa: BLE001  (OLMoConfigurationError, FileNotFoundError, ...)
         raise CheckpointError(f"{where}: dataset paths/mix do not resolve ({' '.join(str(e).split())[:200]})") from None
-    return [str(p) for p in paths]
 
 
 def at_horizon(inner, max_duration: Optional[Dict[str, Any]], tokens_per_step: int, where: Path):
@@ -211,6 +214,7 @@ class OlmoCoreFramework(Framework):
 
     def __init__(self, cfg: RunConfig, model_dir: Path):
         super().__init__(cfg, model_dir)
+        upstream.check()  # OLMo-core's private members this framework reaches: one clear error before any work
         init_distributed(sharded=cfg.training.data_parallel in ("fsdp", "hsdp"))
         self._trainer = None  #: the last segment's trainer, which the next segment continues in memory
         self._last: Optional[OlmoCoreCheckpoint] = None  #: the checkpoint the last segment returned
@@ -622,18 +626,18 @@ class OlmoCoreFramework(Framework):
         loader = self._peek_loader(order, int(dp_rank), int(dp_world))
         batches_per_epoch = order.rows_per_epoch // B
         epoch, batch = 1 + (step - 1) // batches_per_epoch, (step - 1) % batches_per_epoch  # OLMo-core epochs
-        if loader._epoch != epoch:  # as reshuffle(epoch), without its barrier; the order from the shared cache
+        if upstream.loader_epoch(loader) != epoch:  # as reshuffle(epoch), without its barrier; the shared cache's
             share_global_indices(loader, order.cache_dir, epoch)
-            loader._epoch = epoch
-            loader._global_indices = None if loader._global_indices_file.is_file() else (
-                loader._build_global_indices())
+            upstream.set_loader_epoch(loader, epoch)
+            upstream.set_global_indices(loader, None if upstream.global_indices_file(loader).is_file() else (
+                upstream.build_global_indices(loader)))
         global_batch = np.asarray(loader.get_global_indices()[batch * B:(batch + 1) * B])
-        instances = np.asarray(loader._get_local_instance_indices(global_batch), dtype=np.int64)
+        instances = upstream.local_instance_indices(loader, global_batch)
         qs = rows_for(step, dp_rank, dp_world, B)
         keep = np.ones(qs.size, bool) if only is None else np.isin(qs, np.asarray(only, dtype=np.int64))
         if not keep.any():
             return qs[:0], np.empty((0, order.sequence_length), np.int64)
-        batch_dict = loader.collator([loader._get_dataset_item(int(i)) for i in instances[keep]])
+        batch_dict = loader.collator([upstream.dataset_item(loader, i) for i in instances[keep]])
         apply_insertions(batch_dict, qs[keep], order, rows.plan, where=f"step {step}, rank {dp_rank} (peek)")
         return qs[keep], batch_dict["input_ids"].numpy().astype(np.int64)
 
@@ -652,9 +656,7 @@ class OlmoCoreFramework(Framework):
             t.precision == Precision.auto and cuda and torch.cuda.is_bf16_supported())
         L = t.sequence_length
         seed_all(cfg.seed)
-        from olmo_core.distributed import parallel
-
-        parallel._WORLD_MESH = None  # one mesh per process in OLMo-core; every segment builds a new train module
+        upstream.reset_world_mesh()  # one mesh per process in OLMo-core; every segment builds a new train module
         model = self.model_config(cuda).build(init_device="meta" if cuda else "cpu")
         train_module = TransformerTrainModuleConfig(
             rank_microbatch_size=t.micro_batch_size * L,
@@ -791,7 +793,7 @@ class OlmoCoreFramework(Framework):
         if saving is not None and saving.checkpoint_pending:
             t0 = time.perf_counter()
             saving.wait()
-            path = Path(saving._latest_checkpoint_path)
+            path = saving.latest_path
             if is_main_process():  # SaveModelConfig copies it in right after the save
                 from olmo_core.utils import wait_for
 

@@ -8,9 +8,9 @@ instances). With chunk 1 that is byte for byte the project's cached permutation
 dir gets a hard link to it (a verified copy where the filesystem has no links) instead of OLMo-core shuffling
 again; with chunk c > 1 the file is expanded from the cached chunk permutation. The verifier's loader
 (:meth:`OlmoCoreFramework.peek_rows <pretrain_exp.frameworks.olmo_core.framework.OlmoCoreFramework.peek_rows>`)
-then memory-maps that file too. This module is where the project reaches OLMo-core's loader's private members
-(``_epoch``, ``_global_indices_file``); tests/unit/frameworks/olmo_core/test_global_indices.py compares the file
-with OLMo-core's own ``_build_global_indices`` and names what moved on an upgrade.
+then memory-maps that file too. The loader's private members (its epoch and global-indices file) are reached
+through :mod:`~pretrain_exp.frameworks.olmo_core.upstream`; tests/unit/frameworks/olmo_core/test_global_indices.py
+compares the file with OLMo-core's own ``_build_global_indices``.
 """
 
 from __future__ import annotations
@@ -27,18 +27,19 @@ import numpy as np
 from pretrain_exp.core.errors import DataError
 from pretrain_exp.core.io import atomic_path
 from pretrain_exp.data.order import cached_permutation, permutation_path
+from pretrain_exp.frameworks.olmo_core import upstream
 
 log = logging.getLogger(__name__)
 
 
 def global_indices_file(loader, epoch: int) -> Path:
     """OLMo-core's global-indices file of ``loader`` for ``epoch`` (1-based, OLMo-core's count)."""
-    saved = loader._epoch
-    loader._epoch = int(epoch)
+    saved = upstream.loader_epoch(loader)
+    upstream.set_loader_epoch(loader, epoch)
     try:
-        return Path(loader._global_indices_file)
+        return upstream.global_indices_file(loader)
     finally:
-        loader._epoch = saved
+        upstream.set_loader_epoch(loader, saved)
 
 
 def share_global_indices(loader, cache_dir: Optional[str | Path], epoch: int) -> Optional[Path]:
