@@ -126,7 +126,11 @@ class Framework(ABC):
         self.cfg = cfg
         self.model_dir = Path(model_dir)  #: dir of the initial checkpoint (framework format)
         self.run_dir = Path(cfg.run_dir)
-        self.rundir = RunDir(self.run_dir)  #: the run dir's paths (checkpoints, work dirs, logs)
+
+    @property
+    def rundir(self) -> RunDir:
+        """The run dir's layout (:class:`~pretrain_exp.core.rundir.RunDir`: checkpoints, work dirs, logs)."""
+        return RunDir(self.run_dir)
 
     @classmethod
     def resolve_model(cls, cfg: RunConfig) -> Path:

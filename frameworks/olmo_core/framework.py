@@ -51,7 +51,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 import torch
 
-from pretrain_exp.core.config import ModelConf, Precision, RunConfig
+from pretrain_exp.core.config import DataConf, ModelConf, Precision, RunConfig, TrainingConf
 from pretrain_exp.core.distributed import is_main_process, rank, world_size
 from pretrain_exp.core.errors import CheckpointError, ConfigError, TrainingError
 from pretrain_exp.core.rundir import RunDir
@@ -190,6 +190,83 @@ def at_horizon(inner, max_duration: Optional[Dict[str, Any]], tokens_per_step: i
     return _AtHorizon(lr_field=inner.lr_field, initial_lr_field=inner.initial_lr_field, units=inner.units)
 
 
+def loader_seed(data_seed: int, first_epoch: int) -> int:
+    """OLMo-core data-loader seed giving the run's order: OLMo-core shuffles epoch ``e`` with ``PCG64(seed + e)``
+    from ``e = 1``, the run's first epoch is ``PCG64(data.seed + data.first_epoch)``."""
+    return data_seed + first_epoch - 1
+
+
+def check_trainer_state(state: Dict[str, Any], where: Path, step: int, sequence_length: int, global_batch_size: int,
+                        seed: int, data_seed: int, first_epoch: int) -> None:
+    """Refuse an initial checkpoint whose trainer state (``train/rank0.pt``) is not where the run starts: another
+    global step, or a data loader with another sequence length, tokens per step or seed (OLMo-core resumes the
+    data loader from it).
+
+    :param seed: the run's OLMo-core loader seed (:func:`loader_seed` of ``data_seed``, ``first_epoch``).
+    :raises CheckpointError: for another step.
+    :raises ConfigError: (``training.sequence_length``, ``training.global_batch_size``, ``data.seed``) for another
+        data loader.
+    """
+    if int(state["global_step"]) != step:
+        raise CheckpointError(f"model.checkpoint_step={step}, but {where}/train/rank0.pt is at "
+                              f"step {state['global_step']}")
+    dl = state.get("data_loader", {})
+    if dl.get("sequence_length", sequence_length) != sequence_length:
+        raise ConfigError("training.sequence_length", f"{sequence_length}, but the checkpoint's data "
+                          f"loader used {dl['sequence_length']}")
+    if dl.get("batches_processed") and dl["tokens_processed"] // dl["batches_processed"] != (
+            global_batch_size * sequence_length):
+        raise ConfigError("training.global_batch_size", f"{global_batch_size} rows, but the checkpoint's "
+                          f"data loader took {dl['tokens_processed'] // dl['batches_processed']} tokens "
+                          "per step")
+    if dl.get("seed", seed) != seed:
+        raise ConfigError("data.seed", f"{data_seed} (first_epoch {first_epoch}) gives "
+                          f"OLMo-core seed {seed}, but the checkpoint's data loader used "
+                          f"seed {dl['seed']}")
+
+
+def data_parallel_config(data_parallel: str, nproc_per_node: int, world: int, cuda: bool):
+    """Data parallelism over the torchrun ranks (OLMo-core's ``TransformerDataParallelConfig``) by
+    ``training.data_parallel`` = ``data_parallel``: ``auto`` is FSDP (bf16 params, fp32 reductions) on GPUs, as the
+    OLMo recipes shard a 7B model, and DDP on CPUs (gloo); ``hsdp`` shards within a node and replicates across nodes
+    (``shard_degree`` = ``nproc_per_node``, ``num_replicas`` = ``world / nproc_per_node``); none for one process,
+    except ``fsdp`` on one GPU (over a one-process group, :func:`init_distributed`).
+
+    :raises ConfigError: (``training.data_parallel``) for ``hsdp`` whose shard degree does not divide the world.
+    """
+    from olmo_core.config import DType
+    from olmo_core.distributed.parallel import DataParallelType
+    from olmo_core.train.train_module import TransformerDataParallelConfig
+
+    sharded_one = world == 1 and data_parallel == "fsdp" and cuda and torch.distributed.is_initialized()
+    if world == 1 and not sharded_one:
+        return None
+    name = data_parallel if data_parallel != "auto" else ("fsdp" if cuda else "ddp")
+    if name == "ddp":
+        return TransformerDataParallelConfig(name=DataParallelType.ddp)
+    sharded = dict(param_dtype=DType.bfloat16 if cuda else None, reduce_dtype=DType.float32)
+    if name == "fsdp":
+        return TransformerDataParallelConfig(name=DataParallelType.fsdp, **sharded)
+    shard = nproc_per_node
+    if world % shard:
+        raise ConfigError("training.data_parallel", f"hsdp shards over the {shard} ranks of a node, which does "
+                          f"not divide the world size {world}")
+    return TransformerDataParallelConfig(name=DataParallelType.hsdp, shard_degree=shard,
+                                         num_replicas=world // shard, **sharded)
+
+
+def activation_checkpointing_config(enabled: bool):
+    """OLMo-core's full activation checkpointing if ``enabled``, else ``None``."""
+    if not enabled:
+        return None
+    from olmo_core.train.train_module import (
+        TransformerActivationCheckpointingConfig,
+        TransformerActivationCheckpointingMode,
+    )
+
+    return TransformerActivationCheckpointingConfig(mode=TransformerActivationCheckpointingMode.full)
+
+
 def holds_optim_state(ckpt_dir: Path) -> bool:
     """Whether an OLMo-core checkpoint's DCP state (``model_and_optim/``, or the folder itself for a model-only
     one) holds optimizer state (``optim.*`` keys in its ``.metadata``)."""
@@ -220,6 +297,33 @@ class OlmoCoreFramework(Framework):
         self._last: Optional[OlmoCoreCheckpoint] = None  #: the checkpoint the last segment returned
         self._rng: Optional[dict] = None  #: the RNG states at the end of the last segment (its checkpoint's)
         self._saving = None  #: the checkpointer callback of the last fit (its save may still be running)
+
+    # --- what this framework reads of the run config, typed (the methods below read nothing else of it) ----------
+    @property
+    def training(self) -> TrainingConf:
+        """The run's ``training`` settings."""
+        return self.cfg.training
+
+    @property
+    def data(self) -> DataConf:
+        """The run's ``data`` settings."""
+        return self.cfg.data
+
+    @property
+    def start_step(self) -> int:
+        """``model.checkpoint_step``: the global step of the initial checkpoint."""
+        return self.cfg.model.checkpoint_step
+
+    @property
+    def cache_dir(self) -> str:
+        """The asset, token and tokenizer cache (``cache_dir``)."""
+        return self.cfg.cache_dir
+
+    @property
+    def run_lr_schedule(self) -> bool:
+        """Whether ``training.*`` sets the optimizer and LR schedule (``framework.lr_schedule=run``) rather than the
+        checkpoint's ``train_module``."""
+        return self.cfg.framework.uses_run_lr_schedule()
 
     @classmethod
     def resolve_model(cls, cfg: RunConfig) -> Path:
@@ -333,11 +437,11 @@ class OlmoCoreFramework(Framework):
         key = hashlib.sha256(Path(path).read_bytes() + json.dumps([eos, pad]).encode()).hexdigest()[:16]
 
         def build(tmp: Path) -> dict:
-            load_tokenizer(path, self.cfg.cache_dir, eos_token_id=eos, pad_token_id=pad).save_pretrained(str(tmp))
+            load_tokenizer(path, self.cache_dir, eos_token_id=eos, pad_token_id=pad).save_pretrained(str(tmp))
             return {"tokenizer_file": path, "eos_token_id": eos, "pad_token_id": pad}
 
         name = f"{self.cfg.framework.name}-{Path(path).stem}-{key}"
-        return str(build_once(Path(self.cfg.cache_dir) / "tokenizers" / name, build))
+        return str(build_once(Path(self.cache_dir) / "tokenizers" / name, build))
 
     def recorded_special_ids(self) -> tuple:
         """``(eos, pad)`` token ids the checkpoint's run recorded (``None`` where it records none): OLMo-core's
@@ -358,13 +462,12 @@ class OlmoCoreFramework(Framework):
     def _tokenizer(self):
         from pretrain_exp.data.tokenize import load_tokenizer
 
-        return load_tokenizer(self.tokenizer_path, self.cfg.cache_dir)
+        return load_tokenizer(self.tokenizer_path, self.cache_dir)
 
     @property
     def loader_seed(self) -> int:
-        """OLMo-core data-loader seed giving the run's order: OLMo-core shuffles epoch ``e`` with
-        ``PCG64(seed + e)`` from ``e = 1``, the run's first epoch is ``PCG64(data.seed + data.first_epoch)``."""
-        return self.cfg.data.seed + self.cfg.data.first_epoch - 1
+        """OLMo-core data-loader seed giving the run's order (:func:`loader_seed`)."""
+        return loader_seed(self.data.seed, self.data.first_epoch)
 
     def initial_checkpoint(self) -> Checkpoint:
         """The checkpoint at ``model.checkpoint_step``; its trainer state (if any) must match the run's data
@@ -373,26 +476,11 @@ class OlmoCoreFramework(Framework):
         :raises CheckpointError: if its trainer state is at another step (or is refused by the safe loader).
         :raises ConfigError: if its data loader used another sequence length, batch size or seed.
         """
-        cfg, t = self.cfg, self.cfg.training
-        step = cfg.model.checkpoint_step
+        t, step = self.training, self.start_step
         state = check_train_state(self.model_dir)
         if state is not None:
-            if int(state["global_step"]) != step:
-                raise CheckpointError(f"model.checkpoint_step={step}, but {self.model_dir}/train/rank0.pt is at "
-                                      f"step {state['global_step']}")
-            dl = state.get("data_loader", {})
-            if dl.get("sequence_length", t.sequence_length) != t.sequence_length:
-                raise ConfigError("training.sequence_length", f"{t.sequence_length}, but the checkpoint's data "
-                                  f"loader used {dl['sequence_length']}")
-            if dl.get("batches_processed") and dl["tokens_processed"] // dl["batches_processed"] != (
-                    t.global_batch_size * t.sequence_length):
-                raise ConfigError("training.global_batch_size", f"{t.global_batch_size} rows, but the checkpoint's "
-                                  f"data loader took {dl['tokens_processed'] // dl['batches_processed']} tokens "
-                                  "per step")
-            if dl.get("seed", self.loader_seed) != self.loader_seed:
-                raise ConfigError("data.seed", f"{cfg.data.seed} (first_epoch {cfg.data.first_epoch}) gives "
-                                  f"OLMo-core seed {self.loader_seed}, but the checkpoint's data loader used "
-                                  f"seed {dl['seed']}")
+            check_trainer_state(state, self.model_dir, step, t.sequence_length, t.global_batch_size,
+                                self.loader_seed, self.data.seed, self.data.first_epoch)
         return OlmoCoreCheckpoint(self.model_dir, step, self._tokenizer)
 
     def latest_checkpoint(self) -> Optional[Checkpoint]:
@@ -413,7 +501,7 @@ class OlmoCoreFramework(Framework):
 
     def _train_module_entry(self, key: str) -> Optional[Any]:
         """``config.json`` ``train_module.<key>`` if ``framework.lr_schedule=checkpoint`` (else ``None``)."""
-        if self.cfg.framework.uses_run_lr_schedule():
+        if self.run_lr_schedule:
             return None
         return (self.experiment_config.get("train_module") or {}).get(key)
 
@@ -421,7 +509,7 @@ class OlmoCoreFramework(Framework):
     def peak_lr(self) -> float:
         """The learning rate the run's schedule scales (``training.learning_rate``); with the checkpoint's optimizer
         (:meth:`optim_config`) its own ``lr`` is the peak instead."""
-        return self.cfg.training.learning_rate
+        return self.training.learning_rate
 
     def optim_config(self):
         """The OLMo-core optimizer config: with ``framework.lr_schedule=checkpoint`` the checkpoint's own
@@ -436,7 +524,7 @@ class OlmoCoreFramework(Framework):
         raw = self._train_module_entry("optim")
         if raw is not None:
             return olmo_core_config(raw, OptimConfig, self.model_dir / "config.json", "train_module.optim")
-        t = self.cfg.training
+        t = self.training
         return AdamWConfig(lr=self.peak_lr, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay)
 
     @property
@@ -446,7 +534,7 @@ class OlmoCoreFramework(Framework):
         if self._train_module_entry("optim") is not None:
             value = self._train_module_entry("max_grad_norm")
             return None if value is None else float(value)
-        return self.cfg.training.max_grad_norm
+        return self.training.max_grad_norm
 
     @property
     def z_loss_multiplier(self) -> Optional[float]:
@@ -465,18 +553,18 @@ class OlmoCoreFramework(Framework):
         """
         from olmo_core.optim import Scheduler
 
-        t = self.cfg.training
+        t = self.training
         raw = self._train_module_entry("scheduler")
         if raw is not None:
             where = self.model_dir / "config.json"
             inner = olmo_core_config(raw, Scheduler, where, "train_module.scheduler")
             duration = (self.experiment_config.get("trainer") or {}).get("max_duration")
             return at_horizon(inner, duration, t.global_batch_size * t.sequence_length, where)
-        if not self.cfg.framework.uses_run_lr_schedule():
+        if not self.run_lr_schedule:
             log.info("the checkpoint records no train_module.scheduler (%s/config.json): LR schedule from "
                      "training.* (%s, peak %g) from step %d", self.model_dir, t.lr_scheduler, self.peak_lr,
-                     self.cfg.model.checkpoint_step)
-        return run_scheduler(t.lr_scheduler, t.warmup_steps, self.cfg.model.checkpoint_step)
+                     self.start_step)
+        return run_scheduler(t.lr_scheduler, t.warmup_steps, self.start_step)
 
     def dataset_config_kwargs(self) -> Dict[str, Any]:
         """Extra ``NumpyFSLDatasetConfig`` arguments: ``data.max_target_sequence_length`` (the checkpoint's with
@@ -491,8 +579,8 @@ class OlmoCoreFramework(Framework):
         from olmo_core.data import NumpyFSLDatasetConfig
 
         out: Dict[str, Any] = {}
-        if self.cfg.data.max_target_sequence_length is not None:
-            out["max_target_sequence_length"] = self.cfg.data.max_target_sequence_length
+        if self.data.max_target_sequence_length is not None:
+            out["max_target_sequence_length"] = self.data.max_target_sequence_length
         raw = self.experiment_config.get("dataset")
         if not raw:
             return out
@@ -512,46 +600,14 @@ class OlmoCoreFramework(Framework):
         return out
 
     def _dp_config(self, world: int, cuda: bool):
-        """Data parallelism over the torchrun ranks (OLMo-core's ``TransformerDataParallelConfig``) by
-        ``training.data_parallel``: ``auto`` is FSDP (bf16 params, fp32 reductions) on GPUs, as the OLMo recipes
-        shard a 7B model, and DDP on CPUs (gloo); ``hsdp`` shards within a node and replicates across nodes
-        (``shard_degree`` = ``training.nproc_per_node``, ``num_replicas`` = ``training.nnodes``); none for one
-        process, except ``fsdp`` on one GPU (over a one-process group, :func:`init_distributed`).
-
-        :raises ConfigError: (``training.data_parallel``) for ``hsdp`` whose shard degree does not divide the world.
-        """
-        from olmo_core.config import DType
-        from olmo_core.distributed.parallel import DataParallelType
-        from olmo_core.train.train_module import TransformerDataParallelConfig
-
-        t = self.cfg.training
-        sharded_one = world == 1 and t.data_parallel == "fsdp" and cuda and torch.distributed.is_initialized()
-        if world == 1 and not sharded_one:
-            return None
-        name = t.data_parallel if t.data_parallel != "auto" else ("fsdp" if cuda else "ddp")
-        if name == "ddp":
-            return TransformerDataParallelConfig(name=DataParallelType.ddp)
-        sharded = dict(param_dtype=DType.bfloat16 if cuda else None, reduce_dtype=DType.float32)
-        if name == "fsdp":
-            return TransformerDataParallelConfig(name=DataParallelType.fsdp, **sharded)
-        shard = t.nproc_per_node
-        if world % shard:
-            raise ConfigError("training.data_parallel", f"hsdp shards over the {shard} ranks of a node, which does "
-                              f"not divide the world size {world}")
-        return TransformerDataParallelConfig(name=DataParallelType.hsdp, shard_degree=shard,
-                                             num_replicas=world // shard, **sharded)
+        """:func:`data_parallel_config` of ``training.data_parallel`` and ``training.nproc_per_node``."""
+        return data_parallel_config(self.training.data_parallel, self.training.nproc_per_node, world, cuda)
 
     def _ac_config(self):
-        """OLMo-core's full activation checkpointing if ``training.activation_checkpointing`` (or its hf-style alias
-        ``training.gradient_checkpointing``), else ``None``."""
-        if not (self.cfg.training.activation_checkpointing or self.cfg.training.gradient_checkpointing):
-            return None
-        from olmo_core.train.train_module import (
-            TransformerActivationCheckpointingConfig,
-            TransformerActivationCheckpointingMode,
-        )
-
-        return TransformerActivationCheckpointingConfig(mode=TransformerActivationCheckpointingMode.full)
+        """:func:`activation_checkpointing_config` of ``training.activation_checkpointing`` (or its hf-style alias
+        ``training.gradient_checkpointing``)."""
+        return activation_checkpointing_config(self.training.activation_checkpointing
+                                               or self.training.gradient_checkpointing)
 
     def model_config(self, cuda: bool):
         """The checkpoint's ``TransformerConfig`` with the run's attention backend: on GPUs ``training.attention``
@@ -562,14 +618,14 @@ class OlmoCoreFramework(Framework):
         config = model_config(self.model_dir, cuda)
         mixer = config.block.sequence_mixer
         if cuda and mixer is not None and hasattr(mixer, "backend"):
-            mixer.backend = AttentionBackendName.flash_2 if self.cfg.training.attention == "flash" else (
+            mixer.backend = AttentionBackendName.flash_2 if self.training.attention == "flash" else (
                 AttentionBackendName.torch)
             if hasattr(mixer, "use_flash"):
                 mixer.use_flash = None
         return config
 
     def _rows_log(self, rank: int) -> Optional[Path]:
-        if not self.cfg.training.log_rows:
+        if not self.training.log_rows:
             return None
         path = self.rundir.rows_log(rank)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -593,7 +649,7 @@ class OlmoCoreFramework(Framework):
         kwargs.update(self.dataset_config_kwargs())
         return NumpyFSLDatasetConfig(
             dtype=NumpyDatasetDType(order.files.dtype.name),
-            paths=order.files.local_paths(), sequence_length=self.cfg.training.sequence_length,
+            paths=order.files.local_paths(), sequence_length=self.training.sequence_length,
             work_dir=str(self.work_dir), **kwargs,
         ).build()
 
@@ -648,14 +704,14 @@ class OlmoCoreFramework(Framework):
         from olmo_core.train.train_module import TransformerTrainModuleConfig
         from olmo_core.utils import seed_all
 
-        cfg, t = self.cfg, self.cfg.training
+        t = self.training
         dp_rank, world = rank(), world_size()
         cuda = torch.cuda.is_available()
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         bf16 = t.precision == Precision.bf16 or (
             t.precision == Precision.auto and cuda and torch.cuda.is_bf16_supported())
         L = t.sequence_length
-        seed_all(cfg.seed)
+        seed_all(self.cfg.seed)
         upstream.reset_world_mesh()  # one mesh per process in OLMo-core; every segment builds a new train module
         model = self.model_config(cuda).build(init_device="meta" if cuda else "cpu")
         train_module = TransformerTrainModuleConfig(
@@ -686,7 +742,7 @@ class OlmoCoreFramework(Framework):
         has_train_state = (Path(start.path) / "train" / "rank0.pt").is_file()
         has_optim_state = holds_optim_state(Path(start.path))
         callbacks = {
-            "pretrain_exp_start": StartAt(cfg.model.checkpoint_step, t.global_batch_size * L),
+            "pretrain_exp_start": StartAt(self.start_step, t.global_batch_size * L),
             "pretrain_exp_insertions": Insertions(rows, dp_rank, world, self._rows_log(dp_rank), noise_feed),
             "pretrain_exp_metrics": ForwardMetrics(log_fn),
             "pretrain_exp_config": SaveModelConfig(self.model_dir / "config.json", is_main_process()),
@@ -699,7 +755,7 @@ class OlmoCoreFramework(Framework):
             load_strategy=LoadStrategy.always,  # never train from scratch silently
             load_trainer_state=has_train_state,
             load_optim_state=has_optim_state,
-            max_duration=Duration.steps(cfg.model.checkpoint_step + t.num_steps),
+            max_duration=Duration.steps(self.start_step + t.num_steps),
             hard_stop=Duration.steps(until_step),
             metrics_collect_interval=1,
             device=str(device),
@@ -713,7 +769,7 @@ class OlmoCoreFramework(Framework):
         unless ``false``): the state is staged to CPU memory and written in the background; the next segment,
         the HF export (:class:`~pretrain_exp.frameworks.olmo_core.checkpoint.OlmoCoreCheckpoint`) and the evals go on
         meanwhile."""
-        return self.cfg.training.checkpoint_async is not False
+        return self.training.checkpoint_async is not False
 
     def train(self, start: Checkpoint, until_step: int, rows, log_fn: LogFn) -> Checkpoint:
         """Train from ``start`` to global step ``until_step`` (see :meth:`Framework.train`).
@@ -781,7 +837,7 @@ class OlmoCoreFramework(Framework):
 
         dp = self._dp_config(world_size(), torch.cuda.is_available())
         sharded = dp is not None and dp.name != DataParallelType.ddp
-        if sharded or self._ac_config() is not None or self.cfg.training.compile:
+        if sharded or self._ac_config() is not None or self.training.compile:
             return False  # wrapped blocks: OLMo-core's HF converter needs the plain module types
         names = set(self.model_config(torch.cuda.is_available()).build(init_device="meta").state_dict())
         return names == set(trainer.train_module.model.state_dict())
@@ -814,7 +870,7 @@ class OlmoCoreFramework(Framework):
             torch.distributed.barrier()
 
     def _trim_checkpoints(self, last: Checkpoint) -> None:
-        keep = self.cfg.training.keep_last_checkpoints
+        keep = self.training.keep_last_checkpoints
         if keep <= 0 or not is_main_process():
             return
         found = self.rundir.checkpoint_dirs(RunDir.OLMO_CORE_CHECKPOINT)
