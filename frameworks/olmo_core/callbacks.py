@@ -132,8 +132,8 @@ class SegmentCheckpointer(CheckpointerCallback):
     def _save_checkpoint(self, save_async: Optional[bool] = None, ephemeral: bool = False) -> str:
         """OLMo-core's save, and the metric ``checkpoint/hold_s``: the seconds it held the training loop (the whole
         write when synchronous; waiting for the previous save plus staging to CPU memory when asynchronous).
-        Overrides OLMo-core's private save (:data:`upstream.MEMBERS <pretrain_exp.frameworks.olmo_core.upstream.
-        MEMBERS>` checks its name and parameters), which the callback's own interval saves call too."""
+        Overrides OLMo-core's private save (:data:`~pretrain_exp.frameworks.olmo_core.upstream.MEMBERS` checks its
+        name and parameters), which the callback's own interval saves call too."""
         from olmo_core.train.common import ReduceType
 
         t0 = time.perf_counter()
