@@ -6,9 +6,10 @@ global-indices file and per-instance reads (the verifier's :meth:`peek_rows
 :mod:`~pretrain_exp.frameworks.olmo_core.global_indices`), the dataset config's path resolution (a checkpoint's
 token files), the process-wide device mesh (reset before each segment's train module) and the checkpointer
 callback's bookkeeping (the segment-end save left running,
-:class:`~pretrain_exp.frameworks.olmo_core.callbacks.SegmentCheckpointer`). :data:`MEMBERS` lists each one with its owner, what it must look like and what it is used for;
-every accessor below checks its member before use and raises :class:`OlmoCoreChanged` naming the member and the
-installed OLMo-core version if an upgrade moved or changed it. :func:`check` / :func:`problems` check them all at
+:class:`~pretrain_exp.frameworks.olmo_core.callbacks.SegmentCheckpointer`). :data:`MEMBERS` lists each one with
+its owner, what it must look like and what it is used for; every accessor below checks its member before use and
+raises :class:`OlmoCoreChanged` naming the member and the installed OLMo-core version if an upgrade moved or
+changed it. :func:`check` / :func:`problems` check them all at
 once (the framework does when it is built; ``tests/unit/frameworks/olmo_core/test_upstream.py`` has a test per
 member). Tested with ai2-olmo-core :data:`TESTED_WITH` (the version ``pyproject.toml`` pins).
 """
