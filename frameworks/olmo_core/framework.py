@@ -298,7 +298,8 @@ class OlmoCoreFramework(Framework):
         self._rng: Optional[dict] = None  #: the RNG states at the end of the last segment (its checkpoint's)
         self._saving = None  #: the checkpointer callback of the last fit (its save may still be running)
 
-    # --- what this framework reads of the run config, typed (the methods below read nothing else of it) ----------
+    # --- what this framework reads of the run config, typed (besides these, only model.tokenizer, framework.name
+    # and seed are read, where they are used) ---------------------------------------------------------------------
     @property
     def training(self) -> TrainingConf:
         """The run's ``training`` settings."""
