@@ -100,13 +100,15 @@ def greedy_decode(model: Any, prompts: torch.Tensor, steps: int) -> torch.Tensor
     mask = torch.ones_like(ids)
     # the prompt's last position only through the LM head, as ``generate`` does (``logits_to_keep``, where the
     # model takes it): the other prompt positions' logits are never read
-    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    params = inspect.signature(model.forward).parameters
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+    cache = "cache" if "cache" in params else "past_key_values"  # transformers 5 renamed it (the old name warns)
     out = model(input_ids=ids, attention_mask=mask, use_cache=True, **keep)
     generated = [out.logits[:, -1].argmax(dim=-1)]
     for _ in range(steps - 1):
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-        out = model(input_ids=generated[-1][:, None], attention_mask=mask,
-                    past_key_values=out.past_key_values, use_cache=True)
+        out = model(input_ids=generated[-1][:, None], attention_mask=mask, use_cache=True,
+                    **{cache: getattr(out, cache)})
         generated.append(out.logits[:, -1].argmax(dim=-1))
     return torch.stack(generated, dim=1).cpu()
 

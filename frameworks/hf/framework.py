@@ -28,6 +28,7 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
+    PrinterCallback,
     SchedulerType,
     Trainer,
     TrainerCallback,
@@ -70,6 +71,16 @@ class _OrderedTrainer(Trainer):
     def _get_train_sampler(self, *args, **kwargs):
         return self.sampler
 
+    def _issue_warnings_after_load(self, load_result) -> None:
+        """The Trainer's warning about keys missing from a resumed checkpoint, without the ones the model ties
+        (:func:`tied_missing_keys`: ``lm_head.weight`` of a model with ``tie_word_embeddings``, which
+        ``save_pretrained`` leaves out); those are logged at DEBUG."""
+        tied = tied_missing_keys(self.model, load_result.missing_keys)
+        if tied:
+            log.debug("not in the checkpoint, tied to the input embeddings (tie_word_embeddings): %s", tied)
+            load_result = load_result._replace(missing_keys=[k for k in load_result.missing_keys if k not in tied])
+        super()._issue_warnings_after_load(load_result)
+
     def compute_loss(self, model, inputs, *args, **kwargs):
         """Pop the rows' training-order indices (``row_index``, LongTensor ``(b,)``) before the model sees the
         batch, start the noise feed with them, then compute the loss as ``Trainer`` does."""
@@ -81,6 +92,23 @@ class _OrderedTrainer(Trainer):
             return super().compute_loss(model, inputs, *args, **kwargs)
         finally:
             self.noise.stop()
+
+
+def tied_missing_keys(model, missing) -> list:
+    """The keys of ``missing`` (parameter names absent from a loaded state dict) whose absence loses nothing: the
+    output embeddings' weight (``lm_head.weight``) of a model whose config ties it to the input embeddings
+    (``tie_word_embeddings``; ``save_pretrained`` leaves it out) and which is in fact the very tensor of the input
+    embeddings.
+
+    :returns: those keys, in ``missing``'s order; ``[]`` for a model that does not tie its embeddings.
+    """
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    out, inp = model.get_output_embeddings(), model.get_input_embeddings()
+    if (not getattr(config, "tie_word_embeddings", False) or out is None or inp is None
+            or out.weight.data_ptr() != inp.weight.data_ptr()):
+        return []
+    names = {f"{name}.weight" for name, m in model.named_modules(remove_duplicate=False) if m is out}
+    return [k for k in missing if k in names]
 
 
 class _Segment(TrainerCallback):
@@ -210,7 +238,7 @@ class HFFramework(Framework):
             seed=self.cfg.seed,
             dataloader_num_workers=0,
             remove_unused_columns=False,
-            disable_tqdm=False,
+            disable_tqdm=True,  # the run logs one line per step (pretrain_exp.app.experiment) and draws the bar
         )
 
     def train(self, start: Checkpoint, until_step: int, rows, log_fn: LogFn) -> Checkpoint:
@@ -233,6 +261,7 @@ class HFFramework(Framework):
             callbacks=[_Segment(until_step - s0, s0, t.global_batch_size * t.sequence_length, log_fn)]
             + ([CsvLog(self.rundir.trainer_log, s0)] if "csv" in t.report_to else []),
             sampler=self.sampler(world_size()), noise=noise)
+        trainer.remove_callback(PrinterCallback)  # its raw loss dicts: metrics.jsonl and the run's step lines
         log.info("training steps %d -> %d (%s)", start.step, until_step, "resumed" if resume else "fresh")
         try:
             trainer.train(resume_from_checkpoint=str(resume) if resume else None)

@@ -14,6 +14,12 @@ plan is removed (in a sweep the job dir is kept and the error logged to its ``pr
 ``python -m pretrain_exp.report``). The last line of a successful run is ``run dir: <absolute path>``.
 A run dir in use by another process is refused (:mod:`pretrain_exp.core.runlock`), and no credential reaches a log
 line or a file of the run dir (:mod:`pretrain_exp.core.secrets`).
+
+The console shows the project's lines (plan, audit, one line per logged training step, evals, the results table,
+errors); the engines' detail (OLMo-core's, the HF Trainer's, transformers', lm-eval's records, Python warnings)
+goes to the run dir's ``pretrain_exp.log`` (:mod:`pretrain_exp.core.logs`). ``-v`` / ``--verbose`` (the key
+``verbose=true``) puts it on the console too; Hydra's ``hydra.verbose=true`` (or ``=[olmo_core]``, logger names)
+adds DEBUG records.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from pretrain_exp.app.config import register_configs
 from pretrain_exp.app.validate import to_config
 from pretrain_exp.core.errors import PretrainExpError
 from pretrain_exp.core.io import write_text
+from pretrain_exp.core.logs import run_logging
 from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.core.runlock import RunDirLock
 from pretrain_exp.core.secrets import install_log_redaction, redact, redact_obj
@@ -85,6 +92,9 @@ def main() -> None:
     from pretrain_exp.app.hydra_errors import exit_on_hydra_error
 
     global _set_full_error
+    verbose_flags = ("-v", "--verbose")
+    if any(a in verbose_flags for a in sys.argv[1:]):  # Hydra's parser has no -v: it becomes the key verbose=true
+        sys.argv = [sys.argv[0], *(a for a in sys.argv[1:] if a not in verbose_flags), "verbose=true"]
     ours = _set_full_error = "HYDRA_FULL_ERROR" not in os.environ
     if ours:  # Hydra re-raises composition errors instead of printing its own multi-line report and exiting 1
         os.environ["HYDRA_FULL_ERROR"] = "1"
@@ -107,13 +117,24 @@ def _main(cfg: DictConfig) -> None:
         os.environ.pop("HYDRA_FULL_ERROR", None)
     from hydra.types import RunMode
 
+    run_dir = Path(cfg.run_dir).resolve()
+    fresh = not RunDir(run_dir).config.exists()
+    sweep = HydraConfig.get().mode == RunMode.MULTIRUN
+    verbose = bool(cfg.get("verbose")) or bool(HydraConfig.get().verbose)
+    with run_logging(RunDir(run_dir).log_file, verbose=verbose):  # hydra/job_logging: none (conf/config.yaml)
+        _run(cfg, run_dir, fresh, sweep)
+    print(f"run dir: {run_dir}")
+
+
+def _run(cfg: DictConfig, run_dir: Path, fresh: bool, sweep: bool) -> None:
+    """The job of :func:`_main` in the run dir ``run_dir`` (``fresh``: it held no run; ``sweep``: a job of a
+    multirun); an error of the user's making exits with status 2."""
+    from hydra.core.hydra_config import HydraConfig
+
     from pretrain_exp.app.cpdt import run_cpdt
     from pretrain_exp.app.experiment import check_same_run
     from pretrain_exp.app.launch import job_nodes, launch
 
-    run_dir = Path(cfg.run_dir).resolve()
-    fresh = not RunDir(run_dir).config.exists()
-    sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     if fresh:  # a new run dir has nothing to protect; its .hydra/ lets the sweep report list a job that fails
         save_hydra_files(cfg, run_dir)
     try:
@@ -141,7 +162,6 @@ def _main(cfg: DictConfig) -> None:
             shutil.rmtree(run_dir, ignore_errors=True)
         print(f"error: {redact(_one_line(e))}", file=sys.stderr)
         sys.exit(2)
-    print(f"run dir: {run_dir}")
 
 
 if __name__ == "__main__":

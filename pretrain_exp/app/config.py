@@ -48,6 +48,9 @@ class ExperimentConfig:
     run_dir: Optional[str] = MISSING  #: the experiment directory (Hydra's output dir; None only in --cfg)
     cache_dir: str = MISSING  #: asset and token-file cache
     cpdt: CpdtConf = field(default_factory=CpdtConf)
+    #: the console shows everything the run dir's ``pretrain_exp.log`` gets (the engines' INFO records, warnings,
+    #: progress bars); ``-v`` sets it (:mod:`pretrain_exp.core.logs`)
+    verbose: bool = False
 
 
 def register_configs() -> None:

@@ -8,7 +8,8 @@ Hydra as for ``pretrain-exp`` (same options, same one-line errors). Every checkp
 of ``--steps``; results go to the run's ``evals/step<N>/<task>.json`` (a task already there is kept unless
 ``--redo``), then ``results.json``, its tables and plots are rewritten and the table printed. Evals run in this
 process (``eval.mode=inline``). Exit status 2 with one ``error:`` line for bad input (not a run dir, a
-non-eval override, a step without a checkpoint).
+non-eval override, a step without a checkpoint). The engines' detail goes to the run's ``pretrain_exp.log``
+(appended), and with ``-v`` to the console too (:mod:`pretrain_exp.core.logs`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from pretrain_exp.core.errors import ConfigError, PretrainExpError
+from pretrain_exp.core.logs import run_logging
 from pretrain_exp.core.rundir import RunDir
 
 log = logging.getLogger("pretrain_exp")
@@ -82,10 +84,6 @@ def evaluate_run(run_dir: Path, overrides: List[str], steps: Optional[List[int]]
 
 def main(argv: Optional[List[str]] = None) -> None:
     """The command line (module docstring)."""
-    from hydra.errors import HydraException
-
-    from pretrain_exp.app.hydra_errors import exit_on_hydra_error
-    from pretrain_exp.core.secrets import redact
     from pretrain_exp.report.summary import print_table
 
     ap = argparse.ArgumentParser(prog="pretrain-exp-eval", description=__doc__.split("\n\n")[0],
@@ -95,22 +93,37 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("overrides", nargs="*", help="eval (and wandb) overrides, as for pretrain-exp")
     ap.add_argument("--steps", help="comma-separated global steps to evaluate (default: every checkpoint held)")
     ap.add_argument("--redo", action="store_true", help="re-run tasks already saved for a step")
+    ap.add_argument("-v", "--verbose", action="store_true",
+                    help="the engines' logs and warnings on the console too (always in the run dir's log file)")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    run_dir = Path(args.run_dir).resolve()
+    rundir = RunDir(run_dir)
+    log_file = rundir.log_file if rundir.config.is_file() else None  # appended to
+    with run_logging(log_file, verbose=args.verbose):
+        results = _evaluate(args)
+    print_table(results)
+    print(f"run dir: {run_dir}")
+
+
+def _evaluate(args: argparse.Namespace) -> dict:
+    """:func:`evaluate_run` for the parsed command line; an error exits (one line, status 2)."""
+    from hydra.errors import HydraException
+
+    from pretrain_exp.app.hydra_errors import exit_on_hydra_error
+    from pretrain_exp.core.secrets import redact
+
     try:
         try:
             steps = [int(s) for s in args.steps.split(",")] if args.steps else None
         except ValueError:
             raise ConfigError("--steps", f"must be comma-separated integers, got {args.steps!r}") from None
-        results = evaluate_run(args.run_dir, args.overrides, steps, args.redo)
+        return evaluate_run(args.run_dir, args.overrides, steps, args.redo)
     except HydraException as e:
         exit_on_hydra_error(e)
     except PretrainExpError as e:
         msg = " | ".join(ln.strip() for ln in str(e).splitlines() if ln.strip())
         print(f"error: {redact(msg)}", file=sys.stderr)
         sys.exit(2)
-    print_table(results)
-    print(f"run dir: {Path(args.run_dir).resolve()}")
 
 
 if __name__ == "__main__":

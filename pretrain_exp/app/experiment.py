@@ -46,12 +46,14 @@ from omegaconf import OmegaConf
 
 from pretrain_exp.app import async_eval
 from pretrain_exp.app.config import ExperimentConfig
+from pretrain_exp.app.console import segment_lines
 from pretrain_exp.app.run_name import MUTABLE_KEYS  # noqa: F401  (re-exported: the keys a re-run may change)
 from pretrain_exp.app.tracking import NullTracker, Tracker, config_dict
 from pretrain_exp.core.config import DEFAULT_HELD_OUT_ROWS, Cleanup, EvalMode, ExportHF
 from pretrain_exp.core.distributed import barrier, init_process_group, is_main_process, world_size
 from pretrain_exp.core.errors import CheckpointError, ConfigError, InsertionError, PretrainExpError, TrainingError
 from pretrain_exp.core.io import disk_full_error, is_disk_full, write_json, write_text
+from pretrain_exp.core.logs import phase_progress
 from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.core.secrets import redact_obj
 from pretrain_exp.data.hf_dataset import tokenize_dataset
@@ -359,17 +361,20 @@ class Experiment:
                                   self.cfg.eval.batch_size,
                                   self.cfg.eval.bootstrap_samples, self.cfg.seed, self.cfg.cache_dir,
                                   row_tokens=self.rows.row, insertion=self.cfg.insertion)
-                for name, task in mine.items():
-                    t0 = time.perf_counter()
-                    with sharded() if distributed and EVALS[task.type].sharded else contextlib.nullcontext():
-                        res: EvalResult = run_eval(task, ctx)
-                    if not self.main:
-                        continue
-                    rec = {"task": name, "type": task.type, "step": ckpt.step, **asdict(res),
-                           "seconds": time.perf_counter() - t0}
-                    write_json(self.rundir.evals(ckpt.step, name), rec)
-                    tracker.log({f"eval/{name}/{k}": v for k, v in res.metrics.items()}, ckpt.step)
-                    results[name] = rec
+                with phase_progress(f"evaluating step {ckpt.step}", len(mine), enabled=None if self.main else False
+                                    ) as progress:
+                    for done, (name, task) in enumerate(mine.items(), 1):
+                        t0 = time.perf_counter()
+                        with sharded() if distributed and EVALS[task.type].sharded else contextlib.nullcontext():
+                            res: EvalResult = run_eval(task, ctx)
+                        if not self.main:
+                            continue
+                        rec = {"task": name, "type": task.type, "step": ckpt.step, **asdict(res),
+                               "seconds": time.perf_counter() - t0}
+                        write_json(self.rundir.evals(ckpt.step, name), rec)
+                        tracker.log({f"eval/{name}/{k}": v for k, v in res.metrics.items()}, ckpt.step)
+                        results[name] = rec
+                        progress(done)
                 del model, ctx
         return results if self.main else {}
 
@@ -565,10 +570,14 @@ class Experiment:
         return results
 
     def _train_segment(self, start: Checkpoint, until_step: int, tracker) -> Checkpoint:
-        """One segment of training; a full disk (which a retry cannot fix) is a :class:`StorageError` naming the
-        checkpoint being written."""
+        """One segment of training, one console line per logged step (and a progress bar) on the main process
+        (:mod:`pretrain_exp.app.console`); a full disk (which a retry cannot fix) is a :class:`StorageError` naming
+        the checkpoint being written."""
         try:
-            return self.framework.train(start, until_step, self.rows, tracker.log)
+            if not self.main:
+                return self.framework.train(start, until_step, self.rows, tracker.log)
+            with segment_lines(tracker.log, start.step, until_step, self.start_step + self.num_steps) as log_fn:
+                return self.framework.train(start, until_step, self.rows, log_fn)
         except Exception as e:
             if isinstance(e, PretrainExpError) or not is_disk_full(e):
                 raise

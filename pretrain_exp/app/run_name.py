@@ -23,7 +23,7 @@ MUTABLE_KEYS = ("eval.", "wandb.", "release.", "run_dir", "cache_dir", "name", "
                 "insertion.verify", "insertion.audit",
                 "training.max_retries", "training.retry_base_delay_s", "training.num_threads", "training.cleanup",
                 "training.keep_last_checkpoints", "training.export_hf", "training.report_to",
-                "training.gradient_checkpointing")
+                "training.gradient_checkpointing", "verbose")
 #: override keys already spelled in the plain name, or not about what is trained (groups included)
 _NOT_IN_SUFFIX = ("seed", "model.checkpoint_step", "experiment", "eval", "wandb", "release", "hydra", "local",
                   "sweep")

@@ -1,8 +1,11 @@
 """Worker entry point, without Hydra: ``python -m pretrain_exp.app.worker <run_dir>/config.resolved.yaml``.
 
 torchrun starts one of these per rank (see :mod:`pretrain_exp.app.launch`); each loads the resolved config, and
-runs the experiment; rank 0 alone writes files, logs metrics and runs evals. Rank 0 logs at INFO, the other
-ranks at WARNING. Exit status 2 with one line on stderr for an error of the user's making.
+runs the experiment; rank 0 alone writes files, logs metrics and runs evals. Rank 0's console shows what the
+launching process's does and its records go to the run dir's ``pretrain_exp.log`` as well
+(:func:`~pretrain_exp.core.logs.run_logging`, ``verbose`` from the config); the other ranks log warnings and errors
+only (torchrun's ``--log-dir`` keeps their output). Exit status 2 with one line on stderr for an error of the
+user's making.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Callable, List, Optional
 from pretrain_exp.app.validate import load_resolved
 from pretrain_exp.core.distributed import is_main_process, rank
 from pretrain_exp.core.errors import PretrainExpError
+from pretrain_exp.core.logs import run_logging
 from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.core.secrets import install_log_redaction, redact
 
@@ -25,11 +29,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"usage: python -m pretrain_exp.app.worker <{RunDir.CONFIG}>", file=sys.stderr)
         return 2
     install_log_redaction()
-    logging.basicConfig(level=logging.INFO if is_main_process() else logging.WARNING,
-                        format=f"[%(asctime)s][rank {rank()}][%(name)s][%(levelname)s] - %(message)s")
     from pretrain_exp.app.experiment import run
 
-    return exit_status(lambda: run(load_resolved(argv[0])))
+    def go() -> None:
+        cfg = load_resolved(argv[0])
+        main_rank = is_main_process()
+        with run_logging(RunDir(cfg.run_dir).log_file if main_rank else None, verbose=cfg.verbose,
+                         console_level=logging.INFO if main_rank else logging.WARNING,
+                         fmt=f"[%(asctime)s][rank {rank()}][%(name)s][%(levelname)s] - %(message)s"):
+            run(cfg)
+
+    return exit_status(go)
 
 
 def exit_status(fn: Callable[[], object]) -> int:

@@ -27,6 +27,7 @@ from typing import List
 from pretrain_exp.core.commands import prog
 from pretrain_exp.core.errors import DataError, PretrainExpError
 from pretrain_exp.core.io import default_mode, file_lock
+from pretrain_exp.core.logs import phase_progress
 from pretrain_exp.core.secrets import install_log_redaction, redact
 from pretrain_exp.data.assets import (
     ASSETS,
@@ -163,8 +164,6 @@ def _tokenize_into(out: Path, source: str, tokenizer, cache_dir, text_key: str, 
 
 
 def _write_files(docs, tokenizer, out: Path, dtype, eos: int, progress: bool, source: str):
-    from rich.progress import Progress
-
     files: List[str] = []
     batch: List[List[int]] = []
     total = batch_tokens = 0
@@ -176,8 +175,7 @@ def _write_files(docs, tokenizer, out: Path, dtype, eos: int, progress: bool, so
         files.append(name)
         batch, batch_tokens = [], 0
 
-    with Progress(disable=not progress, transient=True) as bar:
-        task = bar.add_task(f"tokenizing {source}", total=len(docs))
+    with phase_progress(f"tokenizing {source}", len(docs), enabled=None if progress else False) as done:
         for i in range(0, len(docs), 16):
             chunk = [text for _, text in docs[i:i + 16]]
             try:
@@ -189,7 +187,7 @@ def _write_files(docs, tokenizer, out: Path, dtype, eos: int, progress: bool, so
                 batch_tokens += len(ids) + 1
                 if batch_tokens >= MAX_TOKENS_PER_FILE:
                     flush()
-            bar.advance(task, len(chunk))
+            done(i + len(chunk))
     if batch:
         flush()
     return files, total

@@ -25,7 +25,6 @@ import hashlib
 import itertools
 import logging
 import math
-import sys
 import time
 import zlib
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ import numpy as np
 
 from pretrain_exp.core.errors import ConfigError, DataError, InsertionError
 from pretrain_exp.core.io import read_jsonl
+from pretrain_exp.core.logs import phase_progress
 from pretrain_exp.insertion.schema import EosPolicy, InsertionExperimentConf, PlacementKind, parse_repetitions
 
 __all__ = ["Item", "ItemSet", "LoadContext", "RawItem", "apply_eos", "apply_eos_csr", "assign_dup_counts",
@@ -189,14 +189,11 @@ def encode_texts(texts: Sequence[str], tokenizer, what: str, batch: Optional[int
     :raises DataError: if the tokenizer raises on a text, naming its source (or index), a prefix of the text and
         the tokenizer's error.
     """
-    from rich.progress import Progress
-
     batch = batch or ENCODE_BATCH
     parts: List[np.ndarray] = []
     lengths = np.empty(len(texts), dtype=np.int64)
     t0 = time.perf_counter()
-    with Progress(transient=True, disable=not sys.stderr.isatty()) as bar:
-        task = bar.add_task(f"tokenizing {what}", total=len(texts))
+    with phase_progress(f"tokenizing {what}", len(texts)) as progress:
         for a in range(0, len(texts), batch):
             try:
                 enc = tokenizer(list(texts[a:a + batch]), add_special_tokens=False, verbose=False)["input_ids"]
@@ -205,7 +202,7 @@ def encode_texts(texts: Sequence[str], tokenizer, what: str, batch: Optional[int
             lengths[a:a + len(enc)] = [len(e) for e in enc]
             parts.append(np.fromiter(itertools.chain.from_iterable(enc), dtype=np.int64,
                                      count=int(lengths[a:a + len(enc)].sum())))
-            bar.advance(task, len(enc))
+            progress(a + len(enc))
     ids = np.concatenate(parts) if parts else np.empty(0, np.int64)
     dt = time.perf_counter() - t0
     log.info(f"{what}: tokenized {len(texts):,} texts, {ids.size:,} tokens in {dt:.1f} s "

@@ -1,4 +1,5 @@
-"""The entry point in process: a failed fresh run leaves no run dir; a failed re-run keeps the existing one."""
+"""The entry point in process: a failed fresh run leaves no run dir; a failed re-run keeps the existing one; the
+engines' detail goes to the run's log file, and with -v to the console too."""
 
 from __future__ import annotations
 
@@ -60,3 +61,46 @@ def test_failed_rerun_keeps_existing_run_dir(monkeypatch, tmp_path, capsys):
     assert code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: insertion: holds the plan")
     assert (run_dir / "plan.npz").is_file() and (run_dir / "config.resolved.yaml").is_file()
+
+
+def _run_in_process(monkeypatch, tmp_path, argv, fake_run) -> None:
+    """As :func:`_main_in_process`, for a run that succeeds (Hydra returns without exiting)."""
+    import pretrain_exp.app.experiment as experiment
+
+    monkeypatch.setattr(experiment, "run", fake_run)
+    monkeypatch.setenv("PRETRAIN_EXP_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setattr(sys, "argv", ["pretrain_exp", *argv])
+    try:
+        runpy.run_module("pretrain_exp", run_name="__main__")
+    finally:
+        GlobalHydra.instance().clear()
+
+
+@pytest.mark.parametrize("flag", [[], ["-v"], ["verbose=true"], ["hydra.verbose=[olmo_core]"]])
+def test_engine_detail_goes_to_the_log_file_and_with_v_to_the_console(monkeypatch, tmp_path, capsys, flag):
+    """The engines' INFO records (OLMo-core's callback order, its model repr) land in the run dir's
+    ``pretrain_exp.log`` only; ``-v`` (= ``verbose=true``), or Hydra's ``hydra.verbose``, shows them on the console
+    too. The project's lines and the last line (``run dir: ...``) are on the console either way."""
+    import logging
+
+    seen = {}
+
+    def fake_run(cfg):
+        seen["verbose"] = cfg.verbose
+        logging.getLogger("pretrain_exp.app.experiment").info("plan: 16 items, 84 insertions")
+        logging.getLogger("olmo_core.train.trainer").info("Callback order:")
+        logging.getLogger("olmo_core.nn.transformer.config").debug("Transformer(...) debug detail")
+        return {}
+
+    run_dir = tmp_path / "runs" / "r"
+    try:
+        _run_in_process(monkeypatch, tmp_path, ["experiment=tiny", f"hydra.run.dir={run_dir}", *flag], fake_run)
+    finally:
+        logging.getLogger("olmo_core").setLevel(logging.NOTSET)  # hydra.verbose set it for this process
+    out = capsys.readouterr().out
+    assert seen["verbose"] is (flag in (["-v"], ["verbose=true"]))
+    assert "plan: 16 items" in out and out.strip().splitlines()[-1] == f"run dir: {run_dir.resolve()}"
+    assert ("Callback order:" in out) is bool(flag)
+    log = (run_dir / "pretrain_exp.log").read_text()
+    assert "plan: 16 items" in log and "][olmo_core.train.trainer][INFO] - Callback order:" in log
+    assert ("Transformer(...) debug detail" in log) is (flag == ["hydra.verbose=[olmo_core]"])  # Hydra's DEBUG

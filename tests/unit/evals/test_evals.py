@@ -160,6 +160,25 @@ def test_greedy_decode_matches_uncached_decoding():
         assert o == naive_greedy(model, p, 6)
 
 
+def test_greedy_decode_uses_the_current_cache_argument(caplog):
+    """The KV cache goes back in under the name the model's ``forward`` takes now (transformers 5: ``cache``), so
+    decoding raises no deprecation warning (it used to print a ``past_key_values`` FutureWarning at every eval)."""
+    import logging
+    import warnings
+
+    model = tiny_model(2)
+    caplog.set_level(logging.WARNING)
+    transformers_logger = logging.getLogger("transformers")
+    propagate, transformers_logger.propagate = transformers_logger.propagate, True  # its records into caplog
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            greedy_decode(model, torch.tensor([[EOS, 5, 9, 77]]), 4)
+    finally:
+        transformers_logger.propagate = propagate
+    assert not [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
+
+
 def test_memorization_matched_length_and_skipping():
     model = tiny_model(2)
     P = 4

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -92,6 +93,33 @@ def test_resume_after_a_crash_mid_segment_is_bit_identical(tmp_path, monkeypatch
     rb = json.loads((tmp_path / "b" / "results.json").read_text())
     assert ra["per_dup"] == rb["per_dup"]
     assert sorted(ra["by_step"]) == ["2", "4", "6"]
+
+
+def test_resumed_segment_reports_only_keys_genuinely_missing(tmp_path, caplog, tiny_model_dir):
+    """``tiny_llama`` ties its embeddings (``tie_word_embeddings``), so its checkpoints hold no ``lm_head.weight``:
+    resuming from one does not report it as missing, while a key really missing from the checkpoint still is."""
+    from safetensors.torch import save_file
+
+    assert transformers.AutoConfig.from_pretrained(tiny_model_dir).tie_word_embeddings
+    cfg = make_config(*TINY, "training.num_steps=4", "training.checkpoint_interval=1", run_dir=tmp_path)
+    exp = Experiment(cfg)
+    fw, rows = exp.framework, exp.rows
+    ckpt = fw.train(fw.initial_checkpoint(), 1, rows, lambda m, s: None)
+    state = load_file(str(ckpt.path / "model.safetensors"))
+    assert "lm_head.weight" not in state  # the premise: save_pretrained leaves the tied weight out
+    del state["model.norm.weight"]  # and this checkpoint really lacks a weight
+    save_file(state, str(ckpt.path / "model.safetensors"), metadata={"format": "pt"})
+    caplog.set_level(logging.DEBUG)
+    lib = logging.getLogger("transformers")
+    propagate, lib.propagate = lib.propagate, True  # the Trainer's warnings into caplog
+    try:
+        fw.train(ckpt, 2, rows, lambda m, s: None)
+    finally:
+        lib.propagate = propagate
+    missing = [r.getMessage() for r in caplog.records if "missing keys" in r.getMessage()]
+    assert missing and all(m.endswith("loaded: ['model.norm.weight'].") for m in missing), missing
+    assert any("tied to the input embeddings" in r.getMessage() and "lm_head.weight" in r.getMessage()
+               for r in caplog.records if r.levelno == logging.DEBUG)  # the run's log file keeps it
 
 
 def test_retries_back_off_exponentially_with_jitter():

@@ -1,0 +1,228 @@
+"""What a run prints and what it keeps: the console, and the run dir's log file ``pretrain_exp.log``.
+
+- **The log file** (the run dir's ``pretrain_exp.log``, :attr:`RunDir.log_file
+  <pretrain_exp.core.rundir.RunDir.log_file>`) gets every record: the project's own from DEBUG, the engines' from
+  INFO (OLMo-core's model repr, parameter groups, callback order and per-step metric blocks; the HF Trainer's,
+  transformers', datasets' and lm-eval's records; torch.distributed's) and Python warnings, captured as records of
+  the ``py.warnings`` logger.
+- **The console** (stdout) shows the lines that matter: the project's own INFO records (plan, audit, verification,
+  one line per logged training step, evals, the HF export, errors) and Hydra's, and the engines' warnings and errors
+  except the known-harmless ones in :data:`HARMLESS` (those go to the file only). With ``verbose`` (``-v``,
+  ``verbose=true``) the console shows everything the file gets, and the engines' own progress bars.
+
+Libraries that print through a handler of their own (:data:`OWN_HANDLERS`: transformers, datasets,
+huggingface_hub, lm-eval) are routed to the root logger, so their records reach the file and pass the same filter.
+The format is Hydra's (``[time][logger][LEVEL] - message``). A phase (training a segment, evaluating a step) shows
+one transient rich progress bar on a terminal (:func:`phase_progress`); log lines print above it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import logging
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+#: Hydra's job log format
+FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
+#: loggers whose INFO records reach the console (with their children); every other logger's from WARNING
+CONSOLE_INFO = ("pretrain_exp", "hydra", "__main__")
+#: libraries that print through a handler of their own instead of the root logger's
+OWN_HANDLERS = ("transformers", "datasets", "huggingface_hub", "lm_eval")
+
+
+@dataclass(frozen=True)
+class Harmless:
+    """An engine warning that says nothing about the run: logged to the file, kept off the console.
+
+    :param logger: logger name (or a parent's: ``torch`` covers ``torch.distributed``); ``py.warnings`` for Python
+        warnings.
+    :param pattern: regular expression searched in the formatted message.
+    :param why: why it is harmless here.
+    """
+
+    logger: str
+    pattern: str
+    why: str
+
+    def matches(self, record: logging.LogRecord) -> bool:
+        return _under(record.name, (self.logger,)) and re.search(self.pattern, record.getMessage()) is not None
+
+
+#: the engines' known-harmless warnings (file only)
+HARMLESS = (
+    Harmless("py.warnings", r"torch\.distributed is disabled, unavailable or uninitialized, assuming the intent is "
+             r"to (load|save) in a single process",
+             "a one-process OLMo-core run reads and writes its checkpoints with torch.distributed.checkpoint without "
+             "a process group, as intended"),
+    Harmless("olmo_core", r"transformer_engine unavailable",
+             "the project never selects OLMo-core's Transformer Engine attention backend"),
+    Harmless("transformers", r"tokenizer has new PAD/BOS/EOS tokens that differ from the model config",
+             "the Trainer copies the tokenizer's pad id into the model config; the run's rows are never padded"),
+)
+
+_project = logging.getLogger("pretrain_exp")
+
+
+def _under(name: str, roots: tuple) -> bool:
+    return any(name == r or name.startswith(r + ".") for r in roots)
+
+
+def is_harmless(record: logging.LogRecord) -> bool:
+    """Whether ``record`` is one of :data:`HARMLESS`."""
+    return any(h.matches(record) for h in HARMLESS)
+
+
+class ConsoleFilter(logging.Filter):
+    """The console's filter (module docstring): the INFO records of :data:`CONSOLE_INFO`, every other logger's from
+    WARNING unless :func:`is_harmless`; everything when ``verbose``."""
+
+    def __init__(self, verbose: bool = False):
+        super().__init__()
+        self.verbose = bool(verbose)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.verbose:
+            return True
+        if _under(record.name, CONSOLE_INFO):
+            return record.levelno >= logging.INFO
+        return record.levelno >= logging.WARNING and not is_harmless(record)
+
+
+class ConsoleHandler(logging.StreamHandler):
+    """A stream handler on whatever ``sys.stdout`` is when a record is emitted: rich's live progress display swaps
+    it for a proxy that prints above the bar (and pytest's capture for its own)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stdout)
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ / setStream assign it; the live sys.stdout wins
+        pass
+
+
+def route_library_logs() -> None:
+    """Send the records of :data:`OWN_HANDLERS` to the root logger's handlers (the log file, the filtered console)
+    instead of their own stderr handlers. Imports the installed ones' logging modules first (they add their handler
+    when first imported; transformers and datasets are imported by every run anyway)."""
+    for name in OWN_HANDLERS:
+        if name not in sys.modules and importlib.util.find_spec(name) is None:
+            continue
+        if name == "transformers":
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_default_handler()
+            hf_logging.enable_propagation()
+        elif name in ("datasets", "huggingface_hub"):
+            importlib.import_module(f"{name}.utils.logging")
+        lib = logging.getLogger(name)
+        for h in lib.handlers[:]:
+            lib.removeHandler(h)
+        lib.propagate = True
+
+
+def library_progress_bars(enabled: bool) -> None:
+    """Turn the progress bars transformers draws (``Loading weights``, ``Writing model shards``) and datasets'
+    (``map``, ``filter``) on or off; huggingface_hub's download bars stay as they are (a download is a phase)."""
+    if importlib.util.find_spec("transformers") is not None:
+        import huggingface_hub.utils as hub
+        from transformers.utils import logging as hf_logging
+
+        hub_off = hub.are_progress_bars_disabled()
+        (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+        (hub.disable_progress_bars if hub_off else hub.enable_progress_bars)()
+    if "datasets" in sys.modules or importlib.util.find_spec("datasets") is not None:
+        import datasets
+
+        (datasets.enable_progress_bars if enabled else datasets.disable_progress_bars)()
+
+
+@contextlib.contextmanager
+def run_logging(log_file: Optional[Path], verbose: bool = False, console_level: int = logging.INFO,
+                fmt: str = FORMAT) -> Iterator[None]:
+    """Log as the module docstring says while the block runs: a :class:`ConsoleHandler` with :class:`ConsoleFilter`
+    and, with ``log_file``, a file handler appending to it; Python warnings captured. The root logger's previous
+    handlers come back afterwards (a sweep runs its jobs one after another in one process, each with its own log
+    file).
+
+    :param log_file: the run dir's log file (created with its folder), or ``None`` (console only).
+    :param verbose: the console shows everything the file gets, and the engines' progress bars.
+    :param console_level: records below it stay off the console unless ``verbose`` (``WARNING`` for the ranks
+        other than 0 of a torchrun job).
+    :param fmt: the records' format (:data:`FORMAT`; a torchrun worker's names its rank).
+    """
+    root = logging.getLogger()
+    saved, root_level, project_level = root.handlers[:], root.level, _project.level
+    route_library_logs()
+    library_progress_bars(verbose)
+    formatter = logging.Formatter(fmt)
+    console = ConsoleHandler()
+    console.setLevel(min(console_level, logging.DEBUG) if verbose else console_level)
+    console.addFilter(ConsoleFilter(verbose))
+    console.setFormatter(formatter)
+    ours: list = [console]
+    if log_file is not None:
+        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+        fh = logging.FileHandler(log_file, encoding="utf-8")
+        fh.setFormatter(formatter)
+        ours.append(fh)
+    for h in saved:
+        root.removeHandler(h)
+    for h in ours:
+        root.addHandler(h)
+    if root.level == logging.NOTSET or root.level > logging.INFO:  # hydra.verbose=true leaves it at DEBUG
+        root.setLevel(logging.INFO)
+    if _project.level == logging.NOTSET or _project.level > logging.DEBUG:
+        _project.setLevel(logging.DEBUG)
+    logging.captureWarnings(True)
+    try:
+        yield
+    finally:
+        logging.captureWarnings(False)
+        for h in ours:
+            root.removeHandler(h)
+            h.close()
+        for h in saved:
+            root.addHandler(h)
+        root.setLevel(root_level)
+        _project.setLevel(project_level)
+
+
+@contextlib.contextmanager
+def phase_progress(description: str, total: int, enabled: Optional[bool] = None) -> Iterator[Callable[[int], None]]:
+    """One progress bar for a phase (training a segment, evaluating a step): a transient rich bar on the console
+    while the block runs, when stdout is a terminal (``enabled=None``) or ``enabled``; nothing otherwise. Log lines
+    print above it (:class:`ConsoleHandler`).
+
+    :param total: units of the phase (steps, evals).
+    :returns: (yields) ``update(completed)``, the units done so far.
+    """
+    if enabled is None:
+        enabled = sys.stdout.isatty()
+    if not enabled or total <= 0:
+        yield lambda completed: None
+        return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TimeRemainingColumn(), console=Console(file=sys.stdout), transient=True,
+                  redirect_stderr=False) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda completed: bar.update(task, completed=min(int(completed), total))

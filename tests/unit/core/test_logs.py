@@ -1,0 +1,110 @@
+"""The console shows the project's lines and the engines' real warnings; the run's log file gets everything."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import pytest
+
+from pretrain_exp.core.logs import HARMLESS, ConsoleFilter, phase_progress, run_logging
+
+
+def _emit_a_run_s_records():
+    """Records as a run makes them: the project's, OLMo-core's INFO detail, an engine warning, transformers' own
+    logger (which prints through a handler of its own unless routed), a harmless and a real Python warning."""
+    from transformers.utils import logging as hf_logging
+
+    logging.getLogger("pretrain_exp.app.experiment").info("plan: 16 items, 84 insertions")
+    logging.getLogger("pretrain_exp.app.cli").debug("failed (traceback)")
+    logging.getLogger("olmo_core.train.trainer").info("Callback order:\n  - Callback 1: checkpointer")
+    logging.getLogger("olmo_core.optim.config").info("Group 0, 47 parameter(s):")
+    logging.getLogger("olmo_core.nn.attention.te_attn_api").warning("transformer_engine unavailable, disabling TE")
+    hf_logging.get_logger("transformers.trainer").warning(
+        "There were missing keys in the checkpoint model loaded: ['model.norm.weight'].")
+    warnings.warn("torch.distributed is disabled, unavailable or uninitialized, assuming the intent is to load in a "
+                  "single process.", UserWarning)
+    warnings.warn("a warning that matters", UserWarning)
+
+
+FILE_ONLY = ("Callback order:", "Group 0, 47 parameter(s)", "transformer_engine unavailable",
+             "torch.distributed is disabled", "failed (traceback)")
+CONSOLE = ("plan: 16 items", "missing keys in the checkpoint model loaded: ['model.norm.weight']",
+           "a warning that matters")
+
+
+def test_console_shows_what_matters_and_the_log_file_everything(tmp_path, capsys):
+    log = tmp_path / "run" / "pretrain_exp.log"
+    root = logging.getLogger()
+    before, showwarning = root.handlers[:], warnings.showwarning
+    with run_logging(log):
+        _emit_a_run_s_records()
+    out = capsys.readouterr()
+    for text in CONSOLE:
+        assert text in out.out, text
+    for text in FILE_ONLY:
+        assert text not in out.out + out.err, text
+    assert "[transformers]" not in out.err  # transformers' own handler no longer prints
+    kept = log.read_text()
+    for text in CONSOLE + FILE_ONLY:
+        assert text in kept, text
+    assert "][olmo_core.train.trainer][INFO] - Callback order:" in kept  # Hydra's format
+    assert root.handlers == before  # a sweep's next job starts from the handlers it had
+    assert warnings.showwarning is showwarning  # Python warnings are no longer captured
+
+
+def test_verbose_console_shows_everything_the_file_gets(tmp_path, capsys):
+    log = tmp_path / "pretrain_exp.log"
+    with run_logging(log, verbose=True):
+        _emit_a_run_s_records()
+    out = capsys.readouterr().out
+    for text in CONSOLE + FILE_ONLY:
+        assert text in out, text
+    assert out.count("Callback order:") == log.read_text().count("Callback order:") == 1
+
+
+def test_other_ranks_print_warnings_only(capsys):
+    with run_logging(None, console_level=logging.WARNING):
+        logging.getLogger("pretrain_exp.app.experiment").info("plan: 16 items")
+        logging.getLogger("pretrain_exp.app.experiment").warning("audit: control 3 occurs in the window")
+    out = capsys.readouterr().out
+    assert "plan: 16 items" not in out and "audit: control 3" in out
+
+
+def test_console_filter_by_logger_and_level():
+    f = ConsoleFilter()
+
+    def rec(name, level, msg="m"):
+        return logging.LogRecord(name, level, __file__, 1, msg, None, None)
+
+    assert f.filter(rec("pretrain_exp.train", logging.INFO))
+    assert f.filter(rec("hydra", logging.INFO))  # a sweep's "#1 : seed=1" launch lines
+    assert not f.filter(rec("pretrain_exp.train", logging.DEBUG))
+    assert not f.filter(rec("olmo_core.train.trainer", logging.INFO))
+    assert f.filter(rec("olmo_core.train.trainer", logging.WARNING))
+    assert not f.filter(rec("pretrain_exp_other", logging.INFO))  # a name prefix is not a child logger
+    assert ConsoleFilter(verbose=True).filter(rec("olmo_core.train.trainer", logging.DEBUG))
+    samples = {  # as the engines word them
+        "py.warnings": "/x/torch/distributed/checkpoint/utils.py:485: UserWarning: torch.distributed is disabled, "
+                       "unavailable or uninitialized, assuming the intent is to save in a single process.",
+        "olmo_core.nn.attention.te_attn_api": "transformer_engine unavailable, disabling TE attention: No module "
+                                              "named 'transformer_engine'",
+        "transformers.trainer_utils": "The tokenizer has new PAD/BOS/EOS tokens that differ from the model config "
+                                      "and generation config. The model config and generation config were aligned",
+    }
+    assert len(samples) == len(HARMLESS) and all(h.why for h in HARMLESS)
+    for name, msg in samples.items():
+        assert not f.filter(rec(name, logging.WARNING, msg)), name
+        assert f.filter(rec("pretrain_exp.app.experiment", logging.WARNING, msg)), name  # under its logger only
+
+
+@pytest.mark.parametrize("enabled", [None, False])
+def test_a_phase_off_a_terminal_prints_nothing(capsys, enabled):
+    """No bar and no stray blank line when stdout is not a terminal (rich's own bar prints one when it stops)."""
+    done = []
+    with phase_progress("training steps 0 -> 4", 4, enabled=enabled) as progress:
+        for k in range(1, 5):
+            progress(k)
+            done.append(k)
+    assert done == [1, 2, 3, 4]
+    assert capsys.readouterr().out == ""
