@@ -238,7 +238,7 @@ class HFFramework(Framework):
             seed=self.cfg.seed,
             dataloader_num_workers=0,
             remove_unused_columns=False,
-            disable_tqdm=True,  # the run logs one line per step (pretrain_exp.app.experiment) and draws the bar
+            disable_tqdm=True,  # the run logs one line per step and draws the bar (pretrain_exp.app.console)
         )
 
     def train(self, start: Checkpoint, until_step: int, rows, log_fn: LogFn) -> Checkpoint:

@@ -30,6 +30,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import List
 
 import hydra
 from omegaconf import DictConfig
@@ -83,6 +84,17 @@ def _one_line(e: BaseException) -> str:
     return " | ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
 
 
+def verbose_flag_to_key(args: List[str]) -> List[str]:
+    """The command line ``args`` with ``-v`` / ``--verbose`` (which Hydra's parser lacks) turned into the override
+    ``verbose=true``, placed with the other overrides (argparse takes them only as one run of words)."""
+    flags = ("-v", "--verbose")
+    if not any(a in flags for a in args):
+        return list(args)
+    rest = [a for a in args if a not in flags]
+    at = next((i for i, a in enumerate(rest) if "=" in a and not a.startswith("-")), len(rest))
+    return [*rest[:at], "verbose=true", *rest[at:]]
+
+
 def main() -> None:
     """The command (module docstring): Hydra's composition errors (a mistyped key, a wrong group option, a wrong
     type) become one ``error:`` line with the closest name and exit status 2
@@ -92,9 +104,7 @@ def main() -> None:
     from pretrain_exp.app.hydra_errors import exit_on_hydra_error
 
     global _set_full_error
-    verbose_flags = ("-v", "--verbose")
-    if any(a in verbose_flags for a in sys.argv[1:]):  # Hydra's parser has no -v: it becomes the key verbose=true
-        sys.argv = [sys.argv[0], *(a for a in sys.argv[1:] if a not in verbose_flags), "verbose=true"]
+    sys.argv = [sys.argv[0], *verbose_flag_to_key(sys.argv[1:])]
     ours = _set_full_error = "HYDRA_FULL_ERROR" not in os.environ
     if ours:  # Hydra re-raises composition errors instead of printing its own multi-line report and exiting 1
         os.environ["HYDRA_FULL_ERROR"] = "1"

@@ -361,8 +361,8 @@ class Experiment:
                                   self.cfg.eval.batch_size,
                                   self.cfg.eval.bootstrap_samples, self.cfg.seed, self.cfg.cache_dir,
                                   row_tokens=self.rows.row, insertion=self.cfg.insertion)
-                with phase_progress(f"evaluating step {ckpt.step}", len(mine), enabled=None if self.main else False
-                                    ) as progress:
+                bar = phase_progress(f"evaluating step {ckpt.step}", len(mine), enabled=None if self.main else False)
+                with bar as progress:
                     for done, (name, task) in enumerate(mine.items(), 1):
                         t0 = time.perf_counter()
                         with sharded() if distributed and EVALS[task.type].sharded else contextlib.nullcontext():

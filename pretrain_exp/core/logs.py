@@ -2,9 +2,10 @@
 
 - **The log file** (the run dir's ``pretrain_exp.log``, :attr:`RunDir.log_file
   <pretrain_exp.core.rundir.RunDir.log_file>`) gets every record: the project's own from DEBUG, the engines' from
-  INFO (OLMo-core's model repr, parameter groups, callback order and per-step metric blocks; the HF Trainer's,
-  transformers', datasets' and lm-eval's records; torch.distributed's) and Python warnings, captured as records of
-  the ``py.warnings`` logger.
+  INFO (OLMo-core's model repr, parameter groups, callback order and per-step metric blocks; the HF Trainer's and
+  transformers' records, which transformers would drop below WARNING unless ``TRANSFORMERS_VERBOSITY`` says
+  otherwise; lm-eval's; datasets' and huggingface_hub's from their own level, WARNING) and Python warnings, captured
+  as records of the ``py.warnings`` logger.
 - **The console** (stdout) shows the lines that matter: the project's own INFO records (plan, audit, verification,
   one line per logged training step, evals, the HF export, errors) and Hydra's, and the engines' warnings and errors
   except the known-harmless ones in :data:`HARMLESS` (those go to the file only). With ``verbose`` (``-v``,
@@ -22,6 +23,7 @@ import contextlib
 import importlib
 import importlib.util
 import logging
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -131,19 +133,17 @@ def route_library_logs() -> None:
 
 
 def library_progress_bars(enabled: bool) -> None:
-    """Turn the progress bars transformers draws (``Loading weights``, ``Writing model shards``) and datasets'
-    (``map``, ``filter``) on or off; huggingface_hub's download bars stay as they are (a download is a phase)."""
-    if importlib.util.find_spec("transformers") is not None:
-        import huggingface_hub.utils as hub
-        from transformers.utils import logging as hf_logging
+    """Turn the progress bars transformers draws for every model it loads or saves (``Loading weights``, ``Writing
+    model shards``) on or off. huggingface_hub's download bars and datasets' (the ``tokenizing`` map of
+    ``data=hf_dataset``) stay as they are: each is the one bar of its phase."""
+    if importlib.util.find_spec("transformers") is None:
+        return
+    import huggingface_hub.utils as hub
+    from transformers.utils import logging as hf_logging
 
-        hub_off = hub.are_progress_bars_disabled()
-        (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
-        (hub.disable_progress_bars if hub_off else hub.enable_progress_bars)()
-    if "datasets" in sys.modules or importlib.util.find_spec("datasets") is not None:
-        import datasets
-
-        (datasets.enable_progress_bars if enabled else datasets.disable_progress_bars)()
+    hub_off = hub.are_progress_bars_disabled()
+    (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+    (hub.disable_progress_bars if hub_off else hub.enable_progress_bars)()  # transformers switches both
 
 
 @contextlib.contextmanager
@@ -160,9 +160,12 @@ def run_logging(log_file: Optional[Path], verbose: bool = False, console_level: 
         other than 0 of a torchrun job).
     :param fmt: the records' format (:data:`FORMAT`; a torchrun worker's names its rank).
     """
-    root = logging.getLogger()
+    root, hf = logging.getLogger(), logging.getLogger("transformers")
     saved, root_level, project_level = root.handlers[:], root.level, _project.level
     route_library_logs()
+    hf_level = hf.level
+    if "TRANSFORMERS_VERBOSITY" not in os.environ and hf.level > logging.INFO:  # the Trainer's INFO records
+        hf.setLevel(logging.INFO)
     library_progress_bars(verbose)
     formatter = logging.Formatter(fmt)
     console = ConsoleHandler()
@@ -195,6 +198,7 @@ def run_logging(log_file: Optional[Path], verbose: bool = False, console_level: 
             root.addHandler(h)
         root.setLevel(root_level)
         _project.setLevel(project_level)
+        hf.setLevel(hf_level)
 
 
 @contextlib.contextmanager

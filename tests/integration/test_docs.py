@@ -143,6 +143,8 @@ def overrides_of(cmd: str):
             multirun = True
         elif w in PRINT_FLAGS:
             i += PRINT_FLAGS[w]
+        elif w in ("-v", "--verbose"):  # the entry point turns it into the key (pretrain_exp.app.cli)
+            overrides.append("verbose=true")
         elif w.startswith("-"):
             return f"flag {w}"
         else:

@@ -104,3 +104,15 @@ def test_engine_detail_goes_to_the_log_file_and_with_v_to_the_console(monkeypatc
     log = (run_dir / "pretrain_exp.log").read_text()
     assert "plan: 16 items" in log and "][olmo_core.train.trainer][INFO] - Callback order:" in log
     assert ("Transformer(...) debug detail" in log) is (flag == ["hydra.verbose=[olmo_core]"])  # Hydra's DEBUG
+
+
+def test_v_becomes_the_verbose_key_among_the_overrides():
+    """Hydra's argparse takes the overrides only as one run of words: ``verbose=true`` joins them wherever ``-v``
+    was written (``--cfg job`` takes a value that is not an override)."""
+    from pretrain_exp.app.cli import verbose_flag_to_key
+
+    want = ["verbose=true", "experiment=tiny", "--cfg", "job"]
+    assert verbose_flag_to_key(["experiment=tiny", "-v", "--cfg", "job"]) == want
+    assert verbose_flag_to_key(["--cfg", "job", "--verbose"]) == ["--cfg", "job", "verbose=true"]
+    assert verbose_flag_to_key(["-m", "seed=0,1", "-v"]) == ["-m", "verbose=true", "seed=0,1"]
+    assert verbose_flag_to_key(["--config-dir=/x", "seed=1"]) == ["--config-dir=/x", "seed=1"]
