@@ -3,7 +3,7 @@
 Every framework hands its training scalars to the run's log function (``log_fn(metrics, step)``, metric names as in
 ``metrics.jsonl``: ``train/loss``, ``train/grad_norm``, ``train/learning_rate``, ``train/tokens_per_s``, ...).
 :class:`StepLines` wraps that function for a segment: it forwards every call, and for each call that carries the
-training loss logs one line (:func:`step_line`, logger ``pretrain_exp.train``)::
+training loss logs one line (:func:`step_line`, logger ``pretrain_exp.app.console``)::
 
     step 5/12: loss 10.35, grad norm 0.807, lr 4.14e-03, 1,173 tokens/s
 
@@ -21,7 +21,7 @@ from typing import Callable, Dict, Iterator
 
 from pretrain_exp.core.logs import phase_progress
 
-log = logging.getLogger("pretrain_exp.train")
+log = logging.getLogger(__name__)
 
 LogFn = Callable[[Dict[str, float], int], None]
 

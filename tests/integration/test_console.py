@@ -21,9 +21,11 @@ def _console(proc) -> list:
     return [s for s in re.split(r"[\r\n]+", proc.stdout + proc.stderr) if s.strip()]
 
 
+STEP = re.compile(r"\]\[pretrain_exp\.app\.console\]\[INFO\] - step (\d+)/")  #: a training step's console line
+
+
 def _step_lines(lines: list) -> list:
-    return [int(m.group(1)) for line in lines if (m := re.search(r"\]\[pretrain_exp\.train\]\[INFO\] - step (\d+)/",
-                                                                 line))]
+    return [int(m.group(1)) for line in lines if (m := STEP.search(line))]
 
 
 @pytest.mark.slow
@@ -44,7 +46,7 @@ def test_olmo_core_console_is_one_line_per_step_and_the_log_file_holds_the_engin
     log = (runs / lines[-1].split("run dir: ")[1].split("/")[-1] / "pretrain_exp.log").read_text()
     for detail in ("Callback order:", "Transformer(", "Group 0, 47 parameter(s)", "[step=12/12",
                    "train/CE loss=", "UserWarning: torch.distributed is disabled", "transformer_engine unavailable",
-                   "][pretrain_exp.train][INFO] - step 12/12: loss"):
+                   "][pretrain_exp.app.console][INFO] - step 12/12: loss"):
         assert detail in log, detail
 
     # -v: the engines' detail on the console as well (here: evaluating the initial checkpoint exports it to HF)

@@ -17,7 +17,7 @@ def test_step_line_names_what_the_step_logged():
 def test_step_lines_forward_every_call_and_print_one_line_per_trained_step(caplog):
     got, done = [], []
     fn = StepLines(lambda m, s: got.append((s, m)), first_step=4, last_step=12, progress=done.append)
-    caplog.set_level(logging.INFO, logger="pretrain_exp.train")
+    caplog.set_level(logging.INFO, logger="pretrain_exp.app.console")
     fn({"train/loss": 10.35, "train/learning_rate": 4.137e-3}, 5)
     fn({"train/tokens_per_s": 900.0, "checkpoint/hold_s": 0.05}, 5)  # OLMo-core's second call for a step
     fn({"train/loss": 10.19}, 6)

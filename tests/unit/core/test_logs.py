@@ -77,9 +77,9 @@ def test_console_filter_by_logger_and_level():
     def rec(name, level, msg="m"):
         return logging.LogRecord(name, level, __file__, 1, msg, None, None)
 
-    assert f.filter(rec("pretrain_exp.train", logging.INFO))
+    assert f.filter(rec("pretrain_exp.app.console", logging.INFO))
     assert f.filter(rec("hydra", logging.INFO))  # a sweep's "#1 : seed=1" launch lines
-    assert not f.filter(rec("pretrain_exp.train", logging.DEBUG))
+    assert not f.filter(rec("pretrain_exp.app.console", logging.DEBUG))
     assert not f.filter(rec("olmo_core.train.trainer", logging.INFO))
     assert f.filter(rec("olmo_core.train.trainer", logging.WARNING))
     assert not f.filter(rec("pretrain_exp_other", logging.INFO))  # a name prefix is not a child logger
