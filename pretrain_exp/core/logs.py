@@ -66,6 +66,11 @@ HARMLESS = (
              "the project never selects OLMo-core's Transformer Engine attention backend"),
     Harmless("transformers", r"tokenizer has new PAD/BOS/EOS tokens that differ from the model config",
              "the Trainer copies the tokenizer's pad id into the model config; the run's rows are never padded"),
+    Harmless("lm_eval", r"`pretrained` model kwarg is not of type `str`|Passed an already-initialized model through "
+             r"`pretrained`",
+             "evals/shard.py hands lm-eval the run's loaded model on purpose (and shards it itself)"),
+    Harmless("lm_eval", r"Overwriting default num_fewshot of .* to 0",
+             "the project's lm-eval evals are 0-shot by design (eval=lm_eval, eval=benchmark)"),
 )
 
 _project = logging.getLogger("pretrain_exp")

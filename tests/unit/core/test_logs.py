@@ -91,6 +91,9 @@ def test_console_filter_by_logger_and_level():
                                               "named 'transformer_engine'",
         "transformers.trainer_utils": "The tokenizer has new PAD/BOS/EOS tokens that differ from the model config "
                                       "and generation config. The model config and generation config were aligned",
+        "lm_eval.models.huggingface": "`pretrained` model kwarg is not of type `str`. Many other model arguments "
+                                      "may be ignored.",
+        "lm_eval.evaluator": "Overwriting default num_fewshot of arc_easy from None to 0",
     }
     assert len(samples) == len(HARMLESS) and all(h.why for h in HARMLESS)
     for name, msg in samples.items():
