@@ -6,7 +6,7 @@ A run dir (one Hydra job; DESIGN.md §1)::
 
     config.resolved.yaml          the resolved config (credentials redacted); re-runs compare with it
     .hydra/{config,hydra,overrides}.yaml   Hydra's files, written by the app
-    pretrain_exp.log              the job's log (Hydra's file handler, named after the job)
+    pretrain_exp.log              the job's log: the console's lines and the engines' detail (core/logs.py)
     .lock                         the run-dir lock (:mod:`~pretrain_exp.core.runlock`)
     plan.npz, manifest.jsonl, items.jsonl, audit.json    the insertion plan, its tables and the audit
     dynamic/step<N>.json          closed-loop additions decided at step N
@@ -157,7 +157,8 @@ class RunDir:
 
     @property
     def log_file(self) -> Path:
-        """``pretrain_exp.log``: the job's log."""
+        """``pretrain_exp.log``: the job's log, every line the console shows and the engines' detail it leaves out
+        (:func:`~pretrain_exp.core.logs.run_logging`)."""
         return self.path / self.LOG
 
     @property
