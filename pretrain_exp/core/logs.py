@@ -230,8 +230,9 @@ def phase_progress(description: str, total: int, enabled: Optional[bool] = None)
         TimeRemainingColumn,
     )
 
+    # soft_wrap: a log line printed above the bar stays one line, however wide
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TimeRemainingColumn(), console=Console(file=sys.stdout), transient=True,
+                  TimeRemainingColumn(), console=Console(file=sys.stdout, soft_wrap=True), transient=True,
                   redirect_stderr=False) as bar:
         task = bar.add_task(description, total=total)
         yield lambda completed: bar.update(task, completed=min(int(completed), total))
