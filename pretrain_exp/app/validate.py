@@ -257,10 +257,10 @@ def to_config(cfg: DictConfig) -> ExperimentConfig:
             raw = cfg if OmegaConf.is_config(cfg) else OmegaConf.create(cfg)
             base = OmegaConf.structured(ExperimentConfig)
             if isinstance(raw, DictConfig) and "framework" in raw and _has_name(raw.framework):
-                base.framework = typed_framework(raw.framework)  # its fields are the named framework's schema's
+                base.framework = typed_framework("framework", raw.framework)  # the named framework's fields
             cfg = OmegaConf.merge(base, raw)
         if _has_name(cfg.framework):  # the framework's own schema, chosen by framework.name (unset: reported below)
-            framework = typed_framework(cfg.framework)
+            framework = typed_framework("framework", cfg.framework)
             if framework is not cfg.framework:
                 cfg.framework = framework
         for name, node in cfg.insertion.experiments.items():  # each experiment in its type's schema
