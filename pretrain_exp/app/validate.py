@@ -135,6 +135,8 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     if noised and not framework.applies_embedding_noise:
         raise ConfigError("framework.name", f"{cfg.framework.name!r} does not apply the gaussian noise of {noised}")
     cfg.eval.tasks = parse_task_configs(cfg.eval.tasks)
+    for name, task in cfg.eval.tasks.items():
+        task.validate(f"eval.tasks.{name}")
     from pretrain_exp.evals.knowledge import check_experiments
 
     for name, task in cfg.eval.tasks.items():

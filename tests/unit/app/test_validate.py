@@ -16,3 +16,19 @@ def test_lr_scheduler_must_be_one_the_framework_supports(tmp_path):
                                           r"'cosine', 'linear'\]"):
         make_config("framework=olmo_core", "training.lr_scheduler=cosine_with_restarts", run_dir=tmp_path)
     make_config("framework=olmo_core", "training.lr_scheduler=linear", run_dir=tmp_path)
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["+eval.tasks.strict_mia.type=mia", "+eval.tasks.strict_mia.min_k_percent=0"],
+     "eval.tasks.strict_mia.min_k_percent"),
+    (["eval=memorization", "+eval.tasks.mem_long.type=memorization", "+eval.tasks.mem_long.max_new_tokens=0"],
+     "eval.tasks.mem_long.max_new_tokens"),
+    (["+eval.tasks.mybench.type=benchmark", "+eval.tasks.mybench.benchmark=mmlu_cooking"],
+     "eval.tasks.mybench.benchmark"),
+    (["+eval.tasks.probe.type=lm_eval", "+eval.tasks.probe.limit=0"], "eval.tasks.probe.limit"),
+    (["+eval.tasks.noise.type=gaussian", "+eval.tasks.noise.permutations=0"], "eval.tasks.noise.permutations"),
+])
+def test_an_eval_task_is_checked_under_the_name_it_is_configured_under(tmp_path, overrides, key):
+    with pytest.raises(ConfigError) as e:
+        make_config(*overrides, run_dir=tmp_path)
+    assert e.value.key == key, str(e.value)
