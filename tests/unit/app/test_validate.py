@@ -32,3 +32,18 @@ def test_an_eval_task_is_checked_under_the_name_it_is_configured_under(tmp_path,
     with pytest.raises(ConfigError) as e:
         make_config(*overrides, run_dir=tmp_path)
     assert e.value.key == key, str(e.value)
+
+
+def test_a_release_needs_an_hf_export_where_the_framework_checkpoints_are_not_hf(tmp_path):
+    from pretrain_exp.app.validate import validate_release
+    from pretrain_exp.frameworks.registry import get_framework_class
+
+    cfg = make_config("release.push_to_hub=true", "release.repo_id=org/name", "training.export_hf=none",
+                      run_dir=tmp_path)
+    assert get_framework_class("hf").checkpoints_are_hf
+    with pytest.raises(ConfigError) as e:
+        validate_release(cfg, type("DistributedCheckpoints", (), {"checkpoints_are_hf": False}))
+    assert e.value.key == "training.export_hf"
+    pytest.importorskip("olmo_core")
+    assert not get_framework_class("olmo_core").checkpoints_are_hf
+    assert not get_framework_class("olmo2").checkpoints_are_hf
