@@ -1,8 +1,11 @@
-"""The rules of a run's config that span groups and plugins, checked once after composing.
+"""The rules of a run's config, checked once after composing (:func:`to_config`).
 
-One-group rules of a plugin (an insertion type, an eval, a framework) are that plugin's own; this module asks each
-plugin by name through its registry and adds the rules between them: a framework that exists (and is installed),
-the LR scheduler the framework supports, CPDT needing an eval, noise needing a framework that applies it.
+:func:`derive` first computes the values taken from what was given (``training.report_to`` as a list, the
+insertion experiments and eval tasks as their schemas); :func:`validate` then changes nothing: it checks each
+group's rules, calls each plugin's own ``validate(key)`` (an insertion type, an eval, a framework) with the key it
+is configured under, and ends with :func:`check_plugins`, the one place for the rules between plugins (a framework
+that applies the noise an insertion type needs, the loggers and LR schedulers it supports, the experiments an eval
+scores, dynamic insertion on a framework that reads the plan per segment).
 """
 
 from __future__ import annotations
@@ -24,16 +27,31 @@ DATA_PARALLEL = ("auto", "fsdp", "hsdp", "ddp")  #: ``training.data_parallel``
 ATTENTION = ("sdpa", "flash")  #: ``training.attention`` (olmo_core)
 
 
+def derive(cfg: ExperimentConfig) -> ExperimentConfig:
+    """The values of ``cfg`` computed from what was given, once, before :func:`validate` (which changes nothing):
+    ``training.report_to`` as a list of logger names, ``insertion.experiments`` and ``eval.tasks`` as their
+    types' schema dataclasses.
+
+    :raises ConfigError: for a ``report_to`` that is no name or list of names, an unknown insertion or eval type
+        or a bad field, naming the key.
+    """
+    from pretrain_exp.evals.registry import parse_task_configs
+    from pretrain_exp.insertion.types import parse_experiments
+
+    cfg.training.report_to = report_to_list(cfg.training.report_to)
+    cfg.insertion.experiments = parse_experiments(cfg.insertion.experiments)
+    cfg.eval.tasks = parse_task_configs(cfg.eval.tasks)
+    return cfg
+
+
 def validate(cfg: ExperimentConfig) -> ExperimentConfig:
-    """Check ``cfg``: each group's rules, each plugin's own :meth:`validate(key) <validate>` (framework, insertion
-    experiments, eval tasks; called with the key it is configured under), then the rules between plugins
-    (:func:`check_plugins`); return it (with ``insertion.experiments`` and ``eval.tasks`` parsed into their schemas).
+    """Check ``cfg`` (as :func:`derive` returns it; nothing is changed): each group's rules, each plugin's own
+    :meth:`validate(key) <validate>` (framework, insertion experiments, eval tasks; called with the key it is
+    configured under), then the rules between plugins (:func:`check_plugins`); return it.
 
     :raises ConfigError: naming the dotted key of the first violated rule.
     """
-    from pretrain_exp.evals.registry import parse_task_configs
     from pretrain_exp.frameworks.registry import get_framework_class
-    from pretrain_exp.insertion.types import parse_experiments
 
     framework = get_framework_class(cfg.framework.name)  # ConfigError listing the frameworks, or the install hint
     if cfg.model.init not in MODEL_INITS:
@@ -96,7 +114,6 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError("training.max_retries", f"must be >= 0, got {t.max_retries}")
     if not (t.learning_rate >= 0 and math.isfinite(t.learning_rate)):
         raise ConfigError("training.learning_rate", f"must be a finite number >= 0, got {t.learning_rate}")
-    t.report_to = report_to_list(t.report_to)
     for i, name in enumerate(t.report_to):
         if name == "wandb":
             raise ConfigError(f"training.report_to[{i}]", "W&B is the run's own tracker (wandb=offline|online, "
@@ -107,14 +124,12 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     if not 1 <= cfg.insertion.audit_ngram <= t.sequence_length:
         raise ConfigError("insertion.audit_ngram", f"must be in [1, training.sequence_length = {t.sequence_length}] "
                           f"tokens, got {cfg.insertion.audit_ngram}")
-    cfg.insertion.experiments = parse_experiments(cfg.insertion.experiments)
     for name, exp in cfg.insertion.experiments.items():
         exp.validate(f"insertion.experiments.{name}")
     for i, name in enumerate(cfg.insertion.withheld):
         if name not in cfg.insertion.experiments:
             raise ConfigError(f"insertion.withheld[{i}]", f"{name!r} is not an insertion experiment; "
                               f"allowed: {sorted(cfg.insertion.experiments)}")
-    cfg.eval.tasks = parse_task_configs(cfg.eval.tasks)
     for name, task in cfg.eval.tasks.items():
         task.validate(f"eval.tasks.{name}")
     if cfg.eval.batch_size <= 0:
@@ -308,7 +323,7 @@ def to_config(cfg: DictConfig) -> ExperimentConfig:
             msg = f"missing mandatory value (set {key}=...)"
         raise ConfigError(key, msg) from None
     assert isinstance(exp, ExperimentConfig)
-    exp = validate(exp)
+    exp = validate(derive(exp))
     log_overrides(exp)
     return exp
 

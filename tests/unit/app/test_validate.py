@@ -47,3 +47,14 @@ def test_a_release_needs_an_hf_export_where_the_framework_checkpoints_are_not_hf
     pytest.importorskip("olmo_core")
     assert not get_framework_class("olmo_core").checkpoints_are_hf
     assert not get_framework_class("olmo2").checkpoints_are_hf
+
+
+def test_derivations_happen_once_before_validate_which_changes_nothing(tmp_path):
+    import copy
+
+    from pretrain_exp.app.validate import validate
+
+    cfg = make_config("training.report_to=none", "eval=memorization", run_dir=tmp_path)
+    assert cfg.training.report_to == [] and type(cfg.eval.tasks["memorization"]).__name__ == "MemorizationConf"
+    before = copy.deepcopy(cfg)
+    assert validate(cfg) is cfg and cfg == before
