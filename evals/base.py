@@ -6,6 +6,30 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
+from omegaconf import MISSING
+
+
+@dataclass
+class EvalTaskConf:
+    """The schema every eval's config extends (``eval.tasks.<name>``; ``type`` is its registry name). An eval checks
+    its own values in :meth:`validate`, called with the key it is configured under, so a task named otherwise than
+    its type (``eval.tasks.mybench`` with ``type: benchmark``) is reported under its own key."""
+
+    type: str = MISSING
+
+    def validate(self, key: str) -> None:
+        """The eval's one-schema checks (none here).
+
+        :param key: the dotted key the task is configured under (``eval.tasks.<name>``).
+        :raises ConfigError: naming ``<key>.<field>``.
+        """
+
+    def check_experiments(self, key: str, experiments: Dict[str, Any]) -> None:
+        """The eval's rules against the run's insertion experiments (name -> their schemas), checked when the
+        run's config is validated (none here).
+
+        :raises ConfigError: naming ``key`` or a key under it.
+        """
 
 
 @dataclass

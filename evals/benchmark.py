@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from pretrain_exp.core.errors import ConfigError
-from pretrain_exp.evals.base import EvalContext, EvalResult
+from pretrain_exp.evals.base import EvalContext, EvalResult, EvalTaskConf
 from pretrain_exp.evals.shard import simple_evaluate
 from pretrain_exp.evals.stats import bootstrap_ci, bootstrap_diff_ci
 from pretrain_exp.insertion.types.benchmark import (
@@ -45,7 +45,7 @@ OFFLINE_ENV = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
 
 
 @dataclass
-class BenchmarkConf:
+class BenchmarkConf(EvalTaskConf):
     """Schema of a ``benchmark`` eval. ``conf/eval/benchmark.yaml`` takes ``benchmark``, ``format``,
     ``num_items`` and ``seed`` from the insertion experiment named by ``experiment`` (they must
     equal the experiment's values; the eval checks every item against them).
@@ -60,12 +60,12 @@ class BenchmarkConf:
     num_items: Optional[int] = None  #: its ``num_items``
     seed: int = 0  #: the insertion seed (``insertion.seed``)
 
-    def __post_init__(self):
+    def validate(self, key: str) -> None:
         if self.benchmark is not None:
-            check_benchmark(f"{KEY}.benchmark", self.benchmark)
-        check_format(f"{KEY}.format", self.format)
+            check_benchmark(f"{key}.benchmark", self.benchmark)
+        check_format(f"{key}.format", self.format)
         if self.num_items is not None and self.num_items < 1:
-            raise ConfigError(f"{KEY}.num_items", f"must be >= 1, got {self.num_items}")
+            raise ConfigError(f"{key}.num_items", f"must be >= 1, got {self.num_items}")
 
 
 def benchmark(cfg: BenchmarkConf, ctx: EvalContext) -> EvalResult:

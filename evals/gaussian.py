@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from pretrain_exp.core.errors import ConfigError
-from pretrain_exp.evals.base import EvalContext, EvalResult
+from pretrain_exp.evals.base import EvalContext, EvalResult, EvalTaskConf
 from pretrain_exp.evals.scoring import model_device
 from pretrain_exp.evals.shard import map_batches
 from pretrain_exp.evals.stats import bootstrap_ci, permutation_p_value
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class GaussianConf:
+class GaussianConf(EvalTaskConf):
     """Schema of a ``gaussian`` eval.
 
     :raises ConfigError: for ``max_rows_per_item < 1`` or ``permutations < 1``.
@@ -57,10 +57,10 @@ class GaussianConf:
     max_rows_per_item: int = 4  #: training rows scored per trained pattern (its first copies in training order)
     permutations: int = 1000  #: random relabellings for the permutation p-value
 
-    def __post_init__(self):
-        for key in ("max_rows_per_item", "permutations"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"eval.tasks.gaussian.{key}", f"must be >= 1, got {getattr(self, key)}")
+    def validate(self, key: str) -> None:
+        for name in ("max_rows_per_item", "permutations"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{key}.{name}", f"must be >= 1, got {getattr(self, name)}")
 
 
 @torch.enable_grad()

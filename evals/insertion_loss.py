@@ -12,13 +12,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pretrain_exp.evals.base import EvalContext, EvalResult
+from pretrain_exp.evals.base import EvalContext, EvalResult, EvalTaskConf
 from pretrain_exp.evals.scoring import plan_item_rows, token_losses
 from pretrain_exp.evals.stats import per_dup_summary
 
 
 @dataclass
-class InsertionLossConf:
+class InsertionLossConf(EvalTaskConf):
     """Schema of an ``insertion_loss`` eval (no options)."""
 
     type: str = "insertion_loss"

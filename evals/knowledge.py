@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import numpy as np
 
 from pretrain_exp.core.errors import ConfigError
-from pretrain_exp.evals.base import EvalContext, EvalResult
+from pretrain_exp.evals.base import EvalContext, EvalResult, EvalTaskConf
 from pretrain_exp.evals.scoring import continuation_scores
 from pretrain_exp.evals.stats import bootstrap_ci, bootstrap_diff_ci
 from pretrain_exp.insertion.types.knowledge import (
@@ -47,11 +47,15 @@ VALUES = ("logp_sum", "logp_mean", "greedy_acc")  #: per-fact values averaged pe
 
 
 @dataclass
-class KnowledgeConf:
+class KnowledgeConf(EvalTaskConf):
     """Schema of a ``knowledge`` eval."""
 
     type: str = "knowledge"
     experiments: List[str] = field(default_factory=list)  #: experiments to score (empty: every type=knowledge one)
+
+    def check_experiments(self, key: str, experiments: Dict[str, Any]) -> None:
+        """Every experiment it scores is a ``type: knowledge`` one of this run (:func:`check_experiments`)."""
+        check_experiments(key, self, experiments)
 
 
 def knowledge(cfg: KnowledgeConf, ctx: EvalContext) -> EvalResult:

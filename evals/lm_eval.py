@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.core.io import default_cache_dir
-from pretrain_exp.evals.base import EvalContext, EvalResult
+from pretrain_exp.evals.base import EvalContext, EvalResult, EvalTaskConf
 from pretrain_exp.evals.benchmark import OFFLINE_ENV, _env
 from pretrain_exp.evals.shard import simple_evaluate
 from pretrain_exp.insertion.types.benchmark import MMLU_SUBJECTS, local_arrow_file
@@ -60,7 +60,7 @@ ALLOWED = ("arc_easy, arc_challenge, hellaswag, piqa, sciq, openbookqa, social_i
 
 
 @dataclass
-class LmEvalConf:
+class LmEvalConf(EvalTaskConf):
     """Schema of an ``lm_eval`` eval (``eval=lm_eval``; ``eval.tasks.lm_eval.tasks=[hellaswag,arc_easy]``).
 
     :raises ConfigError: for an empty task list, a task without local data (listing the allowed ones) or a
@@ -71,14 +71,14 @@ class LmEvalConf:
     tasks: List[str] = field(default_factory=lambda: ["arc_easy", "hellaswag"])  #: stock task or group names
     limit: Optional[int] = None  #: score the first ``limit`` docs of each task (None: all)
 
-    def __post_init__(self):
+    def validate(self, key: str) -> None:
         if not self.tasks:
-            raise ConfigError(f"{KEY}.tasks", f"empty; allowed: {ALLOWED}")
+            raise ConfigError(f"{key}.tasks", f"empty; allowed: {ALLOWED}")
         for k, name in enumerate(self.tasks):
             if name not in LOCAL_DATA and name not in GROUPS:
-                raise ConfigError(f"{KEY}.tasks.{k}", f"no local data for lm-eval task {name!r}; allowed: {ALLOWED}")
+                raise ConfigError(f"{key}.tasks.{k}", f"no local data for lm-eval task {name!r}; allowed: {ALLOWED}")
         if self.limit is not None and self.limit < 1:
-            raise ConfigError(f"{KEY}.limit", f"must be >= 1, got {self.limit}")
+            raise ConfigError(f"{key}.limit", f"must be >= 1, got {self.limit}")
 
 
 #: the folder of the installed lm_eval package's ``tasks/`` that holds a stock task's YAML (indexing only that

@@ -13,14 +13,14 @@ import numpy as np
 import torch
 
 from pretrain_exp.core.errors import ConfigError
-from pretrain_exp.evals.base import EvalContext, EvalResult
+from pretrain_exp.evals.base import EvalContext, EvalResult, EvalTaskConf
 from pretrain_exp.evals.scoring import greedy_decode, plan_item_rows
 from pretrain_exp.evals.shard import map_batches
 from pretrain_exp.evals.stats import per_dup_summary
 
 
 @dataclass
-class MemorizationConf:
+class MemorizationConf(EvalTaskConf):
     """Schema of a ``memorization`` eval.
 
     :raises ConfigError: if ``prefix_length`` or ``max_new_tokens`` is below 1.
@@ -30,11 +30,11 @@ class MemorizationConf:
     prefix_length: int = 16  #: prompt tokens taken from the start of each item (including its leading EOS)
     max_new_tokens: int = 32  #: at most this many continuation tokens are generated and compared
 
-    def __post_init__(self):
+    def validate(self, key: str) -> None:
         for name in ("prefix_length", "max_new_tokens"):
             value = getattr(self, name)
             if value < 1:
-                raise ConfigError(f"eval.tasks.memorization.{name}", f"must be >= 1, got {value}")
+                raise ConfigError(f"{key}.{name}", f"must be >= 1, got {value}")
 
 
 def memorization(cfg: MemorizationConf, ctx: EvalContext) -> EvalResult:

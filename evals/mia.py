@@ -32,7 +32,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from pretrain_exp.core.errors import ConfigError
-from pretrain_exp.evals.base import EvalContext, EvalResult
+from pretrain_exp.evals.base import EvalContext, EvalResult, EvalTaskConf
 from pretrain_exp.evals.scoring import plan_item_rows, token_losses
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ _CHUNK_ELEMENTS = 1 << 22  #: resampled values ranked at once (bounds memory to 
 
 
 @dataclass
-class MiaConf:
+class MiaConf(EvalTaskConf):
     """Schema of a ``mia`` eval.
 
     :raises ConfigError: if ``min_k_percent`` is not in ``(0, 100]``.
@@ -51,9 +51,9 @@ class MiaConf:
     type: str = "mia"
     min_k_percent: float = 20.0  #: Min-K% Prob: share of lowest-probability tokens averaged (Shi et al.: 20)
 
-    def __post_init__(self):
+    def validate(self, key: str) -> None:
         if not 0.0 < self.min_k_percent <= 100.0:
-            raise ConfigError("eval.tasks.mia.min_k_percent", f"must be in (0, 100], got {self.min_k_percent}")
+            raise ConfigError(f"{key}.min_k_percent", f"must be in (0, 100], got {self.min_k_percent}")
 
 
 def item_bytes(tokens: np.ndarray, tokenizer: Optional[Any]) -> bytes:

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pretrain_exp.evals.base import EvalContext, EvalResult
+from pretrain_exp.evals.base import EvalContext, EvalResult, EvalTaskConf
 from pretrain_exp.evals.scoring import token_losses
 
 
 @dataclass
-class PerplexityConf:
+class PerplexityConf(EvalTaskConf):
     """Schema of a ``perplexity`` eval (no options)."""
 
     type: str = "perplexity"

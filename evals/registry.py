@@ -17,7 +17,7 @@ from typing import Any, Dict
 
 from omegaconf import DictConfig
 
-from pretrain_exp.core.config import in_schema
+from pretrain_exp.core.config import typed_node as typed
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.core.registry import load
 
@@ -68,22 +68,35 @@ def register_eval_schemas(cs) -> None:
         cs.store(group="schema/eval", name=name, node=spec.config)
 
 
+def schema(name: str) -> type:
+    """The schema dataclass of eval type ``name``.
+
+    :raises ConfigError: for an unknown type, listing the registered ones.
+    """
+    if name not in EVALS:
+        raise ConfigError("type", f"unknown eval type {name!r}; allowed: {sorted(EVALS)}")
+    return EVALS[name].config
+
+
+def typed_node(key: str, node: Any) -> DictConfig:
+    """An eval task node (a dict or ``DictConfig``, configured under ``key``: ``eval.tasks.<name>``) as a node of
+    its type's schema (:func:`pretrain_exp.core.config.typed_node`).
+
+    :raises ConfigError: for an unknown eval type (listing the known ones), a field the schema lacks or a wrong
+        type, naming the key.
+    """
+    return typed(key, node, "type", EVALS, schema, "eval type")
+
+
 def parse_task_configs(tasks: Dict[str, Any]) -> Dict[str, Any]:
-    """Turn ``eval.tasks`` (dataclasses or plain dicts from presets) into the registered config dataclasses.
+    """Turn ``eval.tasks`` (dataclasses or plain dicts from presets) into the registered config dataclasses (not
+    validated: each one's ``validate(f"eval.tasks.{name}")`` checks its values).
 
     :raises ConfigError: for an unknown eval type (listing the known ones) or a bad field, naming the key.
     """
-    out = {}
-    for name, node in tasks.items():
-        key = f"eval.tasks.{name}"
-        if dataclasses.is_dataclass(node):
-            out[name] = node
-            continue
-        kind = node.get("type") if isinstance(node, (dict, DictConfig)) else None
-        if kind not in EVALS:
-            raise ConfigError(f"{key}.type", f"unknown eval type {kind!r}; allowed: {sorted(EVALS)}")
-        out[name] = in_schema(EVALS[kind].config, node, key, to_object=True)
-    return out
+    return {name: node if dataclasses.is_dataclass(node) else
+            typed(f"eval.tasks.{name}", node, "type", EVALS, schema, "eval type", to_object=True)
+            for name, node in tasks.items()}
 
 
 def run_eval(cfg: Any, ctx):

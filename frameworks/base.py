@@ -119,6 +119,10 @@ class Framework(ABC):
     #: whether :meth:`resolve_model` loads HF Hub model ids (``model.path=<org>/<name>``, ``model.revision``)
     loads_hub_models: ClassVar[bool] = True
 
+    #: whether its checkpoints are HF model dirs, so a release has the final step's model without
+    #: ``training.export_hf`` (False: it needs ``export_hf=final|every``)
+    checkpoints_are_hf: ClassVar[bool] = True
+
     #: dotted config keys :meth:`checkpoint_settings` may supply (``${checkpoint:<key>}`` in the framework's YAML)
     SETTINGS: ClassVar[Tuple[str, ...]] = ()
 

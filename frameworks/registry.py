@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pretrain_exp.core.config import in_schema
+from pretrain_exp.core.config import typed_node as typed
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.core.registry import load, lookup
 
@@ -64,22 +64,18 @@ def register_framework_schemas(cs) -> None:
         cs.store(group="schema/framework", name=name, node=load(target))
 
 
-def typed_node(node: Any, key: str = "framework") -> DictConfig:
-    """A composed or loaded ``framework`` node as a node of its framework's schema (a ``DictConfig`` of that
-    dataclass, chosen by ``name``), so that converting the whole config checks its fields; interpolations and
-    missing values stay for later.
+def typed_node(key: str, node: Any) -> DictConfig:
+    """A composed or loaded ``framework`` node (configured under ``key``) as a node of its framework's schema (a
+    ``DictConfig`` of that dataclass, chosen by ``name``; :func:`pretrain_exp.core.config.typed_node`).
 
-    :raises ConfigError: for an unknown framework name (listing the registered ones), or a field the framework's
-        schema lacks or a wrong type, naming the key.
+    :raises ConfigError: for an unknown framework name (listing the registered ones), fields composed for another
+        framework, or a field the framework's schema lacks or a wrong type, naming the key.
     """
-    name = node.get("name") if isinstance(node, (dict, DictConfig)) else None
-    if not isinstance(name, str):
-        raise ConfigError(f"{key}.name", f"unknown framework {name!r}; allowed: {sorted(SCHEMAS)}")
-    cls = schema(name, f"{key}.name")
+    return typed(key, node, "name", SCHEMAS, schema, "framework", _composed_for_another)
+
+
+def _composed_for_another(key: str, name: str, node: Any, cls: type) -> None:
     src = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
-    if src is cls:
-        return node
     if isinstance(src, type) and src is not dict and not issubclass(cls, src):  # framework=hf framework.name=olmo2
         raise ConfigError(f"{key}.name", f"{name!r} was composed with the fields of another framework "
                           f"({src.__name__}); choose it with framework={name}")
-    return in_schema(cls, node, key)

@@ -284,6 +284,7 @@ class OlmoCoreFramework(Framework):
     DEFAULT_TOKENIZER = "dolma2"
     applies_embedding_noise = True
     loads_hub_models = False  # OLMo-core checkpoints come from model.path dirs or model.url
+    checkpoints_are_hf = False  #: distributed checkpoints; a release needs training.export_hf
     supports_random_init = True  #: ``model.init=random`` with an OLMo-core builder (:func:`random_init_checkpoint`)
     lr_schedulers = SCHEDULERS  #: mapped onto OLMo-core schedulers by :func:`run_scheduler`
 

@@ -1,8 +1,11 @@
-"""The rules of a run's config that span groups and plugins, checked once after composing.
+"""The rules of a run's config, checked once after composing (:func:`to_config`).
 
-One-group rules of a plugin (an insertion type, an eval, a framework) are that plugin's own; this module asks each
-plugin by name through its registry and adds the rules between them: a framework that exists (and is installed),
-the LR scheduler the framework supports, CPDT needing an eval, noise needing a framework that applies it.
+:func:`derive` first computes the values taken from what was given (``training.report_to`` as a list, the
+insertion experiments and eval tasks as their schemas); :func:`validate` then changes nothing: it checks each
+group's rules, calls each plugin's own ``validate(key)`` (an insertion type, an eval, a framework) with the key it
+is configured under, and ends with :func:`check_plugins`, the one place for the rules between plugins (a framework
+that applies the noise an insertion type needs, the loggers and LR schedulers it supports, the experiments an eval
+scores, dynamic insertion on a framework that reads the plan per segment).
 """
 
 from __future__ import annotations
@@ -24,23 +27,36 @@ DATA_PARALLEL = ("auto", "fsdp", "hsdp", "ddp")  #: ``training.data_parallel``
 ATTENTION = ("sdpa", "flash")  #: ``training.attention`` (olmo_core)
 
 
+def derive(cfg: ExperimentConfig) -> ExperimentConfig:
+    """The values of ``cfg`` computed from what was given, once, before :func:`validate` (which changes nothing):
+    ``training.report_to`` as a list of logger names, ``insertion.experiments`` and ``eval.tasks`` as their
+    types' schema dataclasses.
+
+    :raises ConfigError: for a ``report_to`` that is no name or list of names, an unknown insertion or eval type
+        or a bad field, naming the key.
+    """
+    from pretrain_exp.evals.registry import parse_task_configs
+    from pretrain_exp.insertion.types import parse_experiments
+
+    cfg.training.report_to = report_to_list(cfg.training.report_to)
+    cfg.insertion.experiments = parse_experiments(cfg.insertion.experiments)
+    cfg.eval.tasks = parse_task_configs(cfg.eval.tasks)
+    return cfg
+
+
 def validate(cfg: ExperimentConfig) -> ExperimentConfig:
-    """Check the cross-field rules of ``cfg``; return it (with ``insertion.experiments`` and ``eval.tasks`` parsed
-    into their schemas).
+    """Check ``cfg`` (as :func:`derive` returns it; nothing is changed): each group's rules, each plugin's own
+    :meth:`validate(key) <validate>` (framework, insertion experiments, eval tasks; called with the key it is
+    configured under), then the rules between plugins (:func:`check_plugins`); return it.
 
     :raises ConfigError: naming the dotted key of the first violated rule.
     """
-    from pretrain_exp.evals.registry import parse_task_configs
     from pretrain_exp.frameworks.registry import get_framework_class
-    from pretrain_exp.insertion.types import get_type, parse_experiments
 
     framework = get_framework_class(cfg.framework.name)  # ConfigError listing the frameworks, or the install hint
     if cfg.model.init not in MODEL_INITS:
         raise ConfigError("model.init", f"unknown {cfg.model.init!r}; allowed: {list(MODEL_INITS)}")
     if cfg.model.init == "random":
-        if not framework.supports_random_init:
-            raise ConfigError("model.init", f"framework {cfg.framework.name!r} continues checkpoints only; "
-                              "pretrain from scratch with framework=olmo_core or framework=hf")
         if not cfg.model.config:
             raise ConfigError("model.config", "model.init=random needs the model's shape: an OLMo-core builder "
                               "(olmo2_1B_v2, olmo3_7B, ...) for olmo_core, a config.json / model dir / Hub id for hf")
@@ -53,9 +69,6 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
                               f"{cfg.model.checkpoint_step}")
     elif sum(x is not None for x in (cfg.model.asset, cfg.model.path, cfg.model.url)) != 1:
         raise ConfigError("model", "set exactly one of model.asset, model.path and model.url")
-    if cfg.model.revision is not None and (cfg.model.path is None or not framework.loads_hub_models):
-        raise ConfigError("model.revision", f"{cfg.model.revision!r}: a revision selects the version of a Hub model "
-                          "id given as model.path, which only the hf framework loads")
     if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError("model.dtype", f"unknown dtype {cfg.model.dtype!r}; allowed: float32, bfloat16, float16")
     cfg.framework.validate("framework")  # the framework's own checks
@@ -101,54 +114,79 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError("training.max_retries", f"must be >= 0, got {t.max_retries}")
     if not (t.learning_rate >= 0 and math.isfinite(t.learning_rate)):
         raise ConfigError("training.learning_rate", f"must be a finite number >= 0, got {t.learning_rate}")
-    t.report_to = report_to_list(t.report_to)
     for i, name in enumerate(t.report_to):
         if name == "wandb":
             raise ConfigError(f"training.report_to[{i}]", "W&B is the run's own tracker (wandb=offline|online, "
                               "one W&B run with the global step as its axis); leave wandb out of training.report_to")
-        if name not in framework.report_to:
-            allowed = (f"allowed: {sorted(framework.report_to)}" if framework.report_to else
-                       f"it logs to {RunDir.METRICS} and W&B only; set training.report_to=none")
-            raise ConfigError(f"training.report_to[{i}]", f"{name!r} is not a logger of framework "
-                              f"{cfg.framework.name!r}; {allowed}")
-    if t.checkpoint_async and not framework.saves_async:
-        raise ConfigError("training.checkpoint_async", f"framework {cfg.framework.name!r} saves checkpoints "
-                          "synchronously (its engine has no asynchronous save); set it to null or false")
-    if cfg.framework.may_use_run_lr_schedule() and t.lr_scheduler not in framework.lr_schedulers:
-        raise ConfigError("training.lr_scheduler", f"unknown scheduler {t.lr_scheduler!r} for framework "
-                          f"{cfg.framework.name!r}; allowed: {sorted(framework.lr_schedulers)}")
     if cfg.insertion.audit_workers < 0:
         raise ConfigError("insertion.audit_workers", f"must be >= 0 (0: every core this process may use), got "
                           f"{cfg.insertion.audit_workers}")
     if not 1 <= cfg.insertion.audit_ngram <= t.sequence_length:
         raise ConfigError("insertion.audit_ngram", f"must be in [1, training.sequence_length = {t.sequence_length}] "
                           f"tokens, got {cfg.insertion.audit_ngram}")
-    cfg.insertion.experiments = parse_experiments(cfg.insertion.experiments)
     for name, exp in cfg.insertion.experiments.items():
         exp.validate(f"insertion.experiments.{name}")
     for i, name in enumerate(cfg.insertion.withheld):
         if name not in cfg.insertion.experiments:
             raise ConfigError(f"insertion.withheld[{i}]", f"{name!r} is not an insertion experiment; "
                               f"allowed: {sorted(cfg.insertion.experiments)}")
-    noised = sorted(n for n, e in cfg.insertion.experiments.items()
-                    if get_type(e.type).embedding_noise and n not in cfg.insertion.withheld)
-    if noised and not framework.applies_embedding_noise:
-        raise ConfigError("framework.name", f"{cfg.framework.name!r} does not apply the gaussian noise of {noised}")
-    cfg.eval.tasks = parse_task_configs(cfg.eval.tasks)
-    from pretrain_exp.evals.knowledge import check_experiments
-
     for name, task in cfg.eval.tasks.items():
-        if task.type == "knowledge":
-            check_experiments(f"eval.tasks.{name}", task, cfg.insertion.experiments)
-    if cfg.cpdt.experiments:
-        validate_cpdt(cfg)
+        task.validate(f"eval.tasks.{name}")
     if cfg.eval.batch_size <= 0:
         raise ConfigError("eval.batch_size", f"must be > 0, got {cfg.eval.batch_size}")
-    from pretrain_exp.insertion.dynamic import parse_dynamic
+    if cfg.eval.async_launcher not in ("auto", "local", "slurm"):
+        raise ConfigError("eval.async_launcher", f"must be one of auto, local, slurm; got {cfg.eval.async_launcher!r}")
+    if not cfg.eval.async_pending_wait_s >= 0:
+        raise ConfigError("eval.async_pending_wait_s", f"must be >= 0 seconds, got {cfg.eval.async_pending_wait_s}")
+    check_plugins(cfg, framework)
+    return cfg
 
-    if parse_dynamic(cfg.insertion.dynamic, cfg.insertion.experiments, cfg.eval.tasks) is not None:
+
+def check_plugins(cfg: ExperimentConfig, framework: type) -> None:
+    """The rules between plugins, and between a plugin and the run's settings it must support; the only place
+    that reads two plugins at once. Each plugin declares what it can in one way: a framework by the capability
+    flags of its class (:class:`~pretrain_exp.frameworks.base.Framework`), an insertion type by its
+    :class:`~pretrain_exp.insertion.types.base.TypeSpec`, an eval by its schema's
+    :meth:`~pretrain_exp.evals.base.EvalTaskConf.check_experiments` and its
+    :class:`~pretrain_exp.evals.registry.EvalSpec`.
+
+    :param framework: the class of ``cfg.framework.name``; ``cfg``'s experiments and tasks already parsed.
+    :raises ConfigError: naming the dotted key of the first violated rule.
+    """
+    from pretrain_exp.insertion.dynamic import parse_dynamic
+    from pretrain_exp.insertion.types import get_type
+
+    name, t = cfg.framework.name, cfg.training
+    if cfg.model.init == "random" and not framework.supports_random_init:
+        raise ConfigError("model.init", f"framework {name!r} continues checkpoints only; "
+                          "pretrain from scratch with framework=olmo_core or framework=hf")
+    if cfg.model.revision is not None and (cfg.model.path is None or not framework.loads_hub_models):
+        raise ConfigError("model.revision", f"{cfg.model.revision!r}: a revision selects the version of a Hub model "
+                          "id given as model.path, which only the hf framework loads")
+    for i, logger in enumerate(t.report_to):
+        if logger not in framework.report_to:
+            allowed = (f"allowed: {sorted(framework.report_to)}" if framework.report_to else
+                       f"it logs to {RunDir.METRICS} and W&B only; set training.report_to=none")
+            raise ConfigError(f"training.report_to[{i}]", f"{logger!r} is not a logger of framework {name!r}; "
+                              f"{allowed}")
+    if t.checkpoint_async and not framework.saves_async:
+        raise ConfigError("training.checkpoint_async", f"framework {name!r} saves checkpoints "
+                          "synchronously (its engine has no asynchronous save); set it to null or false")
+    if cfg.framework.may_use_run_lr_schedule() and t.lr_scheduler not in framework.lr_schedulers:
+        raise ConfigError("training.lr_scheduler", f"unknown scheduler {t.lr_scheduler!r} for framework "
+                          f"{name!r}; allowed: {sorted(framework.lr_schedulers)}")
+    experiments = cfg.insertion.experiments
+    noised = sorted(n for n, e in experiments.items()
+                    if get_type(e.type).embedding_noise and n not in cfg.insertion.withheld)
+    if noised and not framework.applies_embedding_noise:
+        raise ConfigError("framework.name", f"{name!r} does not apply the gaussian noise of {noised}")
+    for task_name, task in cfg.eval.tasks.items():
+        task.check_experiments(f"eval.tasks.{task_name}", experiments)
+    if cfg.cpdt.experiments:
+        validate_cpdt(cfg)
+    if parse_dynamic(cfg.insertion.dynamic, experiments, cfg.eval.tasks) is not None:
         if not framework.reads_plan_per_segment:
-            raise ConfigError("insertion.dynamic", f"framework {cfg.framework.name!r} fixes the plan for the "
+            raise ConfigError("insertion.dynamic", f"framework {name!r} fixes the plan for the "
                               "whole run; it cannot train spans added between segments")
         if cfg.cpdt.experiments or cfg.insertion.withheld:
             raise ConfigError("insertion.dynamic", "not combined with cpdt.* or insertion.withheld")
@@ -156,16 +194,11 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
             raise ConfigError("eval.mode", "async evals finish after the next segment has started, but "
                               "insertion.dynamic decides each segment from the evals of the one before; use "
                               "eval.mode=inline or eval.mode=distributed")
-    if cfg.eval.async_launcher not in ("auto", "local", "slurm"):
-        raise ConfigError("eval.async_launcher", f"must be one of auto, local, slurm; got {cfg.eval.async_launcher!r}")
-    if not cfg.eval.async_pending_wait_s >= 0:
-        raise ConfigError("eval.async_pending_wait_s", f"must be >= 0 seconds, got {cfg.eval.async_pending_wait_s}")
     if cfg.release.push_to_hub:
-        validate_release(cfg)
-    return cfg
+        validate_release(cfg, framework)
 
 
-def validate_release(cfg: ExperimentConfig) -> None:
+def validate_release(cfg: ExperimentConfig, framework: type) -> None:
     """Check ``release.*`` for a run that pushes itself at its end (whether the Hub can be reached and a token is
     set is checked when the run starts, :meth:`Experiment.run <pretrain_exp.app.experiment.Experiment.run>`).
 
@@ -184,7 +217,7 @@ def validate_release(cfg: ExperimentConfig) -> None:
     if t.cleanup == Cleanup.all:
         raise ConfigError("training.cleanup", "'all' deletes the run dir the release is built from; use bulky or "
                           "none with release.push_to_hub=true")
-    if cfg.framework.name in ("olmo_core", "olmo2") and t.export_hf == ExportHF.none:
+    if not framework.checkpoints_are_hf and t.export_hf == ExportHF.none:
         raise ConfigError("training.export_hf", "none keeps no HF model of the final step to release; use final or "
                           "every with release.push_to_hub=true")
 
@@ -257,10 +290,10 @@ def to_config(cfg: DictConfig) -> ExperimentConfig:
             raw = cfg if OmegaConf.is_config(cfg) else OmegaConf.create(cfg)
             base = OmegaConf.structured(ExperimentConfig)
             if isinstance(raw, DictConfig) and "framework" in raw and _has_name(raw.framework):
-                base.framework = typed_framework(raw.framework)  # its fields are the named framework's schema's
+                base.framework = typed_framework("framework", raw.framework)  # the named framework's fields
             cfg = OmegaConf.merge(base, raw)
         if _has_name(cfg.framework):  # the framework's own schema, chosen by framework.name (unset: reported below)
-            framework = typed_framework(cfg.framework)
+            framework = typed_framework("framework", cfg.framework)
             if framework is not cfg.framework:
                 cfg.framework = framework
         for name, node in cfg.insertion.experiments.items():  # each experiment in its type's schema
@@ -290,7 +323,7 @@ def to_config(cfg: DictConfig) -> ExperimentConfig:
             msg = f"missing mandatory value (set {key}=...)"
         raise ConfigError(key, msg) from None
     assert isinstance(exp, ExperimentConfig)
-    exp = validate(exp)
+    exp = validate(derive(exp))
     log_overrides(exp)
     return exp
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Dict, List, Optional, Protocol
+from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol
 
-from omegaconf import II, MISSING, OmegaConf
+from omegaconf import II, MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from pretrain_exp.core.errors import ConfigError
@@ -270,3 +270,32 @@ def in_schema(schema: type, node: Any, key: str, to_object: bool = False):
     except OmegaConfBaseException as e:
         sub = getattr(e, "full_key", "") or getattr(e, "key", "") or ""
         raise ConfigError(f"{key}.{sub}".rstrip("."), str(e).splitlines()[0]) from None
+
+
+def typed_node(key: str, node: Any, tag: str, registry: Mapping[str, Any], schema_of: Callable[[str], type],
+               kind: str, check: Optional[Callable[[str, str, Any, type], None]] = None, to_object: bool = False):
+    """``node`` (a composed or loaded plugin node: a dict or ``DictConfig``) as a ``DictConfig`` of the schema
+    dataclass its ``tag`` field names (``framework.name``, ``insertion.experiments.<name>.type``,
+    ``eval.tasks.<name>.type``), so that converting the whole config checks its fields; interpolations and missing
+    values stay for later. The one helper the plugin registries (frameworks, insertion types, evals) type a node
+    with.
+
+    :param key: dotted key the node is configured under, for messages (``framework``).
+    :param registry: the plugin kind's registry (plugin name -> anything), for the allowed names.
+    :param schema_of: plugin name -> its schema dataclass.
+    :param kind: what the registry names, for messages (``framework``, ``insertion type``, ``eval type``).
+    :param check: ``check(key, name, node, schema)``, run before merging a node not yet of that schema (a plugin
+        kind's own refusal, e.g. a field of another type).
+    :param to_object: return the schema's dataclass instance instead (:func:`in_schema`).
+    :raises ConfigError: naming ``<key>.<tag>`` for an unknown or unset name (listing the registered ones), or
+        ``<key>.<field>`` for a field the schema lacks or a wrong type.
+    """
+    name = node.get(tag) if isinstance(node, (dict, DictConfig)) else None
+    if not isinstance(name, str) or name not in registry:
+        raise ConfigError(f"{key}.{tag}", f"unknown {kind} {name!r}; allowed: {sorted(registry)}")
+    cls = schema_of(name)
+    if isinstance(node, DictConfig) and OmegaConf.get_type(node) is cls and not to_object:
+        return node
+    if check is not None:
+        check(key, name, node, cls)
+    return in_schema(cls, node, key, to_object)

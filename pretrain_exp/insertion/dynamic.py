@@ -179,7 +179,7 @@ def parse_dynamic(value: Any, experiments: Dict[str, Any], tasks: Dict[str, Any]
             raise ConfigError(f"{key}.experiments[{i}]", f"{name!r} is not an insertion experiment; allowed: "
                               f"{sorted(experiments)}")
     for name in conf.experiments or sorted(experiments):
-        if getattr(experiments[name], "type", None) == "gaussian":
+        if getattr(experiments[name], "embedding_noise", False):
             raise ConfigError(f"{key}.experiments", f"{name!r} inserts noise rows; dynamic insertion places "
                               "token items only (list the token experiments)")
     losses = [n for n, t in tasks.items() if getattr(t, "type", None) == "insertion_loss"]

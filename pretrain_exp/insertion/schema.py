@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Dict, List, Optional
+from typing import Any, ClassVar, Dict, List, Optional
 
 from omegaconf import II, MISSING
 
@@ -77,6 +77,9 @@ class InsertionExperimentConf:
     YAML options extend ``schema/insertion/<type>``.
     """
 
+    #: capability: its copies add noise to the input embeddings instead of inserting tokens, which only a
+    #: framework with ``applies_embedding_noise`` trains and dynamic insertion cannot place (a class constant)
+    embedding_noise: ClassVar[bool] = False
     type: str = MISSING  #: registered insertion type (:data:`pretrain_exp.insertion.types.TYPES`)
     file: Optional[str] = None  #: jsonl file of items
     key: Optional[str] = None  #: jsonl key of the item's payload (each type documents its default)

@@ -17,6 +17,7 @@ from typing import Any, Dict, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from pretrain_exp.core.config import in_schema
+from pretrain_exp.core.config import typed_node as typed
 from pretrain_exp.core.errors import ConfigError, InsertionError, PretrainExpError
 from pretrain_exp.core.registry import lookup
 
@@ -91,20 +92,16 @@ def parse_experiment(key: str, node: Any):
     return in_schema(schema(kind), node, key, to_object=True)
 
 
-def typed_node(key: str, node: DictConfig) -> DictConfig:
-    """A composed or loaded experiment node as a node of its type's schema (a ``DictConfig`` of that dataclass),
-    so that converting the whole config checks its values; interpolations and missing values stay for later.
+def typed_node(key: str, node: Any) -> DictConfig:
+    """A composed or loaded experiment node (configured under ``key``) as a node of its type's schema (a
+    ``DictConfig`` of that dataclass; :func:`pretrain_exp.core.config.typed_node`), so that converting the whole
+    config checks its values; interpolations and missing values stay for later.
 
     :raises ConfigError: for an unknown type, a field of another type, an unknown field or a wrong value, naming
         the key.
     """
-    kind = node.get("type") if isinstance(node, DictConfig) else None
-    if not isinstance(kind, str) or kind not in TYPES:
-        raise ConfigError(f"{key}.type", f"unknown insertion type {kind!r}; allowed: {sorted(TYPES)}")
-    if OmegaConf.get_type(node) is schema(kind):
-        return node
-    _foreign_field(key, kind, list(node.keys()))
-    return in_schema(schema(kind), node, key)
+    return typed(key, node, "type", TYPES, schema, "insertion type",
+                 lambda key, kind, node, cls: _foreign_field(key, kind, list(node.keys())))
 
 
 def parse_experiments(experiments: Dict[str, Any], prefix: str = "insertion.experiments") -> Dict[str, Any]:

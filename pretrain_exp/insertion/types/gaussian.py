@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import ClassVar, Optional
 
 from pretrain_exp.core.errors import ConfigError, InsertionError
 from pretrain_exp.insertion.items import (
@@ -29,6 +29,7 @@ from pretrain_exp.insertion.types.base import TypeSpec
 class GaussianConf(InsertionExperimentConf):
     """A ``type: gaussian`` experiment: ``num_items`` noise patterns of std ``sigma``."""
 
+    embedding_noise: ClassVar[bool] = True
     type: str = "gaussian"
     sigma: Optional[float] = None  #: std of the noise per embedding coordinate (> 0; the reference uses 0.075)
 
@@ -75,4 +76,4 @@ def load_items(name: str, exp: GaussianConf, ctx: LoadContext) -> ItemSet:
                                     sources=[f"gaussian:{ctx.seed}:{i}" for i in range(n)], noise_sigma=sigma)
 
 
-TYPE = TypeSpec(GaussianConf, load_items, embedding_noise=True)
+TYPE = TypeSpec(GaussianConf, load_items)

@@ -32,7 +32,7 @@ def test_a_key_added_with_plus_that_no_schema_has_is_refused(tmp_path):
 
 
 def test_gradient_checkpointing_compile_and_report_to_reach_the_hf_trainer(tmp_path, tiny_model_dir):
-    from pretrain_exp.app.validate import validate
+    from pretrain_exp.app.validate import derive, validate
     from pretrain_exp.frameworks.hf.framework import CHECKPOINTING_ARG, HFFramework
 
     cfg = make_config("experiment=tiny", "training.gradient_checkpointing=true", "training.report_to=[tensorboard,csv]",
@@ -42,13 +42,13 @@ def test_gradient_checkpointing_compile_and_report_to_reach_the_hf_trainer(tmp_p
     assert args.torch_compile is True
     plain = copy.deepcopy(cfg)
     plain.training.gradient_checkpointing, plain.training.report_to, plain.training.compile = False, "none", False
-    args = HFFramework(validate(plain), tiny_model_dir).training_arguments()
+    args = HFFramework(validate(derive(plain)), tiny_model_dir).training_arguments()
     assert getattr(args, CHECKPOINTING_ARG) is False and args.report_to == [] and args.torch_compile is False
     for bad, key in (("wandb", "training.report_to[0]"), (["tensorboard", "nope"], "training.report_to[1]")):
         wrong = copy.deepcopy(cfg)
         wrong.training.report_to = bad
         with pytest.raises(ConfigError) as e:
-            validate(wrong)
+            validate(derive(wrong))
         assert e.value.key == key
 
 

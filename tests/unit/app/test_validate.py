@@ -16,3 +16,45 @@ def test_lr_scheduler_must_be_one_the_framework_supports(tmp_path):
                                           r"'cosine', 'linear'\]"):
         make_config("framework=olmo_core", "training.lr_scheduler=cosine_with_restarts", run_dir=tmp_path)
     make_config("framework=olmo_core", "training.lr_scheduler=linear", run_dir=tmp_path)
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["+eval.tasks.strict_mia.type=mia", "+eval.tasks.strict_mia.min_k_percent=0"],
+     "eval.tasks.strict_mia.min_k_percent"),
+    (["eval=memorization", "+eval.tasks.mem_long.type=memorization", "+eval.tasks.mem_long.max_new_tokens=0"],
+     "eval.tasks.mem_long.max_new_tokens"),
+    (["+eval.tasks.mybench.type=benchmark", "+eval.tasks.mybench.benchmark=mmlu_cooking"],
+     "eval.tasks.mybench.benchmark"),
+    (["+eval.tasks.probe.type=lm_eval", "+eval.tasks.probe.limit=0"], "eval.tasks.probe.limit"),
+    (["+eval.tasks.noise.type=gaussian", "+eval.tasks.noise.permutations=0"], "eval.tasks.noise.permutations"),
+])
+def test_an_eval_task_is_checked_under_the_name_it_is_configured_under(tmp_path, overrides, key):
+    with pytest.raises(ConfigError) as e:
+        make_config(*overrides, run_dir=tmp_path)
+    assert e.value.key == key, str(e.value)
+
+
+def test_a_release_needs_an_hf_export_where_the_framework_checkpoints_are_not_hf(tmp_path):
+    from pretrain_exp.app.validate import validate_release
+    from pretrain_exp.frameworks.registry import get_framework_class
+
+    cfg = make_config("release.push_to_hub=true", "release.repo_id=org/name", "training.export_hf=none",
+                      run_dir=tmp_path)
+    assert get_framework_class("hf").checkpoints_are_hf
+    with pytest.raises(ConfigError) as e:
+        validate_release(cfg, type("DistributedCheckpoints", (), {"checkpoints_are_hf": False}))
+    assert e.value.key == "training.export_hf"
+    pytest.importorskip("olmo_core")
+    assert not get_framework_class("olmo_core").checkpoints_are_hf
+    assert not get_framework_class("olmo2").checkpoints_are_hf
+
+
+def test_derivations_happen_once_before_validate_which_changes_nothing(tmp_path):
+    import copy
+
+    from pretrain_exp.app.validate import validate
+
+    cfg = make_config("training.report_to=none", "eval=memorization", run_dir=tmp_path)
+    assert cfg.training.report_to == [] and type(cfg.eval.tasks["memorization"]).__name__ == "MemorizationConf"
+    before = copy.deepcopy(cfg)
+    assert validate(cfg) is cfg and cfg == before

@@ -50,7 +50,7 @@ def test_all_evals_registered_and_configs_parse():
 @pytest.mark.parametrize("field", ["prefix_length", "max_new_tokens"])
 def test_memorization_conf_rejects_non_positive(field):
     with pytest.raises(ConfigError, match=f"eval.tasks.memorization.{field}"):
-        EVALS["memorization"].config(**{field: 0})
+        EVALS["memorization"].config(**{field: 0}).validate("eval.tasks.memorization")
 
 
 # ------------------------------------------------------------ stats

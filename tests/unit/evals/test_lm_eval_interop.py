@@ -66,6 +66,6 @@ def test_stock_tasks_run_on_local_data(tiny_model_dir, one_torch_thread):
 
 def test_unknown_or_hub_only_tasks_are_refused_naming_the_key():
     with pytest.raises(ConfigError, match=r"eval.tasks.lm_eval.tasks.1.*boolq"):
-        LmEvalConf(tasks=["arc_easy", "boolq"])
+        LmEvalConf(tasks=["arc_easy", "boolq"]).validate("eval.tasks.lm_eval")
     with pytest.raises(ConfigError, match="eval.tasks.lm_eval.limit"):
-        LmEvalConf(limit=0)
+        LmEvalConf(limit=0).validate("eval.tasks.lm_eval")

@@ -141,9 +141,9 @@ def test_mia_zlib_uses_decoded_text_and_skips_experiments_without_controls(caplo
 @pytest.mark.parametrize("value", [0.0, -5.0, 100.5])
 def test_mia_conf_rejects_out_of_range(value):
     with pytest.raises(ConfigError, match=r"eval\.tasks\.mia\.min_k_percent"):
-        MiaConf(min_k_percent=value)
+        MiaConf(min_k_percent=value).validate("eval.tasks.mia")
     with pytest.raises(ConfigError, match=r"eval\.tasks\.mia\.min_k_percent"):
-        parse_task_configs({"mia": {"type": "mia", "min_k_percent": value}})
+        parse_task_configs({"mia": {"type": "mia", "min_k_percent": value}})["mia"].validate("eval.tasks.mia")
 
 
 def test_mia_config_composes(tmp_path):

@@ -3,12 +3,18 @@ segment against everything planned, extension of the plan, saved decisions and c
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 import numpy as np
 import pytest
 
 from pretrain_exp.core.errors import CheckpointError, ConfigError
 from pretrain_exp.insertion import dynamic
 from pretrain_exp.insertion.plan import Plan
+from pretrain_exp.insertion.types import get_type
+from pretrain_exp.insertion.types.gaussian import GaussianConf
+from pretrain_exp.insertion.types.texts import TextsConf
 from pretrain_exp.insertion.verify import verify_plan
 
 L, B, STEPS = 16, 4, 12
@@ -142,4 +148,15 @@ def test_off_values_and_required_insertion_loss_eval():
     with pytest.raises(ConfigError, match="insertion_loss"):
         dynamic.parse_dynamic("until_memorized", {"a": _Exp()}, {})
     with pytest.raises(ConfigError, match="noise rows"):
-        dynamic.parse_dynamic("until_memorized", {"g": _Exp("gaussian")}, {"loss": _Task()})
+        dynamic.parse_dynamic("until_memorized", {"g": GaussianConf(num_items=2, sigma=0.1)}, {"loss": _Task()})
+
+
+def test_noise_rows_are_told_by_the_schema_capability_not_the_type_name():
+    @dataclasses.dataclass
+    class Blur(TextsConf):  # a new noise type, named otherwise
+        embedding_noise: ClassVar[bool] = True
+        type: str = "blur"
+
+    with pytest.raises(ConfigError, match="'b' inserts noise rows"):
+        dynamic.parse_dynamic("until_memorized", {"b": Blur(file="x.jsonl")}, {"loss": _Task()})
+    assert get_type("gaussian").embedding_noise and not get_type("texts").embedding_noise

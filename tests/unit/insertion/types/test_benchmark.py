@@ -142,7 +142,8 @@ def test_config_errors(tmp_path, tokenizer, cache_dir):
     with pytest.raises(ConfigError, match=r"insertion\.experiments\.arc\.num_items: must be in \[1, 299\]"):
         items_of(bench_exp(benchmark="arc_challenge", num_items=300), tokenizer, cache_dir)
     with pytest.raises(ConfigError, match=r"eval\.tasks\.benchmark\.benchmark"):
-        parse_task_configs({"benchmark": {"type": "benchmark", "benchmark": "mmlu_cooking"}})
+        parse_task_configs({"benchmark": {"type": "benchmark", "benchmark": "mmlu_cooking"}})["benchmark"].validate(
+            "eval.tasks.benchmark")
 
 
 def test_contamination_demo_composes_and_fits(tmp_path, tokenizer, cache_dir):
