@@ -52,6 +52,7 @@ from pretrain_exp.core.config import DEFAULT_HELD_OUT_ROWS, Cleanup, EvalMode, E
 from pretrain_exp.core.distributed import barrier, init_process_group, is_main_process, world_size
 from pretrain_exp.core.errors import CheckpointError, ConfigError, InsertionError, PretrainExpError, TrainingError
 from pretrain_exp.core.io import disk_full_error, is_disk_full, write_json, write_text
+from pretrain_exp.core.phases import PHASES
 from pretrain_exp.core.secrets import redact_obj
 from pretrain_exp.data.hf_dataset import tokenize_dataset
 from pretrain_exp.data.order import DataOrder, step_window
@@ -122,16 +123,22 @@ class Experiment:
         self.model_dir = self.framework.model_dir
         files = self.order.files
         self.window = step_window(self.start_step, self.num_steps, self.L, self.B)
+        with PHASES.phase("permutation", instances=self.order.num_instances) as rec:
+            rec["cached"] = self.order.prepare(self.start_step * self.B, self.num_steps * self.B)
         self.window_fetched = resolve_prefetch(cfg.data.prefetch, files) == "window" or not any(files.remote)
         if resolve_prefetch(cfg.data.prefetch, files) == "window":  # remote rows of the run, fetched once
-            prefetch_window(self.order, self.start_step * self.B, self.num_steps * self.B, progress=self.main)
+            with PHASES.phase("prefetch", mode="window") as rec:
+                rec["fetched_bytes"] = prefetch_window(self.order, self.start_step * self.B, self.num_steps * self.B,
+                                                       progress=self.main).fetched_bytes
         self._check_held_out()
         self.dynamic = dynamic.parse_dynamic(cfg.insertion.dynamic, cfg.insertion.experiments, cfg.eval.tasks)
         self.plan = self._plan()
         self.rows = TrainingRows(self.order, self.plan, self.start_step * self.B, self.num_steps * self.B)
         if self.main and cfg.insertion.verify and self.plan.num_insertions:
-            verify_batches(self.plan, functools.partial(self.framework.peek_rows, self.rows), self.order.row_tokens,
-                           (self.rows.first_row, self.rows.first_row + len(self.rows)), world_size(), seed=cfg.seed)
+            with PHASES.phase("verify", rows=int(self.plan.affected_rows().size)):
+                verify_batches(self.plan, functools.partial(self.framework.peek_rows, self.rows),
+                               self.order.row_tokens, (self.rows.first_row, self.rows.first_row + len(self.rows)),
+                               world_size(), seed=cfg.seed)
 
     def _check_held_out(self) -> None:
         """Resolve a null ``data.held_out_rows`` (:func:`fit_held_out`, logged when fewer than the default fit),
@@ -159,9 +166,12 @@ class Experiment:
         cfg = self.cfg
         ctx = LoadContext(self.tokenizer, self.vocab_size, self.L, cfg.insertion.seed, cfg.cache_dir, self.order,
                           cfg.data.held_out_rows)
-        items = {name: load_items(name, exp, ctx) for name, exp in cfg.insertion.experiments.items()}
-        plan = build_plan(items, cfg.insertion.experiments, self.window, self.L, self.B,
-                          cfg.insertion.seed, self.vocab_size)
+        with PHASES.phase("items", experiments=len(cfg.insertion.experiments)):
+            items = {name: load_items(name, exp, ctx) for name, exp in cfg.insertion.experiments.items()}
+        with PHASES.phase("plan") as rec:
+            plan = build_plan(items, cfg.insertion.experiments, self.window, self.L, self.B,
+                              cfg.insertion.seed, self.vocab_size)
+            rec["insertions"] = plan.num_insertions
         if cfg.insertion.withheld:  # placed with the others (same positions), then left out
             plan = plan.without(cfg.insertion.withheld)
             items = {name: s for name, s in items.items() if name not in cfg.insertion.withheld}
@@ -178,9 +188,12 @@ class Experiment:
         if exists and saved not in {p.digest() for _, p in self.plans}:
             raise ConfigError("insertion", f"{path} holds the plan of a different config; use a new run dir "
                               "(hydra.run.dir=...) or restore the original config")
-        self.audit, fresh = self._audit(static, items) if self.main else (None, False)
+        with PHASES.phase("audit", mode=cfg.insertion.audit.value) as rec:
+            self.audit, fresh = self._audit(static, items) if self.main else (None, False)
+            rec["computed"] = fresh
         if self.main and (not exists or fresh or saved != plan.digest()):  # items.jsonl carries the audit's counts
-            self._write_plan(plan)
+            with PHASES.phase("plan saved"):
+                self._write_plan(plan)
         log.info("plan: %d items, %d insertions, %d tokens (%.2f%% of the %d-token window)", plan.num_items,
                  plan.num_insertions, int(plan.lengths.sum()),
                  100 * plan.lengths.sum() / max(1, self.window[1] - self.window[0]), self.window[1] - self.window[0])
@@ -436,7 +449,9 @@ class Experiment:
         t_start = time.perf_counter()
         evaluated: Dict[int, Dict[str, dict]] = {}
         timing: list = []  #: per trained segment of this invocation: ``{step, train_s, segment_end_s}``
-        with (Tracker(cfg) if self.main else NullTracker()) as tracker:
+        with PHASES.phase("tracker"):
+            tracker_cm = Tracker(cfg) if self.main else NullTracker()
+        with tracker_cm as tracker:
             ckpt = self.framework.latest_checkpoint()
             initial = self.framework.initial_checkpoint()
             if ckpt is None:
@@ -479,7 +494,7 @@ class Experiment:
             # run for (export, evals or their launch); the final wait for background evals
             results = self._write_results(tracker, evaluated, t_start, ckpt, initial, end, {
                 "eval_mode": cfg.eval.mode.value, "segments": timing, "final_eval_wait_s": wait_s,
-                "final_checkpoint_wait_s": checkpoint_wait_s})
+                "final_checkpoint_wait_s": checkpoint_wait_s, "phases": PHASES.summary()})
         if cfg.release.push_to_hub:
             self.release()
         self._cleanup()
@@ -744,17 +759,22 @@ def run_data(cfg: ExperimentConfig, progress: bool = True):
     :returns: ``(framework, tokenizer, vocab_size, DataOrder)``.
     """
     framework_class = get_framework_class(cfg.framework.name)
-    framework = framework_class(cfg, framework_class.resolve_model(cfg))
-    tokenizer = load_tokenizer(framework.tokenizer_path, cfg.cache_dir)
-    vocab_size = framework.vocab_size or len(tokenizer)
+    with PHASES.phase("model resolved", framework=cfg.framework.name):
+        framework = framework_class(cfg, framework_class.resolve_model(cfg))
+    with PHASES.phase("tokenizer"):
+        tokenizer = load_tokenizer(framework.tokenizer_path, cfg.cache_dir)
+        vocab_size = framework.vocab_size or len(tokenizer)
     d = cfg.data
-    paths = d.paths or (tokenize_dataset(d.dataset, tokenizer, d.token_dir, d.split, d.subset, d.text_key, d.num_proc,
-                                         progress=progress) if d.dataset else
-                        tokenize_source(d.text, tokenizer, d.token_dir, cfg.cache_dir, d.text_key))
+    with PHASES.phase("corpus", tokenized=not d.paths):
+        paths = d.paths or (tokenize_dataset(d.dataset, tokenizer, d.token_dir, d.split, d.subset, d.text_key,
+                                             d.num_proc, progress=progress) if d.dataset else
+                            tokenize_source(d.text, tokenizer, d.token_dir, cfg.cache_dir, d.text_key))
     # one token-file dtype for the order, the plan and the framework's reader: the data config's (an OLMo
     # checkpoint's data.memmap_dtype / dataset.dtype), else the vocabulary's
-    files = TokenFiles(paths, cfg.data.dtype or dtype_for_vocab(max(vocab_size, len(tokenizer))),
-                       cache_dir=cfg.cache_dir, prefixes=cfg.data.path_prefixes, progress=progress)
+    with PHASES.phase("size index", files=len(paths)) as rec:
+        files = TokenFiles(paths, cfg.data.dtype or dtype_for_vocab(max(vocab_size, len(tokenizer))),
+                           cache_dir=cfg.cache_dir, prefixes=cfg.data.path_prefixes, progress=progress)
+        rec["remote"] = int(sum(files.remote))
     L = cfg.training.sequence_length
     order = DataOrder(files, L, cfg.training.global_batch_size, cfg.data.seed, cfg.data.first_epoch,
                       cache_dir=cfg.cache_dir, chunk=(cfg.data.max_target_sequence_length or L) // L)
@@ -845,6 +865,7 @@ def run(cfg: ExperimentConfig) -> dict:
         run_dir.mkdir(parents=True, exist_ok=True)
         check_same_run(cfg, run_dir)
         save_resolved_config(cfg, run_dir)
+        PHASES.attach(run_dir)
     exp = Experiment(cfg)
     results = exp.run()
     if results:

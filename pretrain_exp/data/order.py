@@ -154,6 +154,23 @@ class DataOrder:
         self.__dict__.update(state)
         self._perm = lru_cache(maxsize=2)(self._make_perm)
 
+    def prepare(self, first_row: int, num_rows: int) -> bool:
+        """Build (or memory-map from the cache) the permutation of every epoch that rows ``[first_row, first_row +
+        num_rows)`` fall in, now rather than at the first row read.
+
+        :returns: whether all of them were in the permutation cache already (``False`` without a cache).
+        """
+        rpe = self.rows_per_epoch
+        last = int(first_row) + max(int(num_rows), 1) - 1
+        epochs = range(self.first_epoch + int(first_row) // rpe, self.first_epoch + last // rpe + 1)
+        n = self.num_instances // self.chunk
+        cached = self.cache_dir is not None and all(
+            permutation_path(self.cache_dir, n, self.seed + e).is_file()
+            and permutation_path(self.cache_dir, n, self.seed + e).stat().st_size == 4 * n for e in epochs)
+        for e in epochs:
+            self._perm(e)
+        return cached
+
     def _make_perm(self, epoch: int) -> np.ndarray:
         """The shuffled chunk ids of ``epoch`` (instance ids when ``chunk`` is 1), ``(N / chunk,)`` ``uint32``."""
         if self.cache_dir is not None:
