@@ -36,6 +36,7 @@ Usage::
 
     python benchmarks/first_step.py            # full: 1,000 files, N ~ 1.0e8 instances, 2,000 x 512 x 4096
     python benchmarks/first_step.py --quick    # CI-sized: 1,000 files, N ~ 2e5, 100 steps of 64 rows, 64 items
+    python benchmarks/first_step.py --report DIR   # the table of the runs kept by an earlier --keep DIR
 
 Prints one table (phase x case, seconds) and the ratios. Numbers are printed, not asserted. ``--keep DIR`` keeps
 the cache, run dirs and logs there.
@@ -317,7 +318,8 @@ def report(results: Dict[str, dict], args, n: int, files: int, served: tuple) ->
     if "warm" in firsts and "warm, audit off" in firsts:
         print(f"audit on / off time to first step (warm): {firsts['warm'] / firsts['warm, audit off']:.3f}; "
               f"seconds the audit adds before step 1: {firsts['warm'] - firsts['warm, audit off']:.1f}")
-    print(f"server: {served[0]:,} requests, {served[1] / 1e9:.2f} GB served over all cases")
+    if served[0]:
+        print(f"server: {served[0]:,} requests, {served[1] / 1e9:.2f} GB served over all cases")
 
 
 def main() -> None:
@@ -338,6 +340,8 @@ def main() -> None:
     ap.add_argument("--dry-run-batch", action="store_true", help="keep OLMo-core's dry-run batch")
     ap.add_argument("--timeout", type=float, default=7200.0, help="seconds a run may take to its first step")
     ap.add_argument("--keep", default=None, help="work dir to keep (cache, run dirs, logs)")
+    ap.add_argument("--report", default=None, metavar="DIR",
+                    help="only print the table of the runs kept in DIR (same size options as the runs)")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     quick = args.quick
@@ -347,6 +351,15 @@ def main() -> None:
     args.items = args.items or (64 if quick else 320)
     if args.serve:
         return serve(args)
+    rels, tokens = mix(args.files, args.instances, args.sequence_length)
+    n = int((tokens // args.sequence_length).sum())
+    if args.report:
+        names = {"cold": "cold", "warm": "warm", "warm_audit_off": "warm, audit off"}
+        kept = {names.get(d.name, d.name): json.loads((d / "phases.json").read_text())
+                for d in sorted(Path(args.report, "runs").iterdir()) if (d / "phases.json").is_file()}
+        done = {k: v for k, v in kept.items() if "first step" in v.get("events", {})}
+        return report(dict(sorted(done.items(), key=lambda kv: list(names.values()).index(kv[0])
+                                  if kv[0] in names.values() else 9)), args, n, args.files, (0, 0))
 
     from pretrain_exp.core.io import default_cache_dir
 
@@ -358,8 +371,6 @@ def main() -> None:
     for sub in ("assets", "tokenizers", "models", "tokens"):  # the tokenizer and the tiny model, read only
         if (user_cache / sub).is_dir() and not (cache / sub).exists():
             (cache / sub).symlink_to(user_cache / sub)
-    rels, tokens = mix(args.files, args.instances, args.sequence_length)
-    n = int((tokens // args.sequence_length).sum())
     ckpt = checkpoint(work, user_cache, [OLMO_DATA + r for r in rels], args.sequence_length,
                       args.global_batch_size, args.seed)
     srv = subprocess.Popen([sys.executable, __file__, "--serve", "--files", str(args.files), "--instances",
@@ -382,14 +393,14 @@ def main() -> None:
                                                       ["insertion.audit=off"])
             else:
                 raise SystemExit(f"unknown case {case!r}")
+            if args.keep:
+                (work / "results.json").write_text(json.dumps(results, indent=1))
     finally:
         out, _ = srv.communicate("", timeout=60)
         served = tuple(int(x) for x in out.split()[:2]) if out.split() else (0, 0)
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     report(results, args, n, args.files, served)
-    if args.keep:
-        (work / "results.json").write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
