@@ -8,7 +8,9 @@
    already in the run dir is identical) and verify it on the batches the framework will train (its
    ``peek_rows`` for every affected step and DP rank, :func:`~pretrain_exp.insertion.verify.verify_batches`);
    audit the items' natural duplicates in the window and the held-out rows (``insertion.audit``,
-   :mod:`~pretrain_exp.insertion.audit`; ``audit.json`` and the counts in ``items.jsonl``);
+   :mod:`~pretrain_exp.insertion.audit`; ``audit.json`` and the counts in ``items.jsonl``): with ``on`` in a process
+   of its own beside training (:mod:`~pretrain_exp.insertion.audit_job`), collected before the results are
+   written;
 3. evaluate the initial checkpoint if ``eval.on_load`` (or if ``training.num_steps=0``);
 4. train segment by segment (``training.checkpoint_interval`` steps each), retrying failed segments with
    exponential backoff and jitter (config and data errors are not retried), keep the HF export of the last (or
@@ -67,6 +69,7 @@ from pretrain_exp.frameworks.base import Checkpoint
 from pretrain_exp.frameworks.registry import get_framework_class
 from pretrain_exp.insertion import dynamic
 from pretrain_exp.insertion.audit import AuditResult, audit_key, audit_plan, default_workers, item_contents
+from pretrain_exp.insertion.audit_job import BackgroundAudit
 from pretrain_exp.insertion.items import LoadContext
 from pretrain_exp.insertion.plan import Plan, build_plan
 from pretrain_exp.insertion.schema import AuditMode
@@ -132,6 +135,8 @@ class Experiment:
                                                        progress=self.main).fetched_bytes
         self._check_held_out()
         self.dynamic = dynamic.parse_dynamic(cfg.insertion.dynamic, cfg.insertion.experiments, cfg.eval.tasks)
+        self._audit_job: Optional[BackgroundAudit] = None  #: ``insertion.audit=on``: the audit beside training
+        self.audit_wait_s = 0.0  #: seconds the run's end waited for it
         self.plan = self._plan()
         self.rows = TrainingRows(self.order, self.plan, self.start_step * self.B, self.num_steps * self.B)
         if self.main and cfg.insertion.verify and self.plan.num_insertions:
@@ -139,6 +144,8 @@ class Experiment:
                 verify_batches(self.plan, functools.partial(self.framework.peek_rows, self.rows),
                                self.order.row_tokens, (self.rows.first_row, self.rows.first_row + len(self.rows)),
                                world_size(), seed=cfg.seed)
+        if self._audit_job is not None:  # insertion.audit=on, not audited yet: beside training from here
+            self._audit_job.start()
 
     def _check_held_out(self) -> None:
         """Resolve a null ``data.held_out_rows`` (:func:`fit_held_out`, logged when fewer than the default fit),
@@ -269,10 +276,12 @@ class Experiment:
 
     def _audit(self, plan: Plan, items) -> tuple[Optional[AuditResult], bool]:
         """The natural-duplicate audit of ``plan`` (:mod:`~pretrain_exp.insertion.audit`): read from
-        ``audit.json`` when it audited this plan with this n, else computed and saved; ``strict`` raises for a
-        control found in the window.
+        ``audit.json`` when it audited this plan with this n, or from the audit cache, else computed and saved:
+        here with ``strict``, which raises for a control found in the window; with ``on`` beside training
+        (:class:`~pretrain_exp.insertion.audit_job.BackgroundAudit`, started by ``__init__`` once the run is ready
+        to train, collected by :meth:`finish_audit`).
 
-        :returns: ``(result or None when off or skipped, whether it was computed now)``.
+        :returns: ``(result or None when off, skipped or beside training, whether it was computed now)``.
         :raises InsertionError: ``insertion.audit=strict`` and a dup-0 control occurs in the window, naming the
             item and where (step, row, offset).
         """
@@ -305,6 +314,11 @@ class Experiment:
                     res = AuditResult.load(shared)
                     res.plan_digest = plan.digest()
                     log.info("audit: reused %s (the same window rows, held-out rows and items)", shared)
+            if res is None and ins.audit == AuditMode.on:  # beside training: nothing of it before step 1
+                self._audit_job = BackgroundAudit(
+                    plan, o, (self.window[0] // self.L, self.window[1] // self.L), held_rows, ins.audit_ngram,
+                    self.tokenizer.eos_token_id, ins.audit_workers or default_workers(), path, shared, "on")
+                return None, False
             if res is None:
                 res = audit_plan(plan, o.row_tokens, window_rows, held_rows, ins.audit_ngram,
                                  strip=self.tokenizer.eos_token_id, workers=ins.audit_workers or default_workers())
@@ -312,6 +326,13 @@ class Experiment:
             fresh = True
         if fresh:  # also when strict refuses: the full table of what was found
             res.save(path, plan, ins.audit.value)
+        self._report_audit(res, plan, items)
+        return res, fresh
+
+    def _report_audit(self, res: AuditResult, plan: Plan, items) -> None:
+        """Log the controls found in the window and the items in the held-out rows; ``strict`` refuses a control
+        found in the window (:meth:`_audit`)."""
+        ins = self.cfg.insertion
         labels = [f"{it.experiment}[{it.index}] {it.source}" for name in plan.experiments for it in items[name]]
         bad = res.contaminated_controls(plan)
         if bad and ins.audit == AuditMode.strict:
@@ -323,7 +344,25 @@ class Experiment:
         if held:
             log.warning("audit: %d item(s) occur in the held-out rows (perplexity), e.g. %s", len(held),
                         labels[held[0]])
-        return res, fresh
+
+    def finish_audit(self, wait: bool = True) -> None:
+        """Collect the audit running beside training (``insertion.audit=on``): wait for it (without ``wait``:
+        only if it has ended), report it as :meth:`_audit` does and rewrite ``items.jsonl`` with its counts; the
+        run's results then carry it (:meth:`_write_results` calls this).
+
+        :raises InsertionError: if the audit failed (a re-run of the same command audits again).
+        """
+        job = self._audit_job
+        res = None if job is None else job.wait() if wait else job.poll()
+        if res is None:
+            return
+        self._audit_job, self.audit, self.audit_wait_s = None, res, job.waited_s
+        secs = res.window.seconds + res.held_out.seconds
+        log.info("audit: %d items against %d window + %d held-out tokens in %.1f s beside training (%.2e tokens/s)",
+                 job.plan.num_items, res.window.tokens, res.held_out.tokens, secs,
+                 (res.window.tokens + res.held_out.tokens) / max(secs, 1e-9))
+        self._report_audit(res, job.plan, self.items)
+        self._write_plan(self.plan)
 
     # --- evaluation -------------------------------------------------------------------------------------
     @functools.cached_property
@@ -480,6 +519,7 @@ class Experiment:
                 if self.main:
                     self.keep_hf_export(ckpt, final=seg_end == end)
                 evaluated[ckpt.step] = self._evaluate_segment(ckpt, tracker, final=seg_end == end)
+                self.finish_audit(wait=False)  # the audit beside training, as soon as it has ended
                 timing.append({"step": ckpt.step, "train_s": t1 - t0, "segment_end_s": time.perf_counter() - t1})
             t0 = time.perf_counter()
             self.framework.finish_checkpoints()  # the last segment's checkpoint may still be being written
@@ -553,6 +593,9 @@ class Experiment:
                        initial: Checkpoint, end: int, timing: Optional[dict]) -> dict:
         """Write ``results.json`` (with ``timing``), the run's tables and plots, and log them to the tracker."""
         cfg = self.cfg
+        self.finish_audit()
+        if timing is not None and self.audit_wait_s:
+            timing["final_audit_wait_s"] = self.audit_wait_s
         audit = self.run_dir / "audit.json"
         audit = json.loads(audit.read_text()) if self.audit is not None and audit.is_file() else None
         if audit is not None and self.dynamic is not None:  # audited on the static plan: final dup counts
