@@ -69,6 +69,7 @@ from pretrain_exp.frameworks.olmo_core.callbacks import (
 )
 from pretrain_exp.frameworks.olmo_core.checkpoint import OlmoCoreCheckpoint, check_train_state, model_config
 from pretrain_exp.frameworks.olmo_core.global_indices import share_global_indices
+from pretrain_exp.frameworks.olmo_core.window_gate import gate_loader
 
 log = logging.getLogger(__name__)
 
@@ -631,6 +632,8 @@ class OlmoCoreFramework(Framework):
         keep = np.ones(qs.size, bool) if only is None else np.isin(qs, np.asarray(only, dtype=np.int64))
         if not keep.any():
             return qs[:0], np.empty((0, order.sequence_length), np.int64)
+        for q in qs[keep] if order.gate is not None else ():  # a streamed window: rows the stream has fetched
+            order.gate.wait_row(int(q))
         batch_dict = loader.collator([loader._get_dataset_item(int(i)) for i in instances[keep]])
         apply_insertions(batch_dict, qs[keep], order, rows.plan, where=f"step {step}, rank {dp_rank} (peek)")
         return qs[keep], batch_dict["input_ids"].numpy().astype(np.int64)
@@ -680,6 +683,7 @@ class OlmoCoreFramework(Framework):
             bpe = data_loader.total_batches  # OLMo-core's epochs of this segment: their orders from the shared cache
             for epoch in range(1 + start.step // bpe, 2 + (until_step - 1) // bpe):
                 share_global_indices(data_loader, rows.order.cache_dir, epoch)
+            gate_loader(data_loader, rows.order)  # a streamed window: each instance once the stream has it
         initial = start.path == self.model_dir
         has_train_state = (Path(start.path) / "train" / "rank0.pt").is_file()
         has_optim_state = holds_optim_state(Path(start.path))

@@ -2,7 +2,9 @@
 
 :func:`run` is the whole run for one validated :class:`~pretrain_exp.app.config.ExperimentConfig`:
 
-1. resolve the model (asset or dir) and tokenizer, tokenize the corpus if needed, build the data order;
+1. resolve the model (asset or dir) and tokenizer, tokenize the corpus if needed, build the data order; remote
+   token files: fetch the window's rows before training (``data.prefetch=window``) or stream them beside training
+   (``stream``, the default; :mod:`~pretrain_exp.data.stream`, started once the plan is verified);
 2. load the items, place them in the training window ``[S*B*L, (S+n)*B*L)`` and build the
    :class:`~pretrain_exp.insertion.plan.Plan`; save ``plan.npz`` + ``manifest.jsonl`` (or check that the plan
    already in the run dir is identical) and verify it on the batches the framework will train (its
@@ -51,15 +53,16 @@ from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.app.run_name import MUTABLE_KEYS  # noqa: F401  (re-exported: the keys a re-run may change)
 from pretrain_exp.app.tracking import NullTracker, Tracker, config_dict
 from pretrain_exp.core.config import DEFAULT_HELD_OUT_ROWS, Cleanup, EvalMode, ExportHF
-from pretrain_exp.core.distributed import barrier, init_process_group, is_main_process, world_size
+from pretrain_exp.core.distributed import barrier, init_process_group, is_main_process, local_rank, world_size
 from pretrain_exp.core.errors import CheckpointError, ConfigError, InsertionError, PretrainExpError, TrainingError
 from pretrain_exp.core.io import disk_full_error, is_disk_full, write_json, write_text
 from pretrain_exp.core.phases import PHASES
 from pretrain_exp.core.secrets import redact_obj
 from pretrain_exp.data.hf_dataset import tokenize_dataset
 from pretrain_exp.data.order import DataOrder, step_window
-from pretrain_exp.data.prefetch import prefetch_window, resolve_prefetch
+from pretrain_exp.data.prefetch import prefetch_rows, prefetch_window, resolve_prefetch
 from pretrain_exp.data.rows import TrainingRows
+from pretrain_exp.data.stream import WindowStream
 from pretrain_exp.data.token_files import TokenFiles, dtype_for_vocab
 from pretrain_exp.data.tokenize import load_tokenizer, tokenize_source
 from pretrain_exp.evals.base import EvalContext, EvalResult
@@ -74,7 +77,7 @@ from pretrain_exp.insertion.items import LoadContext
 from pretrain_exp.insertion.plan import Plan, build_plan
 from pretrain_exp.insertion.schema import AuditMode
 from pretrain_exp.insertion.types import load_items, reserved_rows
-from pretrain_exp.insertion.verify import verify_batches
+from pretrain_exp.insertion.verify import rows_to_verify, verify_batches
 from pretrain_exp.report.plots import plot_loss_vs_step, plot_per_dup
 from pretrain_exp.report.summary import print_table, summarize
 from pretrain_exp.report.tables import write_run_tables
@@ -128,11 +131,16 @@ class Experiment:
         self.window = step_window(self.start_step, self.num_steps, self.L, self.B)
         with PHASES.phase("permutation", instances=self.order.num_instances) as rec:
             rec["cached"] = self.order.prepare(self.start_step * self.B, self.num_steps * self.B)
-        self.window_fetched = resolve_prefetch(cfg.data.prefetch, files) == "window" or not any(files.remote)
-        if resolve_prefetch(cfg.data.prefetch, files) == "window":  # remote rows of the run, fetched once
+        prefetch = resolve_prefetch(cfg.data.prefetch, files)
+        self.window_fetched = prefetch in ("window", "stream") or not any(files.remote)
+        self.stream: Optional[WindowStream] = None  #: ``data.prefetch=stream``: the window fetched beside training
+        if prefetch == "window":  # remote rows of the run, fetched once
             with PHASES.phase("prefetch", mode="window") as rec:
                 rec["fetched_bytes"] = prefetch_window(self.order, self.start_step * self.B, self.num_steps * self.B,
                                                        progress=self.main).fetched_bytes
+        elif prefetch == "stream" and self.num_steps:  # started once the plan is verified (below)
+            self.stream = WindowStream(self.order, self.start_step * self.B, self.num_steps * self.B,
+                                       ahead_steps=cfg.data.prefetch_ahead_steps)
         self._check_held_out()
         self.dynamic = dynamic.parse_dynamic(cfg.insertion.dynamic, cfg.insertion.experiments, cfg.eval.tasks)
         self._audit_job: Optional[BackgroundAudit] = None  #: ``insertion.audit=on``: the audit beside training
@@ -140,10 +148,17 @@ class Experiment:
         self.plan = self._plan()
         self.rows = TrainingRows(self.order, self.plan, self.start_step * self.B, self.num_steps * self.B)
         if self.main and cfg.insertion.verify and self.plan.num_insertions:
+            span = (self.rows.first_row, self.rows.first_row + len(self.rows))
             with PHASES.phase("verify", rows=int(self.plan.affected_rows().size)):
+                if self.stream is not None:  # the rows the verifier reads, fetched before the stream starts
+                    prefetch_rows(self.order, rows_to_verify(self.plan, span, seed=cfg.seed))
                 verify_batches(self.plan, functools.partial(self.framework.peek_rows, self.rows),
-                               self.order.row_tokens, (self.rows.first_row, self.rows.first_row + len(self.rows)),
-                               world_size(), seed=cfg.seed)
+                               self.order.row_tokens, span, world_size(), seed=cfg.seed)
+        if self.stream is not None:  # one stream per node; from here every reader of the window waits for it
+            with PHASES.phase("prefetch", mode="stream"):
+                if local_rank() == 0:
+                    self.stream.start()
+                self.order.gate = self.stream.gate()
         if self._audit_job is not None:  # insertion.audit=on, not audited yet: beside training from here
             self._audit_job.start()
 
@@ -596,6 +611,8 @@ class Experiment:
         self.finish_audit()
         if timing is not None and self.audit_wait_s:
             timing["final_audit_wait_s"] = self.audit_wait_s
+        if timing is not None and self.order.gate is not None:  # this process's waits for the window stream
+            timing["data_stall_s"] = self.order.gate.stall_s
         audit = self.run_dir / "audit.json"
         audit = json.loads(audit.read_text()) if self.audit is not None and audit.is_file() else None
         if audit is not None and self.dynamic is not None:  # audited on the static plan: final dup counts

@@ -144,6 +144,8 @@ class DataOrder:
                 f"{self.sequence_length} tokens, fewer than one global batch of {self.global_batch_size} rows"
             )
         self._perm = lru_cache(maxsize=2)(self._make_perm)
+        #: the gate of the run's window stream (:class:`~pretrain_exp.data.stream.StreamGate`), if one runs
+        self.gate = None
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -219,10 +221,12 @@ class DataOrder:
         return f, int(instance - self.file_starts[f]) * self.sequence_length
 
     def row_tokens(self, q: int) -> np.ndarray:
-        """Tokens of training-order row ``q`` as read from the files (no insertions): ``int64``, shape ``(L,)``."""
+        """Tokens of training-order row ``q`` as read from the files (no insertions): ``int64``, shape ``(L,)``.
+        A row of a streamed window (:attr:`gate`) is read once the stream has fetched it."""
         _, inst = self.instance(q)
         f, off = self.instance_location(inst)
-        return self.files.read(f, off, self.sequence_length)
+        ready = self.gate is not None and self.gate.wait_row(q)
+        return self.files.read(f, off, self.sequence_length, cached=ready)
 
     def locate(self, position: int) -> Location:
         """Every coordinate of global token position ``position`` (module docstring)."""
