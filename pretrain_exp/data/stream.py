@@ -58,8 +58,11 @@ log = logging.getLogger(__name__)
 HEARTBEAT_S = 2.0  #: the stream rewrites its progress file at least this often, seconds
 STALE_S = 600.0  #: a reader gives up when the progress file has not moved for this long, seconds
 STALL_LOG_S = 0.5  #: a reader's wait longer than this is logged as a data stall, seconds
-POLL_S = (0.005, 0.1)  #: a waiting reader re-reads the progress file after this long, doubling up to the second
+POLL_S = (0.005, 0.1)  #: a waiting reader re-reads the progress file after the first, doubling up to the second
 PARENT_CHECK_S = 2.0  #: the stream process checks this often that the run's process is still there, seconds
+#: a file's manifest is rewritten at most this often while the stream fills it (a killed stream re-fetches at most
+#: this many seconds of chunks; readers of the window wait on the progress file, not on the manifests), seconds
+MANIFEST_EVERY_S = 10.0
 
 
 def stream_key(order, first_row: int, num_rows: int) -> str:
@@ -350,13 +353,14 @@ class _Streamer:
         for fi, r in window_ranges(self.order, a, b - a).items():
             if not self.files.remote[fi]:
                 continue
-            for s, e in subtract_ranges(r, present.get(fi, np.empty((0, 2), np.int64))):
+            have = present.get(fi)
+            for s, e in (subtract_ranges(r, have) if have is not None and have.size else r):
                 for c in range(int(s), int(e), int(self.spec["chunk_bytes"])):
                     out.append((fi, c, min(int(e), c + int(self.spec["chunk_bytes"]))))
         return out
 
     def run(self) -> None:
-        from pretrain_exp.data.prefetch import MANIFEST_EVERY_S, check_window, window_ranges
+        from pretrain_exp.data.prefetch import check_window, window_ranges
         from pretrain_exp.data.window import merge_ranges
 
         files, t0 = self.files, time.monotonic()

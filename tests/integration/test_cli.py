@@ -63,6 +63,13 @@ def test_tiny_run_writes_everything_and_resumes(tmp_path, tiny_model_dir):
         assert r["natural_items"] == r["natural_exact"] == 0 and r["effective_dup_mean"] == r["dup_count"]
     assert res["audit"]["ngram"] == 13 and res["audit"]["window_tokens"] == 12 * 8 * 128
     assert res["audit"]["contaminated_controls"] == [] and "natural-duplicate audit (13-grams" in proc.stdout
+    phases = json.loads((run_dir / "phases.json").read_text())  # where the time before the first step went
+    names = [p["name"] for p in phases["phases"]]
+    assert {"startup", "settings", "size index", "permutation", "items", "plan", "audit", "tracker"} <= set(names)
+    assert phases["events"]["first step"]["step"] == 1
+    assert phases["events"]["first step"]["at_s"] >= max(p["start_s"] + p["seconds"] for p in phases["phases"]
+                                                         if p["name"] == "tracker")
+    assert res["timing"]["phases"]["events"]["first step"]["step"] == 1
 
     # inspect: an item's placements and its loss at every evaluated step, from the run's eval outputs
     view = subprocess.run([sys.executable, "-m", "pretrain_exp.inspect", str(run_dir), "item=fictional_bios:0"],
