@@ -41,6 +41,7 @@ from pretrain_exp.core.config import Precision
 from pretrain_exp.core.distributed import world_size
 from pretrain_exp.core.errors import CheckpointError
 from pretrain_exp.core.io import apply_default_modes
+from pretrain_exp.core.phases import FIRST_STEP, PHASES
 from pretrain_exp.core.rundir import RunDir, step_name
 from pretrain_exp.frameworks.base import Checkpoint, Framework, LogFn
 from pretrain_exp.frameworks.hf.sampler import RankLayoutSampler
@@ -120,6 +121,9 @@ class _Segment(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kw):
         self._t, self._k = time.perf_counter(), state.global_step
+
+    def on_step_begin(self, args, state, control, **kw):
+        PHASES.mark(FIRST_STEP, step=state.global_step + 1)  # the first only (pretrain_exp.core.phases)
 
     def on_step_end(self, args, state, control, **kw):
         if state.global_step >= self.stop_at:

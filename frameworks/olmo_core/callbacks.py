@@ -9,7 +9,8 @@ the plan into an OLMo-core batch.
   and written; Gaussian-poisoning rows fed through :class:`~pretrain_exp.frameworks.noise_feed.NoiseFeed`;
 - :class:`StartAt`, :class:`SaveModelConfig`, :class:`ForwardMetrics`: trainer position, ``config.json`` in every
   checkpoint, training scalars to the run's tracker;
-- :class:`SegmentCheckpointer`: OLMo-core's checkpointer, the segment-end save left running in the background.
+- :class:`SegmentCheckpointer`: OLMo-core's checkpointer, the segment-end save left running in the background;
+- :class:`StartupPhases`: the phases of the first fit until its first step (:mod:`pretrain_exp.core.phases`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 from olmo_core.train.callbacks import Callback, CheckpointerCallback
 
 from pretrain_exp.core.errors import TrainingError
+from pretrain_exp.core.phases import FIRST_STEP, PHASES
 from pretrain_exp.data.schedule import rows_for
 from pretrain_exp.frameworks.base import LogFn
 from pretrain_exp.frameworks.noise_feed import NoiseFeed
@@ -201,3 +203,45 @@ class ForwardMetrics(Callback):
                 continue
         if out:
             self.log_fn(out, step)
+
+
+class StartupPhases(Callback):
+    """The phases of a trainer's first ``fit`` until its first step starts, recorded in
+    :data:`~pretrain_exp.core.phases.PHASES`: ``checkpoint load`` (``fit`` start to ``post_checkpoint_loaded``),
+    ``engine pre-train`` (to ``pre_train``), ``engine dry run and data order`` (OLMo-core's forward/backward of a mock
+    batch and its ``reshuffle``, to ``pre_epoch``), ``first batch`` (to the first ``pre_step``), and the event
+    ``first step``. Later fits of the same trainer record nothing."""
+
+    priority = 10_000  # before the other callbacks' pre_step: the step starts when the batch is in hand
+
+    def __init__(self):
+        self.t: Optional[float] = None
+        self.done = False
+
+    def fit_started(self) -> None:
+        """Called by the framework right before ``Trainer.fit``."""
+        if not self.done:
+            self.t = time.time()
+
+    def _phase(self, name: str) -> None:
+        if self.done or self.t is None:
+            return
+        now = time.time()
+        PHASES.add(name, now - self.t, self.t)
+        self.t = now
+
+    def post_checkpoint_loaded(self, path) -> None:
+        self._phase("checkpoint load")
+
+    def pre_train(self) -> None:
+        self._phase("engine pre-train")
+
+    def pre_epoch(self) -> None:
+        self._phase("engine dry run and data order")
+
+    def pre_step(self, batch) -> None:
+        if self.done or self.t is None:
+            return
+        self._phase("first batch")
+        PHASES.mark(FIRST_STEP, step=int(self.trainer.global_step))
+        self.done = True

@@ -54,6 +54,7 @@ import torch
 from pretrain_exp.core.config import DataConf, ModelConf, Precision, RunConfig, TrainingConf
 from pretrain_exp.core.distributed import is_main_process, rank, world_size
 from pretrain_exp.core.errors import CheckpointError, ConfigError, TrainingError
+from pretrain_exp.core.phases import PHASES
 from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.data.schedule import rows_for
 from pretrain_exp.frameworks.base import Checkpoint, Framework, LogFn
@@ -65,10 +66,12 @@ from pretrain_exp.frameworks.olmo_core.callbacks import (
     SaveModelConfig,
     SegmentCheckpointer,
     StartAt,
+    StartupPhases,
     apply_insertions,
 )
 from pretrain_exp.frameworks.olmo_core.checkpoint import OlmoCoreCheckpoint, check_train_state, model_config
 from pretrain_exp.frameworks.olmo_core.global_indices import share_global_indices
+from pretrain_exp.frameworks.olmo_core.window_gate import gate_loader
 
 log = logging.getLogger(__name__)
 
@@ -695,6 +698,8 @@ class OlmoCoreFramework(Framework):
         keep = np.ones(qs.size, bool) if only is None else np.isin(qs, np.asarray(only, dtype=np.int64))
         if not keep.any():
             return qs[:0], np.empty((0, order.sequence_length), np.int64)
+        for q in qs[keep] if order.gate is not None else ():  # a streamed window: rows the stream has fetched
+            order.gate.wait_row(int(q))
         batch_dict = loader.collator([upstream.dataset_item(loader, i) for i in instances[keep]])
         apply_insertions(batch_dict, qs[keep], order, rows.plan, where=f"step {step}, rank {dp_rank} (peek)")
         return qs[keep], batch_dict["input_ids"].numpy().astype(np.int64)
@@ -715,31 +720,34 @@ class OlmoCoreFramework(Framework):
         L = t.sequence_length
         seed_all(self.cfg.seed)
         upstream.reset_world_mesh()  # one mesh per process in OLMo-core; every segment builds a new train module
-        model = self.model_config(cuda).build(init_device="meta" if cuda else "cpu")
-        train_module = TransformerTrainModuleConfig(
-            rank_microbatch_size=t.micro_batch_size * L,
-            max_sequence_length=L,
-            optim=self.optim_config(),
-            max_grad_norm=self.max_grad_norm,
-            z_loss_multiplier=self.z_loss_multiplier,
-            scheduler=self.scheduler(),
-            autocast_precision=DType.bfloat16 if bf16 else None,
-            dp_config=self._dp_config(world, cuda),
-            compile_model=t.compile,
-            ac_config=self._ac_config(),
-        ).build(model, device=device)
+        with PHASES.phase("model build"):
+            model = self.model_config(cuda).build(init_device="meta" if cuda else "cpu")
+            train_module = TransformerTrainModuleConfig(
+                rank_microbatch_size=t.micro_batch_size * L,
+                max_sequence_length=L,
+                optim=self.optim_config(),
+                max_grad_norm=self.max_grad_norm,
+                z_loss_multiplier=self.z_loss_multiplier,
+                scheduler=self.scheduler(),
+                autocast_precision=DType.bfloat16 if bf16 else None,
+                dp_config=self._dp_config(world, cuda),
+                compile_model=t.compile,
+                ac_config=self._ac_config(),
+            ).build(model, device=device)
         noise_feed = NoiseFeed.for_plan(rows.plan)
         if noise_feed is not None:
             noise_feed.attach(model.embeddings)
-        # on GPUs, loader workers read the next batches from the token files (or the window cache) while a step
-        # runs (benchmarks/prefetch.py: a 512x4096 batch read in the step costs ~2.5% of a 0.3 s step per rank of
-        # 8, read a batch ahead 0.04%); on CPUs in the process, which keeps test runs light
-        data_loader = NumpyDataLoaderConfig(global_batch_size=t.global_batch_size * L, seed=self.loader_seed,
-                                            work_dir=str(self.work_dir), num_workers=4 if cuda else 0,
-                                            prefetch_factor=2 if cuda else None).build(self.dataset(rows.order))
-        bpe = data_loader.total_batches  # OLMo-core's epochs of this segment: their orders from the shared cache
-        for epoch in range(1 + start.step // bpe, 2 + (until_step - 1) // bpe):
-            share_global_indices(data_loader, rows.order.cache_dir, epoch)
+        with PHASES.phase("engine data loader", files=len(rows.order.files.paths)):
+            # on GPUs, loader workers read the next batches from the token files (or the window cache) while a step
+            # runs (benchmarks/prefetch.py: a 512x4096 batch read in the step costs ~2.5% of a 0.3 s step per rank of
+            # 8, read a batch ahead 0.04%); on CPUs in the process, which keeps test runs light
+            data_loader = NumpyDataLoaderConfig(global_batch_size=t.global_batch_size * L, seed=self.loader_seed,
+                                                work_dir=str(self.work_dir), num_workers=4 if cuda else 0,
+                                                prefetch_factor=2 if cuda else None).build(self.dataset(rows.order))
+            bpe = data_loader.total_batches  # OLMo-core's epochs of this segment: their orders from the shared cache
+            for epoch in range(1 + start.step // bpe, 2 + (until_step - 1) // bpe):
+                share_global_indices(data_loader, rows.order.cache_dir, epoch)
+            gate_loader(data_loader, rows.order)  # a streamed window: each instance once the stream has it
         initial = start.path == self.model_dir
         has_train_state = (Path(start.path) / "train" / "rank0.pt").is_file()
         has_optim_state = holds_optim_state(Path(start.path))
@@ -750,19 +758,21 @@ class OlmoCoreFramework(Framework):
             "pretrain_exp_config": SaveModelConfig(self.model_dir / "config.json", is_main_process()),
             "checkpointer": SegmentCheckpointer(save_interval=t.checkpoint_interval, save_async=self.async_save,
                                                 max_checkpoints=None),  # training.keep_last_checkpoints trims
+            "pretrain_exp_phases": StartupPhases(),
         }
-        trainer = TrainerConfig(
-            save_folder=str(self.checkpoint_dir),
-            load_path=str(start.path) if initial else None,
-            load_strategy=LoadStrategy.always,  # never train from scratch silently
-            load_trainer_state=has_train_state,
-            load_optim_state=has_optim_state,
-            max_duration=Duration.steps(self.start_step + t.num_steps),
-            hard_stop=Duration.steps(until_step),
-            metrics_collect_interval=1,
-            device=str(device),
-            callbacks=callbacks,
-        ).build(train_module, data_loader)
+        with PHASES.phase("trainer build"):
+            trainer = TrainerConfig(
+                save_folder=str(self.checkpoint_dir),
+                load_path=str(start.path) if initial else None,
+                load_strategy=LoadStrategy.always,  # never train from scratch silently
+                load_trainer_state=has_train_state,
+                load_optim_state=has_optim_state,
+                max_duration=Duration.steps(self.start_step + t.num_steps),
+                hard_stop=Duration.steps(until_step),
+                metrics_collect_interval=1,
+                device=str(device),
+                callbacks=callbacks,
+            ).build(train_module, data_loader)
         return trainer
 
     @property
@@ -798,6 +808,7 @@ class OlmoCoreFramework(Framework):
         log.info("training steps %d -> %d on OLMo-core", start.step, until_step)
         checkpointer = trainer.callbacks["checkpointer"]
         self._saving = checkpointer
+        trainer.callbacks["pretrain_exp_phases"].fit_started()
         trainer.fit()  # on an error the trainer is dropped: a retry starts from the newest checkpoint on disk
         if trainer.global_step != until_step:
             raise TrainingError(f"OLMo-core stopped at step {trainer.global_step} instead of {until_step}")

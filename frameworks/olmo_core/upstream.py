@@ -22,7 +22,7 @@ import importlib
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -235,6 +235,13 @@ def local_instance_indices(loader, global_batch: np.ndarray) -> np.ndarray:
 def dataset_item(loader, instance: int) -> Dict[str, Any]:
     """Instance ``instance`` as the loader hands it to its collator (``input_ids``, ``index``, ...)."""
     return _get(loader, "_get_dataset_item")(int(instance))
+
+
+def wrap_dataset_item(loader, wrap: Callable[[Callable[[Any, int], Any]], Callable[[int], Any]]) -> None:
+    """Route this loader object's instance reads (``_get_dataset_item(idx)``, in the training process and in its
+    data-loader workers) through ``wrap(unbound original)``: a picklable callable of ``idx``."""
+    _get(loader, "_get_dataset_item")  # checked, and present on this loader
+    _set(loader, "_get_dataset_item", wrap(getattr(type(loader), "_get_dataset_item")))
 
 
 # --- the dataset config ------------------------------------------------------------------------------------------

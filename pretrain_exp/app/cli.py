@@ -29,6 +29,7 @@ import logging
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import List
 
@@ -144,11 +145,15 @@ def _run(cfg: DictConfig, run_dir: Path, fresh: bool, sweep: bool) -> None:
     from pretrain_exp.app.cpdt import run_cpdt
     from pretrain_exp.app.experiment import check_same_run
     from pretrain_exp.app.launch import job_nodes, launch
+    from pretrain_exp.core.phases import PHASES
 
+    PHASES.add("startup", time.time() - PHASES.process_start, PHASES.process_start,
+               what="interpreter, imports, Hydra's composition")
     if fresh:  # a new run dir has nothing to protect; its .hydra/ lets the sweep report list a job that fails
         save_hydra_files(cfg, run_dir)
     try:
-        exp = to_config(cfg)
+        with PHASES.phase("settings", what="config resolved (checkpoint settings) and validated"):
+            exp = to_config(cfg)
         if sweep and exp.wandb.group is None:  # the jobs of a sweep side by side in W&B
             exp.wandb.group = Path(HydraConfig.get().sweep.dir).name
         overrides = HydraConfig.get().job.override_dirname

@@ -2,13 +2,17 @@
 
 :func:`run` is the whole run for one validated :class:`~pretrain_exp.app.config.ExperimentConfig`:
 
-1. resolve the model (asset or dir) and tokenizer, tokenize the corpus if needed, build the data order;
+1. resolve the model (asset or dir) and tokenizer, tokenize the corpus if needed, build the data order; remote
+   token files: fetch the window's rows before training (``data.prefetch=window``) or stream them beside training
+   (``stream``, the default; :mod:`~pretrain_exp.data.stream`, started once the plan is verified);
 2. load the items, place them in the training window ``[S*B*L, (S+n)*B*L)`` and build the
    :class:`~pretrain_exp.insertion.plan.Plan`; save ``plan.npz`` + ``manifest.jsonl`` (or check that the plan
    already in the run dir is identical) and verify it on the batches the framework will train (its
    ``peek_rows`` for every affected step and DP rank, :func:`~pretrain_exp.insertion.verify.verify_batches`);
    audit the items' natural duplicates in the window and the held-out rows (``insertion.audit``,
-   :mod:`~pretrain_exp.insertion.audit`; ``audit.json`` and the counts in ``items.jsonl``);
+   :mod:`~pretrain_exp.insertion.audit`; ``audit.json`` and the counts in ``items.jsonl``): with ``on`` in a process
+   of its own beside training (:mod:`~pretrain_exp.insertion.audit_job`), collected before the results are
+   written;
 3. evaluate the initial checkpoint if ``eval.on_load`` (or if ``training.num_steps=0``);
 4. train segment by segment (``training.checkpoint_interval`` steps each), retrying failed segments with
    exponential backoff and jitter (config and data errors are not retried), keep the HF export of the last (or
@@ -50,16 +54,18 @@ from pretrain_exp.app.console import segment_lines
 from pretrain_exp.app.run_name import MUTABLE_KEYS  # noqa: F401  (re-exported: the keys a re-run may change)
 from pretrain_exp.app.tracking import NullTracker, Tracker, config_dict
 from pretrain_exp.core.config import DEFAULT_HELD_OUT_ROWS, Cleanup, EvalMode, ExportHF
-from pretrain_exp.core.distributed import barrier, init_process_group, is_main_process, world_size
+from pretrain_exp.core.distributed import barrier, init_process_group, is_main_process, local_rank, world_size
 from pretrain_exp.core.errors import CheckpointError, ConfigError, InsertionError, PretrainExpError, TrainingError
 from pretrain_exp.core.io import disk_full_error, is_disk_full, write_json, write_text
 from pretrain_exp.core.logs import phase_progress
+from pretrain_exp.core.phases import PHASES
 from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.core.secrets import redact_obj
 from pretrain_exp.data.hf_dataset import tokenize_dataset
 from pretrain_exp.data.order import DataOrder, step_window
-from pretrain_exp.data.prefetch import prefetch_window, resolve_prefetch
+from pretrain_exp.data.prefetch import prefetch_rows, prefetch_window, resolve_prefetch
 from pretrain_exp.data.rows import TrainingRows
+from pretrain_exp.data.stream import WindowStream
 from pretrain_exp.data.token_files import TokenFiles, dtype_for_vocab
 from pretrain_exp.data.tokenize import load_tokenizer, tokenize_source
 from pretrain_exp.evals.base import EvalContext, EvalResult
@@ -69,11 +75,12 @@ from pretrain_exp.frameworks.base import Checkpoint
 from pretrain_exp.frameworks.registry import get_framework_class
 from pretrain_exp.insertion import dynamic
 from pretrain_exp.insertion.audit import AuditResult, audit_key, audit_plan, default_workers, item_contents
+from pretrain_exp.insertion.audit_job import BackgroundAudit
 from pretrain_exp.insertion.items import LoadContext
 from pretrain_exp.insertion.plan import Plan, build_plan
 from pretrain_exp.insertion.schema import AuditMode
 from pretrain_exp.insertion.types import load_items, reserved_rows
-from pretrain_exp.insertion.verify import verify_batches
+from pretrain_exp.insertion.verify import rows_to_verify, verify_batches
 from pretrain_exp.report.plots import plot_loss_vs_step, plot_per_dup
 from pretrain_exp.report.summary import print_table, summarize
 from pretrain_exp.report.tables import write_run_tables
@@ -126,16 +133,38 @@ class Experiment:
         self.model_dir = self.framework.model_dir
         files = self.order.files
         self.window = step_window(self.start_step, self.num_steps, self.L, self.B)
-        self.window_fetched = resolve_prefetch(cfg.data.prefetch, files) == "window" or not any(files.remote)
-        if resolve_prefetch(cfg.data.prefetch, files) == "window":  # remote rows of the run, fetched once
-            prefetch_window(self.order, self.start_step * self.B, self.num_steps * self.B, progress=self.main)
+        with PHASES.phase("permutation", instances=self.order.num_instances) as rec:
+            rec["cached"] = self.order.prepare(self.start_step * self.B, self.num_steps * self.B)
+        prefetch = resolve_prefetch(cfg.data.prefetch, files)
+        self.window_fetched = prefetch in ("window", "stream") or not any(files.remote)
+        self.stream: Optional[WindowStream] = None  #: ``data.prefetch=stream``: the window fetched beside training
+        if prefetch == "window":  # remote rows of the run, fetched once
+            with PHASES.phase("prefetch", mode="window") as rec:
+                rec["fetched_bytes"] = prefetch_window(self.order, self.start_step * self.B, self.num_steps * self.B,
+                                                       progress=self.main).fetched_bytes
+        elif prefetch == "stream" and self.num_steps:  # started once the plan is verified (below)
+            self.stream = WindowStream(self.order, self.start_step * self.B, self.num_steps * self.B,
+                                       ahead_steps=cfg.data.prefetch_ahead_steps)
         self._check_held_out()
         self.dynamic = dynamic.parse_dynamic(cfg.insertion.dynamic, cfg.insertion.experiments, cfg.eval.tasks)
+        self._audit_job: Optional[BackgroundAudit] = None  #: ``insertion.audit=on``: the audit beside training
+        self.audit_wait_s = 0.0  #: seconds the run's end waited for it
         self.plan = self._plan()
         self.rows = TrainingRows(self.order, self.plan, self.start_step * self.B, self.num_steps * self.B)
         if self.main and cfg.insertion.verify and self.plan.num_insertions:
-            verify_batches(self.plan, functools.partial(self.framework.peek_rows, self.rows), self.order.row_tokens,
-                           (self.rows.first_row, self.rows.first_row + len(self.rows)), world_size(), seed=cfg.seed)
+            span = (self.rows.first_row, self.rows.first_row + len(self.rows))
+            with PHASES.phase("verify", rows=int(self.plan.affected_rows().size)):
+                if self.stream is not None:  # the rows the verifier reads, fetched before the stream starts
+                    prefetch_rows(self.order, rows_to_verify(self.plan, span, seed=cfg.seed))
+                verify_batches(self.plan, functools.partial(self.framework.peek_rows, self.rows),
+                               self.order.row_tokens, span, world_size(), seed=cfg.seed)
+        if self.stream is not None:  # one stream per node; from here every reader of the window waits for it
+            with PHASES.phase("prefetch", mode="stream"):
+                if local_rank() == 0:
+                    self.stream.start()
+                self.order.gate = self.stream.gate()
+        if self._audit_job is not None:  # insertion.audit=on, not audited yet: beside training from here
+            self._audit_job.start()
 
     def _check_held_out(self) -> None:
         """Resolve a null ``data.held_out_rows`` (:func:`fit_held_out`, logged when fewer than the default fit),
@@ -163,9 +192,12 @@ class Experiment:
         cfg = self.cfg
         ctx = LoadContext(self.tokenizer, self.vocab_size, self.L, cfg.insertion.seed, cfg.cache_dir, self.order,
                           cfg.data.held_out_rows)
-        items = {name: load_items(name, exp, ctx) for name, exp in cfg.insertion.experiments.items()}
-        plan = build_plan(items, cfg.insertion.experiments, self.window, self.L, self.B,
-                          cfg.insertion.seed, self.vocab_size)
+        with PHASES.phase("items", experiments=len(cfg.insertion.experiments)):
+            items = {name: load_items(name, exp, ctx) for name, exp in cfg.insertion.experiments.items()}
+        with PHASES.phase("plan") as rec:
+            plan = build_plan(items, cfg.insertion.experiments, self.window, self.L, self.B,
+                              cfg.insertion.seed, self.vocab_size)
+            rec["insertions"] = plan.num_insertions
         if cfg.insertion.withheld:  # placed with the others (same positions), then left out
             plan = plan.without(cfg.insertion.withheld)
             items = {name: s for name, s in items.items() if name not in cfg.insertion.withheld}
@@ -182,9 +214,12 @@ class Experiment:
         if exists and saved not in {p.digest() for _, p in self.plans}:
             raise ConfigError("insertion", f"{path} holds the plan of a different config; use a new run dir "
                               "(hydra.run.dir=...) or restore the original config")
-        self.audit, fresh = self._audit(static, items) if self.main else (None, False)
+        with PHASES.phase("audit", mode=cfg.insertion.audit.value) as rec:
+            self.audit, fresh = self._audit(static, items) if self.main else (None, False)
+            rec["computed"] = fresh
         if self.main and (not exists or fresh or saved != plan.digest()):  # items.jsonl carries the audit's counts
-            self._write_plan(plan)
+            with PHASES.phase("plan saved"):
+                self._write_plan(plan)
         log.info("plan: %d items, %d insertions, %d tokens (%.2f%% of the %d-token window)", plan.num_items,
                  plan.num_insertions, int(plan.lengths.sum()),
                  100 * plan.lengths.sum() / max(1, self.window[1] - self.window[0]), self.window[1] - self.window[0])
@@ -261,10 +296,12 @@ class Experiment:
 
     def _audit(self, plan: Plan, items) -> tuple[Optional[AuditResult], bool]:
         """The natural-duplicate audit of ``plan`` (:mod:`~pretrain_exp.insertion.audit`): read from
-        ``audit.json`` when it audited this plan with this n, else computed and saved; ``strict`` raises for a
-        control found in the window.
+        ``audit.json`` when it audited this plan with this n, or from the audit cache, else computed and saved:
+        here with ``strict``, which raises for a control found in the window; with ``on`` beside training
+        (:class:`~pretrain_exp.insertion.audit_job.BackgroundAudit`, started by ``__init__`` once the run is ready
+        to train, collected by :meth:`finish_audit`).
 
-        :returns: ``(result or None when off or skipped, whether it was computed now)``.
+        :returns: ``(result or None when off, skipped or beside training, whether it was computed now)``.
         :raises InsertionError: ``insertion.audit=strict`` and a dup-0 control occurs in the window, naming the
             item and where (step, row, offset).
         """
@@ -297,6 +334,11 @@ class Experiment:
                     res = AuditResult.load(shared)
                     res.plan_digest = plan.digest()
                     log.info("audit: reused %s (the same window rows, held-out rows and items)", shared)
+            if res is None and ins.audit == AuditMode.on:  # beside training: nothing of it before step 1
+                self._audit_job = BackgroundAudit(
+                    plan, o, (self.window[0] // self.L, self.window[1] // self.L), held_rows, ins.audit_ngram,
+                    self.tokenizer.eos_token_id, ins.audit_workers or default_workers(), path, shared, "on")
+                return None, False
             if res is None:
                 res = audit_plan(plan, o.row_tokens, window_rows, held_rows, ins.audit_ngram,
                                  strip=self.tokenizer.eos_token_id, workers=ins.audit_workers or default_workers())
@@ -304,6 +346,13 @@ class Experiment:
             fresh = True
         if fresh:  # also when strict refuses: the full table of what was found
             res.save(path, plan, ins.audit.value)
+        self._report_audit(res, plan, items)
+        return res, fresh
+
+    def _report_audit(self, res: AuditResult, plan: Plan, items) -> None:
+        """Log the controls found in the window and the items in the held-out rows; ``strict`` refuses a control
+        found in the window (:meth:`_audit`)."""
+        ins = self.cfg.insertion
         labels = [f"{it.experiment}[{it.index}] {it.source}" for name in plan.experiments for it in items[name]]
         bad = res.contaminated_controls(plan)
         if bad and ins.audit == AuditMode.strict:
@@ -315,7 +364,25 @@ class Experiment:
         if held:
             log.warning("audit: %d item(s) occur in the held-out rows (perplexity), e.g. %s", len(held),
                         labels[held[0]])
-        return res, fresh
+
+    def finish_audit(self, wait: bool = True) -> None:
+        """Collect the audit running beside training (``insertion.audit=on``): wait for it (without ``wait``:
+        only if it has ended), report it as :meth:`_audit` does and rewrite ``items.jsonl`` with its counts; the
+        run's results then carry it (:meth:`_write_results` calls this).
+
+        :raises InsertionError: if the audit failed (a re-run of the same command audits again).
+        """
+        job = self._audit_job
+        res = None if job is None else job.wait() if wait else job.poll()
+        if res is None:
+            return
+        self._audit_job, self.audit, self.audit_wait_s = None, res, job.waited_s
+        secs = res.window.seconds + res.held_out.seconds
+        log.info("audit: %d items against %d window + %d held-out tokens in %.1f s beside training (%.2e tokens/s)",
+                 job.plan.num_items, res.window.tokens, res.held_out.tokens, secs,
+                 (res.window.tokens + res.held_out.tokens) / max(secs, 1e-9))
+        self._report_audit(res, job.plan, self.items)
+        self._write_plan(self.plan)
 
     # --- evaluation -------------------------------------------------------------------------------------
     @functools.cached_property
@@ -443,7 +510,9 @@ class Experiment:
         t_start = time.perf_counter()
         evaluated: Dict[int, Dict[str, dict]] = {}
         timing: list = []  #: per trained segment of this invocation: ``{step, train_s, segment_end_s}``
-        with (Tracker(cfg) if self.main else NullTracker()) as tracker:
+        with PHASES.phase("tracker"):
+            tracker_cm = Tracker(cfg) if self.main else NullTracker()
+        with tracker_cm as tracker:
             ckpt = self.framework.latest_checkpoint()
             initial = self.framework.initial_checkpoint()
             if ckpt is None:
@@ -472,6 +541,7 @@ class Experiment:
                 if self.main:
                     self.keep_hf_export(ckpt, final=seg_end == end)
                 evaluated[ckpt.step] = self._evaluate_segment(ckpt, tracker, final=seg_end == end)
+                self.finish_audit(wait=False)  # the audit beside training, as soon as it has ended
                 timing.append({"step": ckpt.step, "train_s": t1 - t0, "segment_end_s": time.perf_counter() - t1})
             t0 = time.perf_counter()
             self.framework.finish_checkpoints()  # the last segment's checkpoint may still be being written
@@ -486,7 +556,7 @@ class Experiment:
             # run for (export, evals or their launch); the final wait for background evals
             results = self._write_results(tracker, evaluated, t_start, ckpt, initial, end, {
                 "eval_mode": cfg.eval.mode.value, "segments": timing, "final_eval_wait_s": wait_s,
-                "final_checkpoint_wait_s": checkpoint_wait_s})
+                "final_checkpoint_wait_s": checkpoint_wait_s, "phases": PHASES.summary()})
         if cfg.release.push_to_hub:
             self.release()
         self._cleanup()
@@ -544,6 +614,11 @@ class Experiment:
                        initial: Checkpoint, end: int, timing: Optional[dict]) -> dict:
         """Write ``results.json`` (with ``timing``), the run's tables and plots, and log them to the tracker."""
         cfg = self.cfg
+        self.finish_audit()
+        if timing is not None and self.audit_wait_s:
+            timing["final_audit_wait_s"] = self.audit_wait_s
+        if timing is not None and self.order.gate is not None:  # this process's waits for the window stream
+            timing["data_stall_s"] = self.order.gate.stall_s
         audit = self.rundir.read_audit() if self.audit is not None else None
         if audit is not None and self.dynamic is not None:  # audited on the static plan: final dup counts
             for it in audit["items"]:
@@ -746,17 +821,22 @@ def run_data(cfg: ExperimentConfig, progress: bool = True):
     :returns: ``(framework, tokenizer, vocab_size, DataOrder)``.
     """
     framework_class = get_framework_class(cfg.framework.name)
-    framework = framework_class(cfg, framework_class.resolve_model(cfg))
-    tokenizer = load_tokenizer(framework.tokenizer_path, cfg.cache_dir)
-    vocab_size = framework.vocab_size or len(tokenizer)
+    with PHASES.phase("model resolved", framework=cfg.framework.name):
+        framework = framework_class(cfg, framework_class.resolve_model(cfg))
+    with PHASES.phase("tokenizer"):
+        tokenizer = load_tokenizer(framework.tokenizer_path, cfg.cache_dir)
+        vocab_size = framework.vocab_size or len(tokenizer)
     d = cfg.data
-    paths = d.paths or (tokenize_dataset(d.dataset, tokenizer, d.token_dir, d.split, d.subset, d.text_key, d.num_proc,
-                                         progress=progress) if d.dataset else
-                        tokenize_source(d.text, tokenizer, d.token_dir, cfg.cache_dir, d.text_key))
+    with PHASES.phase("corpus", tokenized=not d.paths):
+        paths = d.paths or (tokenize_dataset(d.dataset, tokenizer, d.token_dir, d.split, d.subset, d.text_key,
+                                             d.num_proc, progress=progress) if d.dataset else
+                            tokenize_source(d.text, tokenizer, d.token_dir, cfg.cache_dir, d.text_key))
     # one token-file dtype for the order, the plan and the framework's reader: the data config's (an OLMo
     # checkpoint's data.memmap_dtype / dataset.dtype), else the vocabulary's
-    files = TokenFiles(paths, cfg.data.dtype or dtype_for_vocab(max(vocab_size, len(tokenizer))),
-                       cache_dir=cfg.cache_dir, prefixes=cfg.data.path_prefixes, progress=progress)
+    with PHASES.phase("size index", files=len(paths)) as rec:
+        files = TokenFiles(paths, cfg.data.dtype or dtype_for_vocab(max(vocab_size, len(tokenizer))),
+                           cache_dir=cfg.cache_dir, prefixes=cfg.data.path_prefixes, progress=progress)
+        rec["remote"] = int(sum(files.remote))
     L = cfg.training.sequence_length
     order = DataOrder(files, L, cfg.training.global_batch_size, cfg.data.seed, cfg.data.first_epoch,
                       cache_dir=cfg.cache_dir, chunk=(cfg.data.max_target_sequence_length or L) // L)
@@ -847,6 +927,7 @@ def run(cfg: ExperimentConfig) -> dict:
         run_dir.mkdir(parents=True, exist_ok=True)
         check_same_run(cfg, run_dir)
         save_resolved_config(cfg, run_dir)
+        PHASES.attach(run_dir)
     exp = Experiment(cfg)
     results = exp.run()
     if results:

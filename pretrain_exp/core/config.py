@@ -143,7 +143,11 @@ class DataConf:
     dtype: Optional[str] = None  #: token-file dtype (``uint16``/``uint32``); None = from the vocabulary size
     path_prefixes: Dict[str, str] = field(default_factory=dict)  #: ``{old prefix: new prefix}`` applied to
     #: ``paths`` before reading (first match wins), e.g. ``{"http://olmo-data.org/": "/data/mirror/"}``
-    prefetch: str = "auto"  #: remote paths: ``window`` (fetch the run's rows before training), ``none``, ``auto``
+    #: remote paths: ``stream`` (fetch the run's rows ahead of the trainer, which starts once its first rows are
+    #: local), ``window`` (fetch them all before training), ``none``; ``auto`` = ``stream`` for remote paths
+    prefetch: str = "auto"
+    #: ``stream``: steps the stream may run ahead of the trainer (null: as far as the network allows)
+    prefetch_ahead_steps: Optional[int] = 500
     max_target_sequence_length: Optional[int] = None  #: OLMo-core's: a multiple M of L; instances are then
     #: shuffled in chunks of M / L (``None``: one by one)
 

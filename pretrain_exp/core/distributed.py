@@ -14,6 +14,11 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def local_rank() -> int:
+    """Rank of this process on its node (``LOCAL_RANK`` set by torchrun; 0 otherwise)."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
 def world_size() -> int:
     """Number of processes of the job (``WORLD_SIZE`` set by torchrun; 1 otherwise)."""
     return int(os.environ.get("WORLD_SIZE", "1"))

@@ -144,6 +144,8 @@ class DataOrder:
                 f"{self.sequence_length} tokens, fewer than one global batch of {self.global_batch_size} rows"
             )
         self._perm = lru_cache(maxsize=2)(self._make_perm)
+        #: the gate of the run's window stream (:class:`~pretrain_exp.data.stream.StreamGate`), if one runs
+        self.gate = None
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -153,6 +155,23 @@ class DataOrder:
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._perm = lru_cache(maxsize=2)(self._make_perm)
+
+    def prepare(self, first_row: int, num_rows: int) -> bool:
+        """Build (or memory-map from the cache) the permutation of every epoch that rows ``[first_row, first_row +
+        num_rows)`` fall in, now rather than at the first row read.
+
+        :returns: whether all of them were in the permutation cache already (``False`` without a cache).
+        """
+        rpe = self.rows_per_epoch
+        last = int(first_row) + max(int(num_rows), 1) - 1
+        epochs = range(self.first_epoch + int(first_row) // rpe, self.first_epoch + last // rpe + 1)
+        n = self.num_instances // self.chunk
+        cached = self.cache_dir is not None and all(
+            permutation_path(self.cache_dir, n, self.seed + e).is_file()
+            and permutation_path(self.cache_dir, n, self.seed + e).stat().st_size == 4 * n for e in epochs)
+        for e in epochs:
+            self._perm(e)
+        return cached
 
     def _make_perm(self, epoch: int) -> np.ndarray:
         """The shuffled chunk ids of ``epoch`` (instance ids when ``chunk`` is 1), ``(N / chunk,)`` ``uint32``."""
@@ -202,10 +221,12 @@ class DataOrder:
         return f, int(instance - self.file_starts[f]) * self.sequence_length
 
     def row_tokens(self, q: int) -> np.ndarray:
-        """Tokens of training-order row ``q`` as read from the files (no insertions): ``int64``, shape ``(L,)``."""
+        """Tokens of training-order row ``q`` as read from the files (no insertions): ``int64``, shape ``(L,)``.
+        A row of a streamed window (:attr:`gate`) is read once the stream has fetched it."""
         _, inst = self.instance(q)
         f, off = self.instance_location(inst)
-        return self.files.read(f, off, self.sequence_length)
+        ready = self.gate is not None and self.gate.wait_row(q)
+        return self.files.read(f, off, self.sequence_length, cached=ready)
 
     def locate(self, position: int) -> Location:
         """Every coordinate of global token position ``position`` (module docstring)."""

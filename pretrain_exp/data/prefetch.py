@@ -233,18 +233,19 @@ def _prefetch_ranges(files: TokenFiles, ranges: Ranges, threads: int, chunk_byte
     return stats
 
 
-PREFETCH_MODES = ("auto", "window", "none")
+PREFETCH_MODES = ("auto", "stream", "window", "none")
 
 
 def resolve_prefetch(mode: str, files: TokenFiles) -> str:
-    """``data.prefetch`` for these files: ``"window"`` or ``"none"`` (``auto`` = window iff a path is remote).
+    """``data.prefetch`` for these files: ``"stream"`` (:mod:`pretrain_exp.data.stream`), ``"window"`` or ``"none"``
+    (``auto`` = stream iff a path is remote).
 
     :raises ConfigError: (``data.prefetch``) for an unknown mode.
     """
     if mode not in PREFETCH_MODES:
         raise ConfigError("data.prefetch", f"unknown mode {mode!r}; allowed: {', '.join(PREFETCH_MODES)}")
     if mode == "auto":
-        return "window" if any(files.remote) else "none"
+        return "stream" if any(files.remote) else "none"
     return mode
 
 
@@ -257,6 +258,27 @@ def prefetch_window(order: DataOrder, first_row: int, num_rows: int, *, threads:
     :raises DataError: see :func:`prefetch_ranges` and :func:`check_window`.
     """
     ranges = window_ranges(order, first_row, num_rows)
+    stats = prefetch_ranges(order.files, ranges, threads=threads, chunk_bytes=chunk_bytes, progress=progress)
+    check_window(order.files, ranges)
+    return stats
+
+
+def prefetch_rows(order: DataOrder, rows: np.ndarray, *, threads: int = DEFAULT_THREADS,
+                  chunk_bytes: int = CHUNK_BYTES, progress: bool = False) -> PrefetchStats:
+    """Fetch the instances of the training-order rows ``rows`` (any, e.g. the rows the verifier reads before a
+    window stream reaches them) into the window cache and check that they are there.
+
+    :returns: :class:`PrefetchStats`.
+    :raises DataError: see :func:`prefetch_ranges` and :func:`check_window`.
+    """
+    rows = np.unique(np.asarray(rows, dtype=np.int64))
+    inst = np.array([order.instance(int(q))[1] for q in rows], dtype=np.int64)
+    f, off = order.instance_locations(inst)
+    isz, L = order.files.dtype.itemsize, order.sequence_length
+    ranges: Ranges = {}
+    for fi in np.unique(f):
+        starts = off[f == fi] * isz
+        ranges[int(fi)] = merge_ranges(np.stack([starts, starts + L * isz], axis=1))
     stats = prefetch_ranges(order.files, ranges, threads=threads, chunk_bytes=chunk_bytes, progress=progress)
     check_window(order.files, ranges)
     return stats

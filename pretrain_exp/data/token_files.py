@@ -157,10 +157,12 @@ class TokenFiles:
             self._present[file_index] = self.window.present(p, int(self.num_bytes[file_index]))
         return self._present[file_index]
 
-    def read(self, file_index: int, start: int, length: int) -> np.ndarray:
+    def read(self, file_index: int, start: int, length: int, cached: bool = False) -> np.ndarray:
         """Tokens ``[start, start+length)`` of file ``file_index`` as an ``int64`` array of shape ``(length,)``.
 
-        A remote file is read from the window cache when the range is there, else by one byte-range request.
+        A remote file is read from the window cache when the range is there, else by one byte-range request; with
+        ``cached`` the caller knows it is there (a window stream fetched it, :mod:`pretrain_exp.data.stream`) and it
+        is read from the cache without consulting the manifest.
 
         :raises DataError: naming the file or URL for a read past the end, a failed request or a changed file.
         """
@@ -168,7 +170,7 @@ class TokenFiles:
             raise DataError(f"{self._name(file_index)}: read past the end ({start}+{length} > "
                             f"{self.num_tokens[file_index]})")
         p = self.paths[file_index]
-        if isinstance(p, str):
+        if isinstance(p, str) and not cached:
             isz = self.dtype.itemsize
             a, b = start * isz, (start + length) * isz
             if not (covers(self.present(file_index), a, b) or covers(self.present(file_index, refresh=True), a, b)):

@@ -14,6 +14,7 @@ loses at most the chunks finished since the last manifest write and resumes with
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import threading
@@ -141,11 +142,39 @@ class WindowCache:
             self.manifest_path(url).unlink(missing_ok=True)
         return path
 
-    def record(self, url: str, size: int, ranges: np.ndarray) -> None:
-        """Write the manifest of ``url`` (atomically): ``ranges`` are merged byte ranges on disk."""
+    def record(self, url: str, size: int, ranges: np.ndarray) -> np.ndarray:
+        """Write the manifest of ``url`` (atomically): ``ranges`` (byte ranges on disk) joined with those the
+        manifest lists already, so that processes filling one cache file at once (a run's window stream and another
+        run's prefetch) never drop each other's ranges (an exclusive ``flock`` on the cache file orders them).
+        Returns the merged ranges written."""
         with self._lock:
-            write_json(self.manifest_path(url), {"url": redact(url), "size": int(size),
-                                                 "ranges": merge_ranges(ranges).tolist()})
+            path = self.path_for(url)
+            try:
+                f = open(path, "rb")
+            except OSError:
+                f = None
+            try:
+                if f is not None:
+                    fcntl.flock(f, fcntl.LOCK_EX)
+                mine = np.asarray(ranges, np.int64).reshape(-1, 2)
+                merged = merge_ranges(np.vstack([self._recorded(url, size), mine]))
+                write_json(self.manifest_path(url), {"url": redact(url), "size": int(size),
+                                                     "ranges": merged.tolist()})
+            finally:
+                if f is not None:
+                    f.close()  # releases the lock
+        return merged
+
+    def _recorded(self, url: str, size: int) -> np.ndarray:
+        """The ranges the manifest of ``url`` lists for a file of ``size`` bytes (none if it is missing, unreadable
+        or for another size)."""
+        try:
+            doc = json.loads(self.manifest_path(url).read_text())
+            if int(doc["size"]) == int(size):
+                return np.asarray(doc["ranges"], np.int64).reshape(-1, 2)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        return np.empty((0, 2), np.int64)
 
     @staticmethod
     def write(path: Path, fd: Optional[int], offset: int, data: bytes) -> None:

@@ -93,6 +93,12 @@ def verify_plan(plan, read_row: Callable[[int], np.ndarray], base_row: Callable[
     return report
 
 
+def rows_to_verify(plan, row_range: tuple[int, int], untouched_sample: int = 16, seed: int = 0) -> np.ndarray:
+    """The training-order rows :func:`verify_batches` reads: the plan's affected rows and the sample of untouched
+    ones; ``int64``, sorted."""
+    return np.union1d(plan.affected_rows(), untouched_rows(plan, row_range, untouched_sample, seed)).astype(np.int64)
+
+
 def verify_batches(plan, peek: PeekFn, base_row: Callable[[int], np.ndarray], row_range: tuple[int, int],
                    dp_world: int, untouched_sample: int = 16, seed: int = 0) -> VerifyReport:
     """:func:`verify_plan` on the batches a framework will train (module docstring).
@@ -105,8 +111,8 @@ def verify_batches(plan, peek: PeekFn, base_row: Callable[[int], np.ndarray], ro
     :raises InsertionError: if a batch does not hold its scheduled rows in order, or a span did not land exactly.
     """
     B = plan.global_batch_size
-    wanted = np.union1d(plan.affected_rows(), untouched_rows(plan, row_range, untouched_sample, seed))
-    steps, ranks, _ = step_and_rank(wanted.astype(np.int64), dp_world, B)
+    wanted = rows_to_verify(plan, row_range, untouched_sample, seed)
+    steps, ranks, _ = step_and_rank(wanted, dp_world, B)
     got: Dict[int, np.ndarray] = {}
     for k, r in sorted(set(zip(steps.tolist(), ranks.tolist()))):
         only = wanted[(steps == k) & (ranks == r)]

@@ -63,6 +63,13 @@ def test_tiny_run_writes_everything_and_resumes(tmp_path, tiny_model_dir):
         assert r["natural_items"] == r["natural_exact"] == 0 and r["effective_dup_mean"] == r["dup_count"]
     assert res["audit"]["ngram"] == 13 and res["audit"]["window_tokens"] == 12 * 8 * 128
     assert res["audit"]["contaminated_controls"] == [] and "natural-duplicate audit (13-grams" in proc.stdout
+    phases = json.loads((run_dir / "phases.json").read_text())  # where the time before the first step went
+    names = [p["name"] for p in phases["phases"]]
+    assert {"startup", "settings", "size index", "permutation", "items", "plan", "audit", "tracker"} <= set(names)
+    assert phases["events"]["first step"]["step"] == 1
+    assert phases["events"]["first step"]["at_s"] >= max(p["start_s"] + p["seconds"] for p in phases["phases"]
+                                                         if p["name"] == "tracker")
+    assert res["timing"]["phases"]["events"]["first step"]["step"] == 1
 
     # inspect: an item's placements and its loss at every evaluated step, from the run's eval outputs
     view = subprocess.run([sys.executable, "-m", "pretrain_exp.inspect", str(run_dir), "item=fictional_bios:0"],
@@ -140,3 +147,37 @@ def test_cleanup_of_bulky_files_and_of_the_whole_run_dir(tmp_path, tiny_model_di
     proc = cli(*TINY, *short, "name=gone", "training.cleanup=all", runs=runs)
     assert "fictional_bios" in proc.stdout  # the table was printed before the run dir went away
     assert not (runs / "gone-tiny_llama-step0-seed0").exists()
+
+
+@pytest.mark.slow
+def test_a_sweep_of_three_seeds_audits_once(tmp_path, tiny_model_dir):
+    """``-m seed=0,1,2`` over the same rows (a fixed data order) and the same items (the sample texts): the first
+    job audits beside training and puts the audit into the cache, the other two read it; all three record the same
+    counts."""
+    cache = tmp_path / "cache"  # the assets of the test cache, and an audit cache of this test's own
+    cache.mkdir()
+    for entry in CACHE_DIR.iterdir():
+        if entry.name != "audits":
+            (cache / entry.name).symlink_to(entry)
+    env = os.environ | {"PRETRAIN_EXP_RUNS": str(tmp_path / "runs"), "PRETRAIN_EXP_CACHE": str(cache),
+                        "WANDB_SILENT": "true"}
+    proc = subprocess.run([sys.executable, "-m", "pretrain_exp", "-m", "seed=0,1,2", *TINY, "insertion=texts",
+                           "data.seed=0", "training.checkpoint_interval=12", "wandb=disabled", "eval=[insertion_loss]"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logs = sorted((tmp_path / "runs" / "sweeps").glob("*/*/pretrain_exp.log"))
+    assert len(logs) == 3
+    started = [log.read_text().count("beside training (process") for log in logs]
+    reused = [log.read_text().count("audit: reused") for log in logs]
+    assert started == [1, 0, 0] and reused == [0, 1, 1], (started, reused)
+    assert len(list((cache / "audits").glob("*.json"))) == 1
+
+    def counts(audit):  # what the audit found per item (the dup counts are each seed's own)
+        return [{k: v for k, v in it.items() if "dup_count" not in k} for it in audit["items"]]
+
+    audits = [json.loads(p.read_text()) for p in sorted((tmp_path / "runs" / "sweeps").glob("*/*/audit.json"))]
+    assert len(audits) == 3 and counts(audits[0]) == counts(audits[1]) == counts(audits[2])
+    results = [json.loads(p.read_text()) for p in sorted((tmp_path / "runs" / "sweeps").glob("*/*/results.json"))]
+    assert len(results) == 3 and all(r["audit"]["window_tokens"] == audits[0]["window_tokens"] and
+                                     r["audit"]["contaminated_controls"] == [] for r in results)
+    assert all(all("natural_exact" in row for row in r["per_dup"]) for r in results)

@@ -1,5 +1,7 @@
 """The audit in a run: ARC-Easy questions (the benchmark insertion type, real asset) planted in the natural corpus
-are flagged with the counts a naive search finds; ``insertion.audit=strict`` refuses a planted clean control."""
+are flagged with the counts a naive search finds; ``insertion.audit=on`` audits beside training (its own process)
+with the counts an audit in the run's own process finds; ``insertion.audit=strict`` refuses a planted clean control
+before training; jobs auditing the same rows and items share one audit."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 from pretrain_exp.app.experiment import Experiment
 from pretrain_exp.core.errors import InsertionError
 from pretrain_exp.data.tokenize import load_tokenizer
-from pretrain_exp.insertion.audit import item_contents
+from pretrain_exp.insertion.audit import audit_plan, item_contents
 from pretrain_exp.insertion.types import load_items
 from tests.conftest import CACHE_DIR, make_config
 
@@ -46,6 +48,9 @@ def planted(tmp_path_factory, tiny_model_dir):
 def test_planted_benchmark_items_are_flagged(planted):
     d, overrides, clean, dirty = planted
     exp = Experiment(make_config(*overrides, run_dir=d / "on"))
+    assert exp.audit is None and exp._audit_job is not None and exp._audit_job.running  # beside training
+    assert "natural_exact" not in (d / "on" / "items.jsonl").read_text()
+    exp.finish_audit()
     plan, res = exp.plan, exp.audit
     rows = np.stack([exp.order.row_tokens(q) for q in range(exp.window[0] // 128, exp.window[1] // 128)])
     eos = exp.tokenizer.eos_token_id
@@ -62,6 +67,14 @@ def test_planted_benchmark_items_are_flagged(planted):
     effective = [int(plan.item_dup_count[i]) + naive[i] for i in range(plan.num_items)]
     assert [r["effective_dup_count"] for r in table] == effective
     assert json.loads((d / "on" / "audit.json").read_text())["contaminated_controls"] == controls
+    # the same counts as the audit in the run's own process (as insertion.audit=on computed it before training)
+    here = audit_plan(exp.plans[0][1], exp.order.row_tokens,
+                      np.arange(exp.window[0] // 128, exp.window[1] // 128, dtype=np.int64),
+                      exp.order.held_out_rows(exp.cfg.data.held_out_rows), exp.cfg.insertion.audit_ngram, strip=eos,
+                      workers=1).to_json(plan, "on")
+    beside = json.loads((d / "on" / "audit.json").read_text())
+    assert beside["items"] == here["items"] and beside["contaminated_controls"] == here["contaminated_controls"]
+    assert (beside["window_tokens"], beside["held_out_tokens"]) == (here["window_tokens"], here["held_out_tokens"])
 
 
 def test_strict_refuses_a_clean_control_in_the_window(planted):
@@ -87,10 +100,13 @@ def test_jobs_auditing_the_same_rows_and_items_share_one_audit(planted, monkeypa
 
     d, overrides, _, _ = planted
     first = Experiment(make_config(*overrides, run_dir=d / "job0"))
-    scans = []
-    real = experiment_module.audit_plan
-    monkeypatch.setattr(experiment_module, "audit_plan", lambda *a, **k: scans.append(1) or real(*a, **k))
+    first.finish_audit()
+    scans = []  # audits started beside training, or computed in the run's process
+    real_start, real_plan = experiment_module.BackgroundAudit.start, experiment_module.audit_plan
+    monkeypatch.setattr(experiment_module.BackgroundAudit, "start", lambda job: scans.append(1) or real_start(job))
+    monkeypatch.setattr(experiment_module, "audit_plan", lambda *a, **k: scans.append(1) or real_plan(*a, **k))
     again = Experiment(make_config(*overrides, run_dir=d / "job1"))
+    again.finish_audit()
     assert scans == [] and again.plan.digest() == first.plan.digest()
     assert again.audit.window.exact.tolist() == first.audit.window.exact.tolist()
     assert again.audit.window.ngram_hits.tolist() == first.audit.window.ngram_hits.tolist()
@@ -98,4 +114,5 @@ def test_jobs_auditing_the_same_rows_and_items_share_one_audit(planted, monkeypa
     one, two = (json.loads((d / j / "audit.json").read_text()) for j in ("job0", "job1"))
     assert one["items"] == two["items"] and one["contaminated_controls"] == two["contaminated_controls"]
     other = Experiment(make_config(*overrides, "data.seed=11", run_dir=d / "job2"))
+    other.finish_audit()
     assert scans == [1] and other.audit is not None

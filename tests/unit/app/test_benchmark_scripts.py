@@ -37,3 +37,25 @@ def test_eval_throughput_reports_items_per_second(tmp_path, monkeypatch, capsys,
         assert res[name]["ours_cpu_s"] > 0 and res[name]["theirs_cpu_s"] > 0
     text = capsys.readouterr().out
     assert "insertion_loss:" in text and "memorization:" in text
+
+
+@pytest.mark.slow
+def test_first_step_benchmark_prints_every_phase_and_the_total(tmp_path, monkeypatch, capsys, tiny_model_dir):
+    """The whole-path benchmark at toy sizes: two runs of the real command against its generated remote mix, each
+    stopped at its first step, the table of phases and the ratio of the audit on / off."""
+    _run(monkeypatch, "first_step.py", "--files", "40", "--instances", "60", "--sequence-length", "128",
+         "--global-batch-size", "8", "--steps", "20", "--items", "8", "--latency-ms", "2",
+         "--cases", "cold,warm-audit-off", "--keep", str(tmp_path / "work"))
+    out = capsys.readouterr().out
+    table = [line for line in out.splitlines() if line.startswith("| ")]
+    phases = {line.split(" | ")[0][2:] for line in table}
+    for name in ("startup", "settings", "size index", "permutation", "prefetch", "plan", "audit", "verify",
+                 "model build", "engine data loader", "checkpoint load", "first batch", "**total to first step**"):
+        assert name in phases, name
+    total = next(line for line in table if line.startswith("| **total"))
+    cold, off = (float(c.strip(" *")) for c in total.strip("| ").split(" | ")[1:])
+    assert 0 < cold and 0 < off
+    assert "cached=False" in next(line for line in table if line.startswith("| permutation"))
+    res = json.loads((tmp_path / "work" / "results.json").read_text())
+    assert set(res) == {"cold", "warm, audit off"}
+    assert all(r["events"]["first step"]["step"] == 1 for r in res.values())

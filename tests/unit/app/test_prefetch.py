@@ -37,6 +37,7 @@ def test_prefetch_cli_fetches_the_run_window_once(tmp_path, capsys):
         srv.reset_counts()
         assert main(args) == 0 and srv.count() == 0  # sizes indexed, window cached: no request
         assert main(args + ["data.prefetch=sometimes"]) == 2
-    assert "error: data.prefetch: unknown mode 'sometimes'; allowed: auto, window, none" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "error: data.prefetch: unknown mode 'sometimes'; allowed: auto, stream, window, none" in err
     tokens = np.fromfile(cached[0], dtype="<u4")
     assert tokens.size == 2000

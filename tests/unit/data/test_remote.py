@@ -287,10 +287,11 @@ def test_permutation_cache_equals_in_memory_and_is_reused(tmp_path, monkeypatch)
 def test_resolve_prefetch(mix, server, tmp_path, reader):
     remote = remote_files(mix, server, tmp_path, reader, urls=mix[1][:2])
     local_only = TokenFiles([local(mix, u) for u in mix[1][:2]], U32)
-    assert [resolve_prefetch(m, remote) for m in PREFETCH_MODES] == ["window", "window", "none"]
-    assert [resolve_prefetch(m, local_only) for m in PREFETCH_MODES] == ["none", "window", "none"]
+    assert [resolve_prefetch(m, remote) for m in PREFETCH_MODES] == ["stream", "stream", "window", "none"]
+    assert [resolve_prefetch(m, local_only) for m in PREFETCH_MODES] == ["none", "stream", "window", "none"]
     assert local_only.local_paths() == [str(local(mix, u)) for u in mix[1][:2]]
-    with pytest.raises(ConfigError, match=r"^data\.prefetch: unknown mode 'always'; allowed: auto, window, none$"):
+    with pytest.raises(ConfigError,
+                       match=r"^data\.prefetch: unknown mode 'always'; allowed: auto, stream, window, none$"):
         resolve_prefetch("always", remote)
     with pytest.raises(ConfigError, match=r"^cache_dir: remote token files \(http://olmo-data\.org/"):
         TokenFiles(mix[1][:2], U32)
