@@ -25,9 +25,10 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
+from pretrain_exp.core.rundir import RunDir
+
 log = logging.getLogger(__name__)
 
-FILE_NAME = "phases.json"  #: the record in the run dir
 FIRST_STEP = "first step"  #: the event of the first training step's start
 
 
@@ -57,7 +58,7 @@ class Phases:
 
     def attach(self, run_dir: str | Path) -> None:
         """Write ``<run_dir>/phases.json`` now and after every later phase (call on rank 0 only)."""
-        self.path = Path(run_dir) / FILE_NAME
+        self.path = RunDir(run_dir).phases
         self._write()
 
     def add(self, name: str, seconds: float, start: Optional[float] = None, **info: Any) -> Dict[str, Any]:
@@ -112,7 +113,7 @@ class Phases:
         try:
             write_json(self.path, self.summary())
         except OSError as e:  # a record of timings never stops a run
-            log.debug("phases.json not written: %s", e)
+            log.debug("%s not written: %s", self.path, e)
 
 
 PHASES = Phases()  #: this process's recorder

@@ -85,6 +85,7 @@ class RunDir:
     CONFIG = "config.resolved.yaml"
     HYDRA = ".hydra"
     LOG = "pretrain_exp.log"
+    PHASES = "phases.json"  #: where the time before the first step went (:mod:`pretrain_exp.core.phases`)
     LOCK = ".lock"
     PLAN = "plan.npz"
     MANIFEST = "manifest.jsonl"
@@ -120,7 +121,7 @@ class RunDir:
     PLAN_FILES = (PLAN, MANIFEST, ITEMS, AUDIT, CONFIG)
     #: what Hydra and the entry point write before any training; a fresh run dir holding only these is discarded
     #: on an error of the user's making
-    SCAFFOLD = frozenset({HYDRA, LOG, CONFIG, PLAN, MANIFEST, ITEMS})
+    SCAFFOLD = frozenset({HYDRA, LOG, PHASES, CONFIG, PLAN, MANIFEST, ITEMS})
     #: folders of a run dir that never hold another job dir (the report does not walk into them)
     OUTPUTS = frozenset({CHECKPOINTS, EVALS, PLOTS, WANDB})
 
@@ -154,6 +155,11 @@ class RunDir:
     def hydra_file(self, name: str) -> Path:
         """``.hydra/<name>.yaml`` (``config``, ``hydra`` or ``overrides``)."""
         return self.hydra_dir / f"{name}.yaml"
+
+    @property
+    def phases(self) -> Path:
+        """``phases.json``: the phases of the time before the first step (:class:`~pretrain_exp.core.phases.Phases`)."""
+        return self.path / self.PHASES
 
     @property
     def log_file(self) -> Path:
