@@ -69,7 +69,7 @@ class Phases:
         with self._lock:
             self.phases.append(rec)
         extra = ", ".join(f"{k}={v}" for k, v in info.items())
-        log.info("phase %s: %.2f s%s", name, seconds, f" ({extra})" if extra else "")
+        log.debug("phase %s: %.2f s%s", name, seconds, f" ({extra})" if extra else "")
         self._write()
         return rec
 
@@ -96,7 +96,7 @@ class Phases:
             if once and name in self.events:
                 return
             self.events[name] = {"at_s": round(now - self.process_start, 4), "unix": now, **info}
-        log.info("phase event %s: %.2f s after the process started", name, now - self.process_start)
+        log.debug("phase event %s: %.2f s after the process started", name, now - self.process_start)
         self._write()
 
     def summary(self) -> Dict[str, Any]:

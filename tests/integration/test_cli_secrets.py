@@ -79,4 +79,9 @@ def test_no_credential_in_the_run_dir_modes_follow_the_umask_and_a_refused_rerun
                       f"hydra.run.dir={run_dir}")  # by name it would get its own run dir
         assert refused.returncode == 2 and "started with different settings" in refused.stderr, refused.stderr[-3000:]
         assert "training.learning_rate changes (0.005 -> 0.001)" in refused.stderr
-        assert snapshot(run_dir) == before
+        after = snapshot(run_dir)
+        log_before, log_after = before.pop("pretrain_exp.log")[0], after.pop("pretrain_exp.log")[0]
+        assert after == before  # the run's files as they were ...
+        assert log_after.startswith(log_before)  # ... and its log only appended to: the refusal, for the record
+        assert b"started with different settings" in log_after[len(log_before):]
+        assert not [x for x in SECRETS if x.encode() in log_after]

@@ -14,7 +14,7 @@ from pretrain_exp.core.phases import FIRST_STEP, Phases, process_start_time
 
 def test_phases_are_logged_and_written_with_their_seconds(tmp_path, caplog):
     rec = Phases()
-    with caplog.at_level(logging.INFO, logger="pretrain_exp.core.phases"):
+    with caplog.at_level(logging.DEBUG, logger="pretrain_exp.core.phases"):
         with rec.phase("size index", files=3) as extra:
             time.sleep(0.05)
             extra["remote"] = 2
