@@ -38,7 +38,8 @@ Usage::
     python benchmarks/first_step.py --quick    # CI-sized: 1,000 files, N ~ 2e5, 100 steps of 64 rows, 64 items
     python benchmarks/first_step.py --report DIR   # the table of the runs kept by an earlier --keep DIR
 
-Prints one table (phase x case, seconds) and the ratios. Numbers are printed, not asserted. ``--keep DIR`` keeps
+Prints one table (phase x case, seconds; with ``--repeat N`` the median of N runs of each case, interleaved) and the
+ratios. Numbers are printed, not asserted. ``--keep DIR`` keeps
 the cache, run dirs and logs there.
 """
 
@@ -269,19 +270,22 @@ ORDER = ["startup", "settings", "model resolved", "tokenizer", "corpus", "size i
          "trainer build", "checkpoint load", "engine pre-train", "engine dry run and data order", "first batch"]
 
 
-def phase_table(results: Dict[str, dict]) -> tuple[List[str], Dict[str, Dict[str, float]]]:
-    """``(phase names, {case: {phase: seconds}})``: a phase recorded more than once counts its first record (later
-    ones are other segments' trainers)."""
+def phase_table(results: Dict[str, List[dict]]) -> tuple[List[str], Dict[str, Dict[str, float]]]:
+    """``(phase names, {case: {phase: seconds}})``, the median over a case's repeats; a phase recorded more than
+    once in a run counts its first record (later ones are other segments' trainers)."""
     names = list(ORDER)
     table: Dict[str, Dict[str, float]] = {}
-    for case, rec in results.items():
-        row: Dict[str, float] = {}
-        for p in rec["phases"]:
-            if p["name"] not in row:
-                row[p["name"]] = p["seconds"]
-                if p["name"] not in names:
-                    names.append(p["name"])
-        table[case] = row
+    for case, recs in results.items():
+        per: Dict[str, List[float]] = {}
+        for rec in recs:
+            seen = set()
+            for p in rec["phases"]:
+                if p["name"] not in seen:
+                    seen.add(p["name"])
+                    per.setdefault(p["name"], []).append(p["seconds"])
+                    if p["name"] not in names:
+                        names.append(p["name"])
+        table[case] = {k: float(np.median(v)) for k, v in per.items()}
     return [n for n in names if any(n in row for row in table.values())], table
 
 
@@ -307,12 +311,15 @@ def report(results: Dict[str, dict], args, n: int, files: int, served: tuple) ->
         cells = []
         for c in cases:
             v = table[c].get(name)
-            d = detail(results[c], name)
+            d = detail(results[c][0], name)
             cells.append("" if v is None else f"{v:.1f}" + (f" ({d})" if d else ""))
         print(f"| {name} | " + " | ".join(cells) + " |")
-    firsts = {c: results[c]["events"]["first step"]["at_s"] for c in cases}
+    totals = {c: [r["events"]["first step"]["at_s"] for r in results[c]] for c in cases}
+    firsts = {c: float(np.median(t)) for c, t in totals.items()}
     print("| **total to first step** | " + " | ".join(f"**{firsts[c]:.1f}**" for c in cases) + " |")
     print()
+    if any(len(t) > 1 for t in totals.values()):
+        print("medians of " + "; ".join(f"{c}: " + ", ".join(f"{x:.1f}" for x in t) for c, t in totals.items()))
     if "cold" in firsts and "warm" in firsts:
         print(f"warm / cold time to first step: {firsts['warm'] / firsts['cold']:.3f}")
     if "warm" in firsts and "warm, audit off" in firsts:
@@ -337,6 +344,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=6198)
     ap.add_argument("--cases", default="cold,warm,warm-audit-off",
                     help="comma-separated: cold, warm, warm-audit-off")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of the case list; the table shows medians")
     ap.add_argument("--dry-run-batch", action="store_true", help="keep OLMo-core's dry-run batch")
     ap.add_argument("--timeout", type=float, default=7200.0, help="seconds a run may take to its first step")
     ap.add_argument("--keep", default=None, help="work dir to keep (cache, run dirs, logs)")
@@ -358,8 +366,8 @@ def main() -> None:
         kept = {names.get(d.name, d.name): json.loads((d / "phases.json").read_text())
                 for d in sorted(Path(args.report, "runs").iterdir()) if (d / "phases.json").is_file()}
         done = {k: v for k, v in kept.items() if "first step" in v.get("events", {})}
-        return report(dict(sorted(done.items(), key=lambda kv: list(names.values()).index(kv[0])
-                                  if kv[0] in names.values() else 9)), args, n, args.files, (0, 0))
+        return report({k: [v] for k, v in sorted(done.items(), key=lambda kv: list(names.values()).index(kv[0])
+                                                 if kv[0] in names.values() else 9)}, args, n, args.files, (0, 0))
 
     from pretrain_exp.core.io import default_cache_dir
 
@@ -379,22 +387,20 @@ def main() -> None:
     base = srv.stdout.readline().strip()
     print(f"server {base}: {args.files} files, {tokens.sum() * 4 / 1e12:.2f} TB, N = {n:,} instances of "
           f"{args.sequence_length} tokens; work dir {work}", flush=True)
-    results: Dict[str, dict] = {}
+    results: Dict[str, List[dict]] = {}
+    cases = {"cold": ("cold", []), "warm": ("warm", []), "warm-audit-off": ("warm, audit off", ["insertion.audit=off"])}
     try:
-        for case in [c.strip() for c in args.cases.split(",") if c.strip()]:
-            if case == "cold":
-                for sub in ("permutations", "size_index"):
-                    shutil.rmtree(cache / sub, ignore_errors=True)
-                results["cold"] = run_case("cold", args, ckpt, base, cache, work, [])
-            elif case == "warm":
-                results["warm"] = run_case("warm", args, ckpt, base, cache, work, [])
-            elif case == "warm-audit-off":
-                results["warm, audit off"] = run_case("warm, audit off", args, ckpt, base, cache, work,
-                                                      ["insertion.audit=off"])
-            else:
-                raise SystemExit(f"unknown case {case!r}")
-            if args.keep:
-                (work / "results.json").write_text(json.dumps(results, indent=1))
+        for _ in range(args.repeat):
+            for case in [c.strip() for c in args.cases.split(",") if c.strip()]:
+                if case not in cases:
+                    raise SystemExit(f"unknown case {case!r}")
+                if case == "cold":
+                    for sub in ("permutations", "size_index"):
+                        shutil.rmtree(cache / sub, ignore_errors=True)
+                name, extra = cases[case]
+                results.setdefault(name, []).append(run_case(name, args, ckpt, base, cache, work, extra))
+                if args.keep:
+                    (work / "results.json").write_text(json.dumps(results, indent=1))
     finally:
         out, _ = srv.communicate("", timeout=60)
         served = tuple(int(x) for x in out.split()[:2]) if out.split() else (0, 0)

@@ -116,13 +116,27 @@ class StreamGate:
         self._ready = self.first_row  #: rows before this are known to be fetched
         self._host = socket.gethostname()
         self._inst: Optional[tuple] = None  #: (sorted instance ids of the window, their first rows)
-        self.stall_s = 0.0  #: seconds this process waited for the stream
-        self.stalls = 0  #: waits longer than STALL_LOG_S
+        self._waits: Dict[int, float] = {}  #: step -> the longest wait for one of its rows, seconds
+        self._logged: set = set()  #: steps whose stall is logged (readers of one batch wait together)
+        self._lock = threading.Lock()
+        self.stalls = 0  #: steps with a wait longer than STALL_LOG_S (logged once each)
 
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_inst"] = None  # rebuilt where needed
+        del state["_lock"]
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    @property
+    def stall_s(self) -> float:
+        """Seconds this process's readers waited for the stream: per step the longest wait (the threads reading
+        one batch wait side by side), summed."""
+        with self._lock:
+            return float(sum(self._waits.values()))
 
     def to_json(self) -> dict:
         """What :meth:`from_json` needs to rebuild the gate in another interpreter."""
@@ -195,12 +209,16 @@ class StreamGate:
             time.sleep(delay)
             delay = min(2 * delay, POLL_S[1])
         waited = time.monotonic() - t0
-        self.stall_s += waited
-        if waited > STALL_LOG_S:
-            self.stalls += 1
-            log.warning("data stall: row %d (step %d) waited %.2f s for the window stream (rows [%d, %d) of [%d, %d) "
-                        "fetched)", q, q // self.global_batch_size + 1, waited, self.first_row, self._ready,
-                        self.first_row, self.end_row)
+        step = q // self.global_batch_size + 1
+        with self._lock:
+            self._waits[step] = max(self._waits.get(step, 0.0), waited)
+            new = waited > STALL_LOG_S and step not in self._logged
+            if new:
+                self._logged.add(step)
+                self.stalls += 1
+        if new:
+            log.warning("data stall: step %d (row %d) waited %.2f s for the window stream (rows [%d, %d) of [%d, %d) "
+                        "fetched)", step, q, waited, self.first_row, self._ready, self.first_row, self.end_row)
         return True
 
     def wait_instance(self, instance: int, order) -> None:
@@ -360,13 +378,13 @@ class _Streamer:
         return out
 
     def run(self) -> None:
-        from pretrain_exp.data.prefetch import check_window, window_ranges
+        from pretrain_exp.data.prefetch import check_window, instance_ranges
         from pretrain_exp.data.window import merge_ranges
 
         files, t0 = self.files, time.monotonic()
         self.write(force=True)
-        ranges = window_ranges(self.order, self.first_row, self.num_rows)
-        window_files = [fi for fi in ranges if files.remote[fi]]
+        inst = self.order.instances(self.first_row, self.num_rows)
+        window_files = [fi for fi in np.unique(self.order.instance_locations(inst)[0]).tolist() if files.remote[fi]]
         present = {fi: files.present(fi, refresh=True) for fi in window_files}
         finished: Dict[int, list] = {fi: [] for fi in window_files}
         recorded: Dict[int, float] = {}
@@ -429,7 +447,7 @@ class _Streamer:
                 os.close(fd)
             for fi in finished:
                 record(fi, force=True)
-        check_window(files, ranges)  # every range of the window is recorded
+        check_window(files, instance_ranges(self.order, inst))  # every range of the window is recorded
         self.ready_row = self.end_row
         self.write("done")
         secs = time.monotonic() - t0

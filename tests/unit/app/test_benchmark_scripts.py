@@ -58,4 +58,4 @@ def test_first_step_benchmark_prints_every_phase_and_the_total(tmp_path, monkeyp
     assert "cached=False" in next(line for line in table if line.startswith("| permutation"))
     res = json.loads((tmp_path / "work" / "results.json").read_text())
     assert set(res) == {"cold", "warm, audit off"}
-    assert all(r["events"]["first step"]["step"] == 1 for r in res.values())
+    assert all(r["events"]["first step"]["step"] == 1 for runs in res.values() for r in runs)

@@ -92,17 +92,27 @@ def test_streamed_rows_equal_the_local_rows_and_the_window_ends_complete(mix, se
     assert order.row_tokens(first + n) is not None  # a row outside the window: read as without a stream
 
 
-def test_a_reader_waits_for_the_stream_and_logs_the_stall(mix, server, tmp_path, caplog):
+def test_readers_wait_for_the_stream_and_a_stall_is_logged_once_per_step(mix, server, tmp_path, caplog):
+    """The rows of step 12 read by 4 threads at once (as OLMo-core's loader reads a batch): one log line, and the
+    step's stall is the longest wait, not the sum of the four."""
     order = remote_order(mix, server, tmp_path)
     server.latency_s = 0.05
     stream = WindowStream(order, 0, 12 * B, threads=1, chunk_bytes=L * 4).start()
     order.gate = stream.gate()
+    rows = list(range(11 * B, 11 * B + 4))
+    got = {}
+    t0 = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="pretrain_exp.data.stream"):
-        last = 12 * B - 1
-        assert np.array_equal(order.row_tokens(last), expected_row(mix, order, last))
-    assert order.gate.stalls == 1 and order.gate.stall_s > 0.5
+        readers = [threading.Thread(target=lambda q=q: got.__setitem__(q, order.row_tokens(q))) for q in rows]
+        for t in readers:
+            t.start()
+        for t in readers:
+            t.join(60)
+    waited = time.monotonic() - t0
+    assert all(np.array_equal(got[q], expected_row(mix, order, q)) for q in rows)
+    assert order.gate.stalls == 1 and 0.5 < order.gate.stall_s <= waited
     msg = [r.getMessage() for r in caplog.records if r.getMessage().startswith("data stall")]
-    assert msg and msg[0].startswith(f"data stall: row {last} (step 12) waited ") and "for the window stream" in msg[0]
+    assert len(msg) == 1 and msg[0].startswith("data stall: step 12 (row ") and "for the window stream" in msg[0]
     stream.close(wait_s=60)
 
 
