@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, ClassVar, Dict, List, Optional
 
 import numpy as np
 from omegaconf import MISSING
+
+from pretrain_exp.core.capabilities import EVAL, SHARDED, Capabilities
 
 
 @dataclass
@@ -15,6 +17,9 @@ class EvalTaskConf:
     its own values in :meth:`validate`, called with the key it is configured under, so a task named otherwise than
     its type (``eval.tasks.mybench`` with ``type: benchmark``) is reported under its own key."""
 
+    #: what the eval can do (:mod:`pretrain_exp.core.capabilities`): ``sharded`` here (it shares its forwards over
+    #: the ranks under ``eval.mode=distributed``); an eval that does not overrides it with ``Capabilities(EVAL)``
+    capabilities: ClassVar[Capabilities] = Capabilities(EVAL, {SHARDED})
     type: str = MISSING
 
     def validate(self, key: str) -> None:

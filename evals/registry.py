@@ -17,6 +17,7 @@ from typing import Any, Dict
 
 from omegaconf import DictConfig
 
+from pretrain_exp.core.capabilities import SHARDED, has
 from pretrain_exp.core.config import typed_node as typed
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.core.registry import load
@@ -24,15 +25,20 @@ from pretrain_exp.core.registry import load
 
 @dataclass(frozen=True)
 class EvalSpec:
-    """One registered eval: ``"module:attr"`` of its schema and of its function, loaded on first use."""
+    """One registered eval: ``"module:attr"`` of its schema and of its function, loaded on first use. What the
+    eval can do is its schema's ``capabilities`` (:mod:`pretrain_exp.core.capabilities`)."""
 
     config_target: str
     fn_target: str
-    #: whether it shares its model forwards over the ranks under ``eval.mode=distributed`` (through
-    #: :func:`pretrain_exp.evals.shard.map_batches`, or lm-eval's data-parallel path via
-    #: :func:`pretrain_exp.evals.shard.simple_evaluate`), so
-    #: it runs on every rank; an eval that does not runs on rank 0 alone while the others wait
-    sharded: bool = True
+
+    @property
+    def sharded(self) -> bool:
+        """Whether its schema declares ``sharded`` (:data:`pretrain_exp.core.capabilities.SHARDED`): it shares its
+        model forwards over the ranks under ``eval.mode=distributed`` (through
+        :func:`pretrain_exp.evals.shard.map_batches`, or lm-eval's data-parallel path via
+        :func:`pretrain_exp.evals.shard.simple_evaluate`), so it runs on every rank; an eval without it runs on
+        rank 0 alone while the others wait."""
+        return has(self.config, SHARDED)
 
     @property
     def config(self) -> type:
@@ -45,8 +51,8 @@ class EvalSpec:
         return load(self.fn_target)
 
 
-def _spec(module: str, conf: str, fn: str, sharded: bool = True) -> EvalSpec:
-    return EvalSpec(f"pretrain_exp.evals.{module}:{conf}", f"pretrain_exp.evals.{module}:{fn}", sharded)
+def _spec(module: str, conf: str, fn: str) -> EvalSpec:
+    return EvalSpec(f"pretrain_exp.evals.{module}:{conf}", f"pretrain_exp.evals.{module}:{fn}")
 
 
 #: eval type name -> its :class:`EvalSpec`

@@ -9,7 +9,6 @@ at step S + n.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import pathlib
 import shutil
@@ -21,8 +20,9 @@ from typing import Any, Callable, ClassVar, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
+from pretrain_exp.core.capabilities import FRAMEWORK, Capabilities
 from pretrain_exp.core.config import ModelConf, RunConfig
-from pretrain_exp.core.errors import CheckpointError, ConfigError
+from pretrain_exp.core.errors import CheckpointError
 from pretrain_exp.core.rundir import RunDir
 
 _multiarray = (np._core if hasattr(np, "_core") else np.core).multiarray
@@ -43,7 +43,9 @@ LogFn = Callable[[Dict[str, float], int], None]
 
 @dataclass
 class Checkpoint:
-    """A checkpoint of a framework: its directory and the global step it holds."""
+    """A checkpoint: its directory and the global step it holds. This class is a checkpoint that is an HF model
+    dir, the format every framework exports to (:meth:`to_hf`) and the evals read; a framework whose checkpoints
+    are in another format subclasses it with ``is_hf = False`` and its own :meth:`to_hf`."""
 
     path: Path
     step: int
@@ -95,33 +97,19 @@ class Checkpoint:
 class Framework(ABC):
     """One training framework, bound to one run (config + run dir).
 
-    The defaults here are the HF ones: the initial checkpoint is an HF model dir (``model.asset`` converted
-    once, or ``model.path``) that also holds the tokenizer and ``config.json``'s ``vocab_size``.
+    Framework-neutral: what the initial checkpoint is (:meth:`resolve_model`), where its tokenizer and vocabulary
+    size are read (:attr:`tokenizer_path`, :attr:`vocab_size`) and the checkpoint the run starts from
+    (:meth:`initial_checkpoint`) are each framework's own (``frameworks/<name>/framework.py``), and so is what it
+    can do: :attr:`capabilities` (none here).
     """
 
-    #: whether :meth:`train` adds Gaussian-poisoning noise (through
-    #: :class:`~pretrain_exp.frameworks.noise_feed.NoiseFeed`)
-    applies_embedding_noise: ClassVar[bool] = False
-    #: whether ``model.init=random`` (pretraining from the engine's own initialisation of ``model.config``) works
-    supports_random_init: ClassVar[bool] = False
-    #: whether :meth:`train` reads ``rows.plan`` anew on every call, so spans added between segments
-    #: (``insertion.dynamic``, :mod:`~pretrain_exp.insertion.dynamic`) are trained by the next segment
-    reads_plan_per_segment: ClassVar[bool] = True
+    #: what it can do (:mod:`pretrain_exp.core.capabilities`: ``applies_embedding_noise``, ``supports_random_init``,
+    #: ``reads_plan_per_segment``, ``saves_async``, ``loads_hub_models``, ``checkpoints_are_hf``); none here
+    capabilities: ClassVar[Capabilities] = Capabilities(FRAMEWORK)
     #: the ``training.lr_scheduler`` values :meth:`train` supports (checked when the config is validated)
     lr_schedulers: ClassVar[Tuple[str, ...]] = ()
     #: the ``training.report_to`` loggers :meth:`train` hands to its engine (none: only the run's own tracker)
     report_to: ClassVar[Tuple[str, ...]] = ()
-
-    #: whether :meth:`train` can return before its segment-end checkpoint is on disk
-    #: (``training.checkpoint_async``; :meth:`finish_checkpoints` waits for it)
-    saves_async: ClassVar[bool] = False
-
-    #: whether :meth:`resolve_model` loads HF Hub model ids (``model.path=<org>/<name>``, ``model.revision``)
-    loads_hub_models: ClassVar[bool] = True
-
-    #: whether its checkpoints are HF model dirs, so a release has the final step's model without
-    #: ``training.export_hf`` (False: it needs ``export_hf=final|every``)
-    checkpoints_are_hf: ClassVar[bool] = True
 
     #: dotted config keys :meth:`checkpoint_settings` may supply (``${checkpoint:<key>}`` in the framework's YAML)
     SETTINGS: ClassVar[Tuple[str, ...]] = ()
@@ -137,38 +125,14 @@ class Framework(ABC):
         return RunDir(self.run_dir)
 
     @classmethod
+    @abstractmethod
     def resolve_model(cls, cfg: RunConfig) -> Path:
-        """The initial checkpoint's dir (an asset is fetched and converted once into the cache).
+        """The initial checkpoint's dir, in the framework's format (an asset or a URL is fetched and converted
+        once into the cache ``cfg.cache_dir``).
 
-        ``model.path`` is a local HF model dir or a Hub model id (with ``model.revision``), resolved to its
-        snapshot in the HF cache by :func:`pretrain_exp.frameworks.hub.hub_snapshot` (which honours ``HF_HOME``,
-        ``HF_HUB_OFFLINE`` and ``HF_TOKEN``).
-
-        :raises CheckpointError: if ``model.path`` is neither an HF model dir nor a Hub model that can be found, or
-            ``model.url`` is set (HF checkpoints are not downloaded by URL).
-        :raises ConfigError: (``model.revision``) for a revision the Hub model lacks, or one set with a local dir.
+        :raises CheckpointError: if the configured checkpoint cannot be found or read.
+        :raises ConfigError: for a ``model.*`` value the framework cannot load, naming the key.
         """
-        from pretrain_exp.data.assets import hf_model_dir
-        from pretrain_exp.frameworks.hub import hub_snapshot, is_hub_id
-
-        if cfg.model.init == "random":
-            from pretrain_exp.frameworks.hf.scratch import random_init_model_dir
-
-            return random_init_model_dir(cfg.model, cfg.cache_dir)
-        if cfg.model.asset is not None:
-            return hf_model_dir(cfg.model.asset, cfg.cache_dir)
-        if cfg.model.url is not None:
-            raise CheckpointError(f"model.url={cfg.model.url}: the {cfg.framework.name} framework loads HF model "
-                                  "dirs (model.path or model.asset); URLs are for OLMo checkpoints")
-        path = Path(cfg.model.path).expanduser()
-        if not path.exists() and is_hub_id(cfg.model.path):
-            return hub_snapshot(cfg.model.path, cfg.model.revision)
-        if cfg.model.revision is not None:
-            raise ConfigError("model.revision", f"{cfg.model.revision!r}: revisions select a Hub model's version; "
-                              f"model.path={cfg.model.path} is a local path")
-        if not (path / "config.json").is_file():
-            raise CheckpointError(f"model.path={path}: missing checkpoint (no config.json in that directory)")
-        return path
 
     @classmethod
     def checkpoint_settings(cls, model: ModelConf, cache_dir: str) -> Dict[str, Any]:
@@ -176,7 +140,7 @@ class Framework(ABC):
         :data:`SETTINGS`: ``model.checkpoint_step``, ``model.tokenizer``, ``training.sequence_length``,
         ``training.global_batch_size``, ``data.paths``, ``data.dtype``, ``data.seed``, ``data.first_epoch``).
         Read from the checkpoint's own files only (config and trainer state, not its weights). A key the
-        checkpoint does not record is left out. The base (HF) records none.
+        checkpoint does not record is left out. None here.
 
         :param model: the run's ``model`` node (``checkpoint_step`` is only read where it selects the checkpoint,
             e.g. under ``model.url``).
@@ -190,18 +154,18 @@ class Framework(ABC):
         return ""
 
     @property
+    @abstractmethod
     def tokenizer_path(self) -> str:
-        """HF tokenizer dir or asset name of the run (``model.tokenizer``, else the model dir)."""
-        return self.cfg.model.tokenizer or str(self.model_dir)
+        """HF tokenizer dir or asset name of the run (``model.tokenizer``, else the framework's default)."""
 
     @property
+    @abstractmethod
     def vocab_size(self) -> int:
-        """Rows of the model's embedding matrix (``config.json``'s ``vocab_size``); 0 if unknown."""
-        return int(json.loads((self.model_dir / "config.json").read_text()).get("vocab_size", 0))
+        """Rows of the model's embedding matrix, as the checkpoint records it; 0 if unknown."""
 
+    @abstractmethod
     def initial_checkpoint(self) -> Checkpoint:
         """The checkpoint the run starts from (step ``model.checkpoint_step``)."""
-        return Checkpoint(self.model_dir, self.cfg.model.checkpoint_step)
 
     @abstractmethod
     def latest_checkpoint(self) -> Optional[Checkpoint]:

@@ -18,6 +18,7 @@ in segments, or resuming after a crash, follows the same schedule as one uninter
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import time
 from pathlib import Path
@@ -37,9 +38,18 @@ from transformers import (
 )
 from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
 
-from pretrain_exp.core.config import Precision
+from pretrain_exp.core.capabilities import (
+    APPLIES_EMBEDDING_NOISE,
+    CHECKPOINTS_ARE_HF,
+    FRAMEWORK,
+    LOADS_HUB_MODELS,
+    READS_PLAN_PER_SEGMENT,
+    SUPPORTS_RANDOM_INIT,
+    Capabilities,
+)
+from pretrain_exp.core.config import Precision, RunConfig
 from pretrain_exp.core.distributed import world_size
-from pretrain_exp.core.errors import CheckpointError
+from pretrain_exp.core.errors import CheckpointError, ConfigError
 from pretrain_exp.core.io import apply_default_modes
 from pretrain_exp.core.phases import FIRST_STEP, PHASES
 from pretrain_exp.core.rundir import RunDir, step_name
@@ -166,15 +176,68 @@ class CsvLog(TrainerCallback):
 
 
 class HFFramework(Framework):
-    """Continue an HF causal LM with ``transformers.Trainer`` (module docstring)."""
+    """Continue an HF causal LM with ``transformers.Trainer`` (module docstring).
 
-    applies_embedding_noise = True
-    #: ``model.init=random``: :func:`~pretrain_exp.frameworks.hf.scratch.random_init_model_dir`
-    supports_random_init = True
+    The initial checkpoint is an HF model dir (``model.asset`` converted once, ``model.path`` or a Hub model id)
+    that also holds the tokenizer and ``config.json``'s ``vocab_size``; its checkpoints are HF model dirs.
+    """
+
+    #: ``supports_random_init``: :func:`~pretrain_exp.frameworks.hf.scratch.random_init_model_dir`;
+    #: ``loads_hub_models``: :func:`~pretrain_exp.frameworks.hub.hub_snapshot`
+    capabilities = Capabilities(FRAMEWORK, {APPLIES_EMBEDDING_NOISE, SUPPORTS_RANDOM_INIT, READS_PLAN_PER_SEGMENT,
+                                            LOADS_HUB_MODELS, CHECKPOINTS_ARE_HF})
     #: ``TrainingArguments.report_to`` integrations (W&B excepted: it is the run's own tracker) and ``csv``
     report_to = tuple(sorted(set(INTEGRATION_TO_CALLBACK) - {"wandb"})) + ("csv",)
     #: every ``transformers`` ``SchedulerType`` (``training.lr_scheduler`` is passed to ``TrainingArguments``)
     lr_schedulers = tuple(s.value for s in SchedulerType)
+
+    @classmethod
+    def resolve_model(cls, cfg: RunConfig) -> Path:
+        """The initial checkpoint's dir (an asset is fetched and converted once into the cache).
+
+        ``model.path`` is a local HF model dir or a Hub model id (with ``model.revision``), resolved to its
+        snapshot in the HF cache by :func:`pretrain_exp.frameworks.hub.hub_snapshot` (which honours ``HF_HOME``,
+        ``HF_HUB_OFFLINE`` and ``HF_TOKEN``).
+
+        :raises CheckpointError: if ``model.path`` is neither an HF model dir nor a Hub model that can be found, or
+            ``model.url`` is set (HF checkpoints are not downloaded by URL).
+        :raises ConfigError: (``model.revision``) for a revision the Hub model lacks, or one set with a local dir.
+        """
+        from pretrain_exp.data.assets import hf_model_dir
+        from pretrain_exp.frameworks.hub import hub_snapshot, is_hub_id
+
+        if cfg.model.init == "random":
+            from pretrain_exp.frameworks.hf.scratch import random_init_model_dir
+
+            return random_init_model_dir(cfg.model, cfg.cache_dir)
+        if cfg.model.asset is not None:
+            return hf_model_dir(cfg.model.asset, cfg.cache_dir)
+        if cfg.model.url is not None:
+            raise CheckpointError(f"model.url={cfg.model.url}: the {cfg.framework.name} framework loads HF model "
+                                  "dirs (model.path or model.asset); URLs are for OLMo checkpoints")
+        path = Path(cfg.model.path).expanduser()
+        if not path.exists() and is_hub_id(cfg.model.path):
+            return hub_snapshot(cfg.model.path, cfg.model.revision)
+        if cfg.model.revision is not None:
+            raise ConfigError("model.revision", f"{cfg.model.revision!r}: revisions select a Hub model's version; "
+                              f"model.path={cfg.model.path} is a local path")
+        if not (path / "config.json").is_file():
+            raise CheckpointError(f"model.path={path}: missing checkpoint (no config.json in that directory)")
+        return path
+
+    @property
+    def tokenizer_path(self) -> str:
+        """HF tokenizer dir or asset name of the run (``model.tokenizer``, else the model dir)."""
+        return self.cfg.model.tokenizer or str(self.model_dir)
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the model's embedding matrix (``config.json``'s ``vocab_size``); 0 if unknown."""
+        return int(json.loads((self.model_dir / "config.json").read_text()).get("vocab_size", 0))
+
+    def initial_checkpoint(self) -> Checkpoint:
+        """The checkpoint the run starts from: the model dir (an HF dir), at step ``model.checkpoint_step``."""
+        return Checkpoint(self.model_dir, self.cfg.model.checkpoint_step)
 
     @property
     def checkpoint_dir(self) -> Path:

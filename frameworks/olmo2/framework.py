@@ -33,6 +33,7 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
+from pretrain_exp.core.capabilities import SUPPORTS_RANDOM_INIT
 from pretrain_exp.core.config import ModelConf, RunConfig
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.data.assets import build_once
@@ -194,7 +195,9 @@ def masked_rows(order, qs, filt) -> np.ndarray:
 class Olmo2Framework(OlmoCoreFramework):
     """Continue an OLMo-2 checkpoint on OLMo-core (module docstring)."""
 
-    supports_random_init = False  #: from scratch on OLMo-core is ``framework=olmo_core`` (no OLMo-2 checkpoint)
+    #: OLMo-core's, less ``supports_random_init``: from scratch on OLMo-core is ``framework=olmo_core`` (no OLMo-2
+    #: checkpoint)
+    capabilities = OlmoCoreFramework.capabilities.without(SUPPORTS_RANDOM_INIT)
 
     @functools.cached_property
     def source_dir(self) -> Path:

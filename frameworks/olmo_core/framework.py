@@ -51,6 +51,14 @@ from typing import Any, Dict, Optional
 import numpy as np
 import torch
 
+from pretrain_exp.core.capabilities import (
+    APPLIES_EMBEDDING_NOISE,
+    FRAMEWORK,
+    READS_PLAN_PER_SEGMENT,
+    SAVES_ASYNC,
+    SUPPORTS_RANDOM_INIT,
+    Capabilities,
+)
 from pretrain_exp.core.config import DataConf, ModelConf, Precision, RunConfig, TrainingConf
 from pretrain_exp.core.distributed import is_main_process, rank, world_size
 from pretrain_exp.core.errors import CheckpointError, ConfigError, TrainingError
@@ -285,13 +293,13 @@ class OlmoCoreFramework(Framework):
     """Continue an OLMo-core checkpoint with OLMo-core's ``Trainer`` (module docstring)."""
 
     DEFAULT_TOKENIZER = "dolma2"
-    applies_embedding_noise = True
-    loads_hub_models = False  # OLMo-core checkpoints come from model.path dirs or model.url
-    checkpoints_are_hf = False  #: distributed checkpoints; a release needs training.export_hf
-    supports_random_init = True  #: ``model.init=random`` with an OLMo-core builder (:func:`random_init_checkpoint`)
+    #: ``supports_random_init``: with an OLMo-core builder (:func:`random_init_checkpoint`); ``saves_async``:
+    #: ``training.checkpoint_async``, OLMo-core's asynchronous save (on unless ``false``). Not ``loads_hub_models``
+    #: (OLMo-core checkpoints come from ``model.path`` dirs or ``model.url``) nor ``checkpoints_are_hf``
+    #: (distributed checkpoints: a release needs ``training.export_hf``)
+    capabilities = Capabilities(FRAMEWORK, {APPLIES_EMBEDDING_NOISE, SUPPORTS_RANDOM_INIT, READS_PLAN_PER_SEGMENT,
+                                            SAVES_ASYNC})
     lr_schedulers = SCHEDULERS  #: mapped onto OLMo-core schedulers by :func:`run_scheduler`
-
-    saves_async = True  #: ``training.checkpoint_async``: OLMo-core's asynchronous save (on unless ``false``)
 
     def __init__(self, cfg: RunConfig, model_dir: Path):
         super().__init__(cfg, model_dir)

@@ -61,11 +61,12 @@ def resolve(key: str, default: Any = _NO_DEFAULT, *, _root_) -> Any:
     :raises ConfigError: (naming ``key``, and what the checkpoint lacks where the framework says) if the
         checkpoint does not record it.
     """
+    from pretrain_exp.core.capabilities import SUPPORTS_RANDOM_INIT, has
     from pretrain_exp.frameworks.registry import get_framework_class
 
     model, cache_dir = _model(_root_)
     framework = str(_root_.framework.name)
-    if model.init == "random" and not get_framework_class(framework).supports_random_init:
+    if model.init == "random" and not has(get_framework_class(framework), SUPPORTS_RANDOM_INIT):
         raise ConfigError("model.init", f"framework {framework!r} continues checkpoints only; pretrain from "
                           "scratch with framework=olmo_core or framework=hf")
     found = settings_of(framework, model, cache_dir)

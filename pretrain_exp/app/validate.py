@@ -18,6 +18,16 @@ from omegaconf.errors import OmegaConfBaseException
 
 from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.app.settings import log_overrides
+from pretrain_exp.core.capabilities import (
+    APPLIES_EMBEDDING_NOISE,
+    CHECKPOINTS_ARE_HF,
+    EMBEDDING_NOISE,
+    LOADS_HUB_MODELS,
+    READS_PLAN_PER_SEGMENT,
+    SAVES_ASYNC,
+    SUPPORTS_RANDOM_INIT,
+    has,
+)
 from pretrain_exp.core.config import Cleanup, EvalMode, ExportHF
 from pretrain_exp.core.errors import ConfigError, PretrainExpError
 from pretrain_exp.core.rundir import RunDir
@@ -144,23 +154,22 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
 
 def check_plugins(cfg: ExperimentConfig, framework: type) -> None:
     """The rules between plugins, and between a plugin and the run's settings it must support; the only place
-    that reads two plugins at once. Each plugin declares what it can in one way: a framework by the capability
-    flags of its class (:class:`~pretrain_exp.frameworks.base.Framework`), an insertion type by its
-    :class:`~pretrain_exp.insertion.types.base.TypeSpec`, an eval by its schema's
-    :meth:`~pretrain_exp.evals.base.EvalTaskConf.check_experiments` and its
-    :class:`~pretrain_exp.evals.registry.EvalSpec`.
+    that reads two plugins at once. Each plugin declares what it can in one way, its class's
+    :class:`~pretrain_exp.core.capabilities.Capabilities` (a framework's on its
+    :class:`~pretrain_exp.frameworks.base.Framework` subclass, an insertion type's and an eval's on its schema),
+    read here with :func:`~pretrain_exp.core.capabilities.has`; an eval's rules against the insertion experiments
+    are its schema's :meth:`~pretrain_exp.evals.base.EvalTaskConf.check_experiments`.
 
     :param framework: the class of ``cfg.framework.name``; ``cfg``'s experiments and tasks already parsed.
     :raises ConfigError: naming the dotted key of the first violated rule.
     """
     from pretrain_exp.insertion.dynamic import parse_dynamic
-    from pretrain_exp.insertion.types import get_type
 
     name, t = cfg.framework.name, cfg.training
-    if cfg.model.init == "random" and not framework.supports_random_init:
+    if cfg.model.init == "random" and not has(framework, SUPPORTS_RANDOM_INIT):
         raise ConfigError("model.init", f"framework {name!r} continues checkpoints only; "
                           "pretrain from scratch with framework=olmo_core or framework=hf")
-    if cfg.model.revision is not None and (cfg.model.path is None or not framework.loads_hub_models):
+    if cfg.model.revision is not None and (cfg.model.path is None or not has(framework, LOADS_HUB_MODELS)):
         raise ConfigError("model.revision", f"{cfg.model.revision!r}: a revision selects the version of a Hub model "
                           "id given as model.path, which only the hf framework loads")
     for i, logger in enumerate(t.report_to):
@@ -169,7 +178,7 @@ def check_plugins(cfg: ExperimentConfig, framework: type) -> None:
                        f"it logs to {RunDir.METRICS} and W&B only; set training.report_to=none")
             raise ConfigError(f"training.report_to[{i}]", f"{logger!r} is not a logger of framework {name!r}; "
                               f"{allowed}")
-    if t.checkpoint_async and not framework.saves_async:
+    if t.checkpoint_async and not has(framework, SAVES_ASYNC):
         raise ConfigError("training.checkpoint_async", f"framework {name!r} saves checkpoints "
                           "synchronously (its engine has no asynchronous save); set it to null or false")
     if cfg.framework.may_use_run_lr_schedule() and t.lr_scheduler not in framework.lr_schedulers:
@@ -177,15 +186,15 @@ def check_plugins(cfg: ExperimentConfig, framework: type) -> None:
                           f"{name!r}; allowed: {sorted(framework.lr_schedulers)}")
     experiments = cfg.insertion.experiments
     noised = sorted(n for n, e in experiments.items()
-                    if get_type(e.type).embedding_noise and n not in cfg.insertion.withheld)
-    if noised and not framework.applies_embedding_noise:
+                    if has(e, EMBEDDING_NOISE) and n not in cfg.insertion.withheld)
+    if noised and not has(framework, APPLIES_EMBEDDING_NOISE):
         raise ConfigError("framework.name", f"{name!r} does not apply the gaussian noise of {noised}")
     for task_name, task in cfg.eval.tasks.items():
         task.check_experiments(f"eval.tasks.{task_name}", experiments)
     if cfg.cpdt.experiments:
         validate_cpdt(cfg)
     if parse_dynamic(cfg.insertion.dynamic, experiments, cfg.eval.tasks) is not None:
-        if not framework.reads_plan_per_segment:
+        if not has(framework, READS_PLAN_PER_SEGMENT):
             raise ConfigError("insertion.dynamic", f"framework {name!r} fixes the plan for the "
                               "whole run; it cannot train spans added between segments")
         if cfg.cpdt.experiments or cfg.insertion.withheld:
@@ -217,7 +226,7 @@ def validate_release(cfg: ExperimentConfig, framework: type) -> None:
     if t.cleanup == Cleanup.all:
         raise ConfigError("training.cleanup", "'all' deletes the run dir the release is built from; use bulky or "
                           "none with release.push_to_hub=true")
-    if not framework.checkpoints_are_hf and t.export_hf == ExportHF.none:
+    if not has(framework, CHECKPOINTS_ARE_HF) and t.export_hf == ExportHF.none:
         raise ConfigError("training.export_hf", "none keeps no HF model of the final step to release; use final or "
                           "every with release.push_to_hub=true")
 

@@ -32,6 +32,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from pretrain_exp.core.capabilities import EMBEDDING_NOISE, has
 from pretrain_exp.core.errors import CheckpointError, ConfigError
 from pretrain_exp.core.io import write_json
 from pretrain_exp.core.rundir import RunDir
@@ -179,7 +180,7 @@ def parse_dynamic(value: Any, experiments: Dict[str, Any], tasks: Dict[str, Any]
             raise ConfigError(f"{key}.experiments[{i}]", f"{name!r} is not an insertion experiment; allowed: "
                               f"{sorted(experiments)}")
     for name in conf.experiments or sorted(experiments):
-        if getattr(experiments[name], "embedding_noise", False):
+        if has(experiments[name], EMBEDDING_NOISE):
             raise ConfigError(f"{key}.experiments", f"{name!r} inserts noise rows; dynamic insertion places "
                               "token items only (list the token experiments)")
     losses = [n for n, t in tasks.items() if getattr(t, "type", None) == "insertion_loss"]

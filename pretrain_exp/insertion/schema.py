@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Dict, List, Optional
 
 from omegaconf import II, MISSING
 
+from pretrain_exp.core.capabilities import INSERTION_TYPE, Capabilities
 from pretrain_exp.core.errors import ConfigError
 
 
@@ -77,9 +78,9 @@ class InsertionExperimentConf:
     YAML options extend ``schema/insertion/<type>``.
     """
 
-    #: capability: its copies add noise to the input embeddings instead of inserting tokens, which only a
-    #: framework with ``applies_embedding_noise`` trains and dynamic insertion cannot place (a class constant)
-    embedding_noise: ClassVar[bool] = False
+    #: what the type can do (:mod:`pretrain_exp.core.capabilities`: ``embedding_noise``, its copies add noise to
+    #: the input embeddings instead of inserting tokens); none here
+    capabilities: ClassVar[Capabilities] = Capabilities(INSERTION_TYPE)
     type: str = MISSING  #: registered insertion type (:data:`pretrain_exp.insertion.types.TYPES`)
     file: Optional[str] = None  #: jsonl file of items
     key: Optional[str] = None  #: jsonl key of the item's payload (each type documents its default)

@@ -32,16 +32,11 @@ class TypeSpec:
     holds the type's one-schema checks); ``load_items(name, exp, ctx)`` returns the experiment's
     :class:`~pretrain_exp.insertion.items.ItemSet`; ``effect`` is its CPDT effect (None: not defined);
     ``reserved_rows(experiments)`` (optional) is the number of first-epoch rows the type's experiments (name ->
-    config, all of this type) take before the held-out rows; :attr:`embedding_noise` is read from its schema.
+    config, all of this type) take before the held-out rows. What the type can do is its schema's
+    ``capabilities`` (:mod:`pretrain_exp.core.capabilities`).
     """
 
     schema: type
     load_items: Callable[[str, InsertionExperimentConf, LoadContext], ItemSet]
     effect: Optional[EffectSpec] = None
     reserved_rows: Optional[Callable[[Dict[str, InsertionExperimentConf]], int]] = None
-
-    @property
-    def embedding_noise(self) -> bool:
-        """Whether its copies add noise to the input embeddings (its schema's
-        :attr:`~pretrain_exp.insertion.schema.InsertionExperimentConf.embedding_noise`)."""
-        return bool(self.schema.embedding_noise)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import Optional
 
+from pretrain_exp.core.capabilities import EMBEDDING_NOISE, INSERTION_TYPE, Capabilities
 from pretrain_exp.core.errors import ConfigError, InsertionError
 from pretrain_exp.insertion.items import (
     ItemSet,
@@ -29,7 +30,7 @@ from pretrain_exp.insertion.types.base import TypeSpec
 class GaussianConf(InsertionExperimentConf):
     """A ``type: gaussian`` experiment: ``num_items`` noise patterns of std ``sigma``."""
 
-    embedding_noise: ClassVar[bool] = True
+    capabilities = Capabilities(INSERTION_TYPE, {EMBEDDING_NOISE})
     type: str = "gaussian"
     sigma: Optional[float] = None  #: std of the noise per embedding coordinate (> 0; the reference uses 0.075)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from pretrain_exp.core.capabilities import CHECKPOINTS_ARE_HF, FRAMEWORK, Capabilities, has
 from pretrain_exp.core.errors import ConfigError
 from tests.conftest import make_config
 
@@ -40,13 +41,13 @@ def test_a_release_needs_an_hf_export_where_the_framework_checkpoints_are_not_hf
 
     cfg = make_config("release.push_to_hub=true", "release.repo_id=org/name", "training.export_hf=none",
                       run_dir=tmp_path)
-    assert get_framework_class("hf").checkpoints_are_hf
+    assert has(get_framework_class("hf"), CHECKPOINTS_ARE_HF)
     with pytest.raises(ConfigError) as e:
-        validate_release(cfg, type("DistributedCheckpoints", (), {"checkpoints_are_hf": False}))
+        validate_release(cfg, type("DistributedCheckpoints", (), {"capabilities": Capabilities(FRAMEWORK)}))
     assert e.value.key == "training.export_hf"
     pytest.importorskip("olmo_core")
-    assert not get_framework_class("olmo_core").checkpoints_are_hf
-    assert not get_framework_class("olmo2").checkpoints_are_hf
+    assert not has(get_framework_class("olmo_core"), CHECKPOINTS_ARE_HF)
+    assert not has(get_framework_class("olmo2"), CHECKPOINTS_ARE_HF)
 
 
 def test_derivations_happen_once_before_validate_which_changes_nothing(tmp_path):

@@ -6,6 +6,7 @@ import importlib.util
 
 import pytest
 
+from pretrain_exp.core.capabilities import APPLIES_EMBEDDING_NOISE, has
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.frameworks import registry
 
@@ -26,5 +27,5 @@ def test_unknown_name_lists_the_frameworks():
 
 def test_hf_is_found_and_declares_what_it_supports():
     cls = registry.get_framework_class("hf")
-    assert cls.__name__ == "HFFramework" and cls.applies_embedding_noise
+    assert cls.__name__ == "HFFramework" and has(cls, APPLIES_EMBEDDING_NOISE)
     assert {"cosine", "linear", "constant", "cosine_with_restarts"} <= set(cls.lr_schedulers)

@@ -4,11 +4,11 @@ segment against everything planned, extension of the plan, saved decisions and c
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
 
 import numpy as np
 import pytest
 
+from pretrain_exp.core.capabilities import EMBEDDING_NOISE, INSERTION_TYPE, Capabilities, has
 from pretrain_exp.core.errors import CheckpointError, ConfigError
 from pretrain_exp.insertion import dynamic
 from pretrain_exp.insertion.plan import Plan
@@ -154,9 +154,9 @@ def test_off_values_and_required_insertion_loss_eval():
 def test_noise_rows_are_told_by_the_schema_capability_not_the_type_name():
     @dataclasses.dataclass
     class Blur(TextsConf):  # a new noise type, named otherwise
-        embedding_noise: ClassVar[bool] = True
+        capabilities = Capabilities(INSERTION_TYPE, {EMBEDDING_NOISE})
         type: str = "blur"
 
     with pytest.raises(ConfigError, match="'b' inserts noise rows"):
         dynamic.parse_dynamic("until_memorized", {"b": Blur(file="x.jsonl")}, {"loss": _Task()})
-    assert get_type("gaussian").embedding_noise and not get_type("texts").embedding_noise
+    assert has(get_type("gaussian").schema, EMBEDDING_NOISE) and not has(get_type("texts").schema, EMBEDDING_NOISE)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub import constants, snapshot_download
 
+from pretrain_exp.core.capabilities import LOADS_HUB_MODELS
 from pretrain_exp.core.errors import CheckpointError, ConfigError
 from pretrain_exp.frameworks.hf.framework import HFFramework
 from tests.conftest import CACHE_DIR, ROOT, make_config
@@ -78,7 +79,8 @@ def test_unknown_revision_or_model_is_one_clear_error(tmp_path, hf_home, tiny_mo
 
 
 def test_revision_needs_a_framework_that_loads_hub_models(tmp_path, monkeypatch):
-    monkeypatch.setattr(HFFramework, "loads_hub_models", False)  # as the olmo_core and olmo2 frameworks
+    monkeypatch.setattr(HFFramework, "capabilities",  # as the olmo_core and olmo2 frameworks
+                        HFFramework.capabilities.without(LOADS_HUB_MODELS))
     with pytest.raises(ConfigError, match=r"^model\.revision: 'main': .*only the hf framework loads"):
         _cfg(tmp_path, "model.revision=main")
 

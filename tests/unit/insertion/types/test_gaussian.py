@@ -12,6 +12,7 @@ import transformers
 
 import pretrain_exp.frameworks.hf.framework as hf
 from pretrain_exp.app.experiment import Experiment
+from pretrain_exp.core.capabilities import APPLIES_EMBEDDING_NOISE
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.evals.base import EvalContext
 from pretrain_exp.evals.gaussian import GaussianConf
@@ -276,6 +277,6 @@ def test_permutation_p_value():
 def test_a_framework_without_the_hook_refuses_gaussian_rows(tmp_path, monkeypatch, tiny_model_dir):
     """A framework that does not apply the noise is refused when the config is validated, instead of silently
     training without it."""
-    monkeypatch.setattr(hf.HFFramework, "applies_embedding_noise", False)
+    monkeypatch.setattr(hf.HFFramework, "capabilities", hf.HFFramework.capabilities.without(APPLIES_EMBEDDING_NOISE))
     with pytest.raises(ConfigError, match=r"framework.name: 'hf' does not apply the gaussian noise of \['gaussian'\]"):
         make_config("experiment=tiny", "wandb=disabled", "eval=[gaussian]", "insertion=gaussian", run_dir=tmp_path)
