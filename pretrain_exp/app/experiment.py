@@ -146,7 +146,7 @@ class Experiment:
             self.stream = WindowStream(self.order, self.start_step * self.B, self.num_steps * self.B,
                                        ahead_steps=cfg.data.prefetch_ahead_steps)
         self._check_held_out()
-        self.dynamic = dynamic.parse_dynamic(cfg.insertion.dynamic, cfg.insertion.experiments, cfg.eval.tasks)
+        self.dynamic: Optional[dynamic.DynamicConf] = cfg.insertion.dynamic  # parsed once, by validate.derive
         self._audit_job: Optional[BackgroundAudit] = None  #: ``insertion.audit=on``: the audit beside training
         self.audit_wait_s = 0.0  #: seconds the run's end waited for it
         self.plan = self._plan()

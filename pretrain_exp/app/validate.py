@@ -40,17 +40,21 @@ ATTENTION = ("sdpa", "flash")  #: ``training.attention`` (olmo_core)
 def derive(cfg: ExperimentConfig) -> ExperimentConfig:
     """The values of ``cfg`` computed from what was given, once, before :func:`validate` (which changes nothing):
     ``training.report_to`` as a list of logger names, ``insertion.experiments`` and ``eval.tasks`` as their
-    types' schema dataclasses.
+    types' schema dataclasses, ``insertion.dynamic`` as its parsed
+    :class:`~pretrain_exp.insertion.dynamic.DynamicConf` (or ``None``: off), which the run reads from there.
 
     :raises ConfigError: for a ``report_to`` that is no name or list of names, an unknown insertion or eval type
-        or a bad field, naming the key.
+        or a bad field, a bad ``insertion.dynamic`` (:func:`~pretrain_exp.insertion.dynamic.parse_dynamic`),
+        naming the key.
     """
     from pretrain_exp.evals.registry import parse_task_configs
+    from pretrain_exp.insertion.dynamic import parse_dynamic
     from pretrain_exp.insertion.types import parse_experiments
 
     cfg.training.report_to = report_to_list(cfg.training.report_to)
     cfg.insertion.experiments = parse_experiments(cfg.insertion.experiments)
     cfg.eval.tasks = parse_task_configs(cfg.eval.tasks)
+    cfg.insertion.dynamic = parse_dynamic(cfg.insertion.dynamic, cfg.insertion.experiments, cfg.eval.tasks)
     return cfg
 
 
@@ -163,8 +167,6 @@ def check_plugins(cfg: ExperimentConfig, framework: type) -> None:
     :param framework: the class of ``cfg.framework.name``; ``cfg``'s experiments and tasks already parsed.
     :raises ConfigError: naming the dotted key of the first violated rule.
     """
-    from pretrain_exp.insertion.dynamic import parse_dynamic
-
     name, t = cfg.framework.name, cfg.training
     if cfg.model.init == "random" and not has(framework, SUPPORTS_RANDOM_INIT):
         raise ConfigError("model.init", f"framework {name!r} continues checkpoints only; "
@@ -193,7 +195,7 @@ def check_plugins(cfg: ExperimentConfig, framework: type) -> None:
         task.check_experiments(f"eval.tasks.{task_name}", experiments)
     if cfg.cpdt.experiments:
         validate_cpdt(cfg)
-    if parse_dynamic(cfg.insertion.dynamic, experiments, cfg.eval.tasks) is not None:
+    if cfg.insertion.dynamic is not None:  # parsed by derive()
         if not has(framework, READS_PLAN_PER_SEGMENT):
             raise ConfigError("insertion.dynamic", f"framework {name!r} fixes the plan for the "
                               "whole run; it cannot train spans added between segments")

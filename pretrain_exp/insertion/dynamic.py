@@ -145,7 +145,10 @@ POLICIES: Dict[str, type] = {UntilMemorized.name: UntilMemorized, SpacedRepetiti
 
 def parse_dynamic(value: Any, experiments: Dict[str, Any], tasks: Dict[str, Any],
                   key: str = "insertion.dynamic") -> Optional[DynamicConf]:
-    """Check ``insertion.dynamic`` (``None``/``""``/``"none"``: off; a policy name; or a mapping with ``policy``).
+    """Check ``insertion.dynamic`` (``None``/``""``/``"none"``: off; a policy name; or a mapping with ``policy``)
+    and return it as a :class:`DynamicConf` (``task`` set to the first ``insertion_loss`` task when not given),
+    or ``None`` when off. A :class:`DynamicConf` is returned as it is (parsed already). The run parses it once,
+    in :func:`pretrain_exp.app.validate.derive`, and reads the result from ``insertion.dynamic``.
 
     :param experiments: the run's insertion experiments (name -> config); ``tasks``: ``eval.tasks``.
     :raises ConfigError: for an unknown policy or option, a bad value, an unknown target experiment, a noise
@@ -153,6 +156,8 @@ def parse_dynamic(value: Any, experiments: Dict[str, Any], tasks: Dict[str, Any]
     """
     if value is None or value == "" or value == "none":
         return None
+    if isinstance(value, DynamicConf):
+        return value
     if isinstance(value, str):
         value = {"policy": value}
     if not hasattr(value, "items"):

@@ -113,7 +113,8 @@ class InsertionConf:
     audit: AuditMode = AuditMode.on  #: natural-duplicate audit of the items in the window and held-out rows
     audit_ngram: int = 13  #: n-gram length (tokens) of the audit's overlap count
     audit_workers: int = 0  #: processes scanning the window (0: the cores this process may use)
-    #: closed-loop insertion policy: a name or ``{policy: <name>, ...}`` (:mod:`~pretrain_exp.insertion.dynamic`)
+    #: closed-loop insertion policy: a name or ``{policy: <name>, ...}`` (:mod:`~pretrain_exp.insertion.dynamic`);
+    #: the validated config holds it parsed, a ``DynamicConf`` or ``None``
     dynamic: Any = None
 
 

@@ -31,3 +31,19 @@ def test_bad_dynamic_is_a_config_error(tmp_path, overrides, key):
     with pytest.raises(ConfigError) as e:
         make_config(*BASE, *overrides, run_dir=tmp_path)
     assert e.value.key == key
+
+
+def test_dynamic_is_parsed_once_per_run_and_the_run_reads_the_parsed_config(tmp_path, monkeypatch, tiny_model_dir):
+    """``derive`` parses ``insertion.dynamic`` (the policy's options, its default task); validation and the run read
+    the result from the config instead of parsing it again."""
+    import pretrain_exp.insertion.dynamic as dynamic
+    from pretrain_exp.app.experiment import Experiment
+
+    calls = []
+    parse = dynamic.parse_dynamic
+    monkeypatch.setattr(dynamic, "parse_dynamic", lambda *a, **k: calls.append(a) or parse(*a, **k))
+    cfg = make_config(*BASE, "eval=[insertion_loss]", "training.num_steps=0", "insertion.verify=false",
+                      "insertion.audit=off", "insertion.dynamic=until_memorized", run_dir=tmp_path)
+    assert isinstance(cfg.insertion.dynamic, dynamic.DynamicConf) and cfg.insertion.dynamic.task == "insertion_loss"
+    exp = Experiment(cfg)
+    assert exp.dynamic is cfg.insertion.dynamic and len(calls) == 1
