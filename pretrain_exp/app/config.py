@@ -53,13 +53,27 @@ class ExperimentConfig:
     verbose: bool = False
 
 
+EVAL_TASK_RESOLVER = "eval_task"
+
+
+def eval_task(eval_type: str, *, _root_) -> Optional[str]:
+    """The value of ``${eval_task:<type>}``: the name of the first ``eval.tasks`` entry of type ``eval_type``, or
+    ``None`` if there is none (``insertion.dynamic.task`` in ``conf/insertion/dynamic/``, so that ``--cfg job
+    --resolve`` shows the task the run reads)."""
+    tasks = _root_.eval.tasks if "eval" in _root_ and "tasks" in _root_.eval else {}
+    return next((str(name) for name, node in tasks.items()
+                 if hasattr(node, "get") and node.get("type") == eval_type), None)
+
+
 def register_configs() -> None:
     """Store the schemas in Hydra's ConfigStore: ``base_config``, ``schema/<group>/base``, ``schema/framework/<name>``,
-    ``schema/insertion/<type>`` and ``schema/eval/<type>``.
+    ``schema/insertion/<type>`` and ``schema/eval/<type>``; register the resolvers (``${checkpoint:...}``,
+    ``${eval_task:...}``, the run name's).
 
     Idempotent; called by the entry point and by tests before composing.
     """
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
 
     from pretrain_exp.app.help import register_help_resolver
     from pretrain_exp.app.run_name import register_run_name_resolver
@@ -71,6 +85,8 @@ def register_configs() -> None:
     register_resolver()
     register_help_resolver()
     register_run_name_resolver()
+    if not OmegaConf.has_resolver(EVAL_TASK_RESOLVER):
+        OmegaConf.register_new_resolver(EVAL_TASK_RESOLVER, eval_task)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=ExperimentConfig)
     for group, node in (

@@ -208,8 +208,10 @@ class TrainingConf:
     gradient_checkpointing: bool = False  #: recompute activations in the backward pass (less memory, ~30% more
     #: compute): hf: ``TrainingArguments.gradient_checkpointing``; olmo_core/olmo2: OLMo-core's full activation
     #: checkpointing (``TransformerActivationCheckpointingConfig``)
-    report_to: Any = "none"  #: hf only: the Trainer's own loggers besides the run's tracker, a name or a list
-    #: (``tensorboard``, ``mlflow``, ... as ``TrainingArguments.report_to``; ``csv``: ``<run_dir>/trainer_log.csv``)
+    #: hf only: the Trainer's own loggers besides the run's tracker, a list of names (``tensorboard``, ``mlflow``,
+    #: ... as ``TrainingArguments.report_to``; ``csv``: ``<run_dir>/trainer_log.csv``); one name, comma-separated
+    #: names or ``none`` are taken as that list (``none``: ``[]``)
+    report_to: Any = field(default_factory=list)
 
 
 @dataclass

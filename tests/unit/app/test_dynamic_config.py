@@ -26,6 +26,7 @@ def test_policy_presets_and_the_demo_compose(tmp_path):
 @pytest.mark.parametrize("overrides,key", [
     (["insertion.dynamic=forever"], "insertion.dynamic.policy"),
     (["insertion.dynamic=until_memorized", "eval=[perplexity]"], "insertion.dynamic.task"),
+    (["+insertion/dynamic=until_memorized", "eval=[perplexity]"], "insertion.dynamic.task"),  # ${eval_task:...}: null
 ])
 def test_bad_dynamic_is_a_config_error(tmp_path, overrides, key):
     with pytest.raises(ConfigError) as e:

@@ -17,7 +17,7 @@ from hydra.core.global_hydra import GlobalHydra
 
 from pretrain_exp.core.errors import ConfigError
 from tests.conftest import ROOT, compose, make_config
-from tests.unit.app.test_cli import _main_in_process
+from tests.unit.app.test_cli import _main_in_process, _run_in_process
 
 
 def test_a_key_added_with_plus_that_no_schema_has_is_refused(tmp_path):
@@ -50,6 +50,23 @@ def test_gradient_checkpointing_compile_and_report_to_reach_the_hf_trainer(tmp_p
         with pytest.raises(ConfigError) as e:
             validate(derive(wrong))
         assert e.value.key == key
+
+
+def test_cfg_job_resolve_shows_the_derived_values_the_run_uses(monkeypatch, tmp_path, capsys):
+    """Hydra's own ``--cfg job --resolve`` prints ``training.report_to`` as the list of loggers and
+    ``insertion.dynamic.task`` as the eval task the run reads (``${eval_task:insertion_loss}``): the values the
+    validated config holds."""
+    import yaml
+
+    from pretrain_exp.app.tracking import config_dict
+
+    overrides = ["experiment=tiny", "+insertion/dynamic=spaced_repetition", "eval=[perplexity,insertion_loss]"]
+    _run_in_process(monkeypatch, tmp_path, [*overrides, "--cfg", "job", "--resolve"], fake_run=None)
+    shown = yaml.safe_load(capsys.readouterr().out)
+    used = config_dict(make_config(*overrides, run_dir=tmp_path))
+    assert shown["training"]["report_to"] == used["training"]["report_to"] == []
+    dyn = shown["insertion"]["dynamic"]
+    assert dyn["task"] == "insertion_loss" and dyn == {k: used["insertion"]["dynamic"][k] for k in dyn}
 
 
 @pytest.mark.slow
