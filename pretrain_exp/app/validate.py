@@ -1,11 +1,18 @@
 """The rules of a run's config, checked once after composing (:func:`to_config`).
 
 :func:`derive` first computes the values taken from what was given (``training.report_to`` as a list, the
-insertion experiments and eval tasks as their schemas); :func:`validate` then changes nothing: it checks each
-group's rules, calls each plugin's own ``validate(key)`` (an insertion type, an eval, a framework) with the key it
-is configured under, and ends with :func:`check_plugins`, the one place for the rules between plugins (a framework
-that applies the noise an insertion type needs, the loggers and LR schedulers it supports, the experiments an eval
-scores, dynamic insertion on a framework that reads the plan per segment).
+insertion experiments and eval tasks as their schemas, ``insertion.dynamic`` parsed); :func:`validate` then changes
+nothing: it checks each group's rules, calls each plugin's own ``validate(key)`` (an insertion type, an eval, a
+framework) with the key it is configured under, and ends with :func:`check_plugins`, the one place for the rules
+between plugins (a framework that applies the noise an insertion type needs, the loggers and LR schedulers it
+supports, the experiments an eval scores, dynamic insertion on a framework that reads the plan per segment).
+
+What the composed config shows (``--cfg job --resolve``) is what :func:`derive` returns, except for short forms a
+user types: ``training.report_to`` defaults to its list (``[]``) and the dynamic presets' ``task`` is
+``${eval_task:insertion_loss}`` (:func:`pretrain_exp.app.config.eval_task`), so those print as the run uses them; a
+name given for ``report_to`` (``tensorboard``, ``none``) or ``insertion.dynamic`` (a policy name) is printed as given
+and taken as its list or its full options here. Typing the experiments and tasks as their schema dataclasses changes
+no value (the composed nodes hold every field already).
 """
 
 from __future__ import annotations
