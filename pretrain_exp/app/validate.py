@@ -171,7 +171,8 @@ def check_plugins(cfg: ExperimentConfig, framework: type) -> None:
     read here with :func:`~pretrain_exp.core.capabilities.has`; an eval's rules against the insertion experiments
     are its schema's :meth:`~pretrain_exp.evals.base.EvalTaskConf.check_experiments`.
 
-    :param framework: the class of ``cfg.framework.name``; ``cfg``'s experiments and tasks already parsed.
+    :param framework: the class of ``cfg.framework.name``; ``cfg`` as :func:`derive` returns it (experiments, tasks
+        and ``insertion.dynamic`` parsed).
     :raises ConfigError: naming the dotted key of the first violated rule.
     """
     name, t = cfg.framework.name, cfg.training

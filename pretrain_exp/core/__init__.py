@@ -1,2 +1,2 @@
-"""The bottom layer: errors, atomic file I/O, distributed helpers, name registries and the protocols the layers
-above implement. Imports nothing of the project above it (no torch or transformers either)."""
+"""The bottom layer: errors, atomic file I/O, distributed helpers, name registries, plugin capabilities and the
+protocols the layers above implement. Imports nothing of the project above it (no torch or transformers either)."""
