@@ -40,8 +40,8 @@ from pretrain_exp.core.logs import phase_progress
 from pretrain_exp.insertion.schema import EosPolicy, InsertionExperimentConf, PlacementKind, parse_repetitions
 
 __all__ = ["Item", "ItemSet", "LoadContext", "RawItem", "apply_eos", "apply_eos_csr", "assign_dup_counts",
-           "encode_texts", "experiment_rng", "first_items", "parse_repetitions", "read_item_file", "sha256_tokens",
-           "tokenized_items"]
+           "encode_texts", "experiment_rng", "fast_backend", "first_items", "parse_repetitions", "read_item_file",
+           "sha256_tokens", "tokenized_items"]
 
 log = logging.getLogger(__name__)
 
