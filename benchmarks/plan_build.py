@@ -17,14 +17,23 @@ the anchor tool's builder on the same spec (92.6 s, 7.09 GiB)::
     python benchmarks/plan_build.py --make-jsonl 1000000 /tmp/items.jsonl      # the spec file (seeded, 851 MB)
     python benchmarks/plan_build.py --jsonl /tmp/items.jsonl --type tokens --num-steps 100000 \
         --global-batch-size 512 --sequence-length 4096 --vocab-size 100352 --json out.json
-    python benchmarks/plan_build.py --jsonl texts.jsonl --type texts --tokenizer DIR --cache-dir DIR ...
+    python benchmarks/plan_build.py --jsonl /tmp/texts.jsonl --type texts --tokenizer dolma2 --cache-dir EMPTY_DIR
 
 ``out.json``: ``{"load_build_s", "peak_rss_mib", "num_items", "num_insertions", "inserted_tokens"}``.
+
+Texts tokenization, the path before and the run's path in one run (``--compare-encode``: the texts of the file
+encoded by the HF tokenizer's own call, ``tokenizer(batch, add_special_tokens=False)``, 10,000 texts per call, and
+by :func:`~pretrain_exp.insertion.items.encode_texts`, alternating, each with a freshly loaded tokenizer;
+prints tokens/s of each, their ratio, and checks the ids are the same)::
+
+    python benchmarks/plan_build.py --make-texts 100000 /tmp/texts.jsonl    # Shakespeare, ~140 tokens a text
+    python benchmarks/plan_build.py --jsonl /tmp/texts.jsonl --type texts --tokenizer dolma2 --compare-encode
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -89,6 +98,79 @@ def make_jsonl(n: int, path: str, lo: int = 32, hi: int = 256, vocab: int = 100_
     return written
 
 
+def make_texts(n: int, path: str, cache_dir: str, min_chars: int = 470) -> int:
+    """Write ``n`` lines ``{"text": ...}``: runs of consecutive lines of the Shakespeare asset of at least
+    ``min_chars`` characters (about 140 dolma2 tokens); pass ``k`` over the plays starts ``k`` lines into each,
+    so every text differs.
+
+    :returns: bytes written.
+    """
+    from pretrain_exp.data.assets import iter_texts
+
+    plays = [text.splitlines(keepends=True) for _, text in iter_texts("shakespeare", cache_dir)]
+    texts: list = []
+    k = 0
+    while len(texts) < n:
+        for lines in plays:
+            cur = ""
+            for line in lines[k:]:
+                cur += line
+                if len(cur) >= min_chars:
+                    texts.append(cur)
+                    cur = ""
+        k += 1
+    data = "".join(json.dumps({"text": t}) + "\n" for t in texts[:n]).encode()
+    with open(path, "wb") as f:
+        f.write(data)
+    return len(data)
+
+
+def _encode_before(texts, tokenizer, batch: int = 10_000):
+    """The texts' ids as the loader got them before :func:`encode_texts` called the backend: the HF
+    tokenizer's own call, ``batch`` texts at a time. :returns: ``(ids int64, lengths int64)``."""
+    parts, lengths = [], []
+    for a in range(0, len(texts), batch):
+        enc = tokenizer(texts[a:a + batch], add_special_tokens=False, verbose=False)["input_ids"]
+        lengths += [len(e) for e in enc]
+        parts.append(np.fromiter(itertools.chain.from_iterable(enc), dtype=np.int64,
+                                 count=sum(lengths[-len(enc):])))
+    return np.concatenate(parts), np.asarray(lengths, dtype=np.int64)
+
+
+def compare_encode(args) -> None:
+    """Tokens/s of the path before and of :func:`encode_texts` on the texts of ``args.jsonl``, alternating
+    ``args.repeat`` times, a freshly loaded tokenizer each time; the ratio of the medians; same ids checked."""
+    from pretrain_exp.core.io import default_cache_dir, read_jsonl
+    from pretrain_exp.data.tokenize import load_tokenizer
+    from pretrain_exp.insertion.items import encode_texts
+
+    cache_dir = args.cache_dir or str(default_cache_dir())
+    texts = [obj["text"] for _, obj in read_jsonl(args.jsonl)]
+    times: dict = {"before": [], "now": []}
+    ref = None
+    for r in range(args.repeat):
+        for name, fn in (("before", _encode_before), ("now", lambda t, tok: encode_texts(t, tok, "bench"))):
+            tok = load_tokenizer(args.tokenizer, cache_dir)
+            t0, c0 = time.perf_counter(), time.process_time()
+            ids, lengths = fn(texts, tok)
+            times[name].append((time.perf_counter() - t0, time.process_time() - c0))
+            if ref is None:
+                ref = (ids, lengths)
+            elif not (np.array_equal(ids, ref[0]) and np.array_equal(lengths, ref[1])):
+                sys.exit(f"{name}: the ids differ from the first run's")
+            del ids, lengths, tok
+    n = int(ref[0].size)
+    med = {k: float(np.median([w for w, _ in v])) for k, v in times.items()}
+    cpu = {k: float(np.median([c for _, c in v])) for k, v in times.items()}
+    print(f"{len(texts):,} texts of {args.jsonl}, {n:,} tokens ({n / len(texts):.0f} a text), tokenizer "
+          f"{args.tokenizer}, {args.repeat} runs each, alternating; load average {os.getloadavg()[0]:.1f}")
+    for k, label in (("before", "before (tokenizer(batch) call)"), ("now", "now (encode_texts)")):
+        walls = ", ".join(f"{w:.2f} s ({c:.1f} s CPU)" for w, c in times[k])
+        print(f"{label:32s} {n / med[k]:12,.0f} tokens/s (median); runs: {walls}")
+    print(f"ratio now / before: {med['before'] / med['now']:.2f}x in wall time, {cpu['before'] / cpu['now']:.2f}x in "
+          "CPU time (goal >= 2x); same ids: True")
+
+
 class _EosOnly:
     """What ``tokens`` items need of a tokenizer: the EOS id (for the EOS policy)."""
 
@@ -138,7 +220,12 @@ def jsonl_main(args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--make-jsonl", nargs=2, metavar=("N", "FILE"), help="write the spec file of N items and exit")
+    ap.add_argument("--make-texts", nargs=2, metavar=("N", "FILE"),
+                    help="write N texts of the Shakespeare asset (~140 tokens each) and exit")
     ap.add_argument("--jsonl", help="JSONL mode: the items file")
+    ap.add_argument("--compare-encode", action="store_true",
+                    help="texts: time the tokenizer's own call against encode_texts on the file's texts")
+    ap.add_argument("--repeat", type=int, default=2, help="--compare-encode: runs of each path")
     ap.add_argument("--type", choices=["tokens", "texts"], default="tokens")
     ap.add_argument("--tokenizer", help="HF tokenizer dir (texts; tokens: its EOS id)")
     ap.add_argument("--eos-id", type=int, default=OLMO2_EOS, help="EOS id for tokens items without --tokenizer")
@@ -164,6 +251,18 @@ def main() -> None:
         t0 = time.perf_counter()
         size = make_jsonl(n, path)
         print(f"wrote {path}: {n:,} items, {size / 1e6:.0f} MB in {time.perf_counter() - t0:.1f} s")
+        return
+    if args.make_texts:
+        from pretrain_exp.core.io import default_cache_dir
+
+        n, path = int(args.make_texts[0]), args.make_texts[1]
+        size = make_texts(n, path, args.cache_dir or str(default_cache_dir()))
+        print(f"wrote {path}: {n:,} texts, {size / 1e6:.0f} MB")
+        return
+    if args.jsonl and args.compare_encode:
+        if not args.tokenizer:
+            sys.exit("--compare-encode needs --tokenizer")
+        compare_encode(args)
         return
     if args.jsonl:
         if args.vocab_size is None and not args.tokenizer:

@@ -25,8 +25,10 @@ import hashlib
 import itertools
 import logging
 import math
+import sys
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -38,8 +40,8 @@ from pretrain_exp.core.logs import phase_progress
 from pretrain_exp.insertion.schema import EosPolicy, InsertionExperimentConf, PlacementKind, parse_repetitions
 
 __all__ = ["Item", "ItemSet", "LoadContext", "RawItem", "apply_eos", "apply_eos_csr", "assign_dup_counts",
-           "encode_texts", "experiment_rng", "first_items", "parse_repetitions", "read_item_file", "sha256_tokens",
-           "tokenized_items"]
+           "encode_texts", "experiment_rng", "fast_backend", "first_items", "parse_repetitions", "read_item_file",
+           "sha256_tokens", "tokenized_items"]
 
 log = logging.getLogger(__name__)
 
@@ -181,8 +183,12 @@ def apply_eos_csr(ids: np.ndarray, lengths: np.ndarray, eos: int, policy: EosPol
 def encode_texts(texts: Sequence[str], tokenizer, what: str, batch: Optional[int] = None,
                  sources: Optional[Sequence[str]] = None) -> tuple[np.ndarray, np.ndarray]:
     """Token ids of ``texts`` (no special tokens), ``batch`` texts per tokenizer call (default
-    :data:`ENCODE_BATCH`), with a progress bar on a
-    terminal; logs tokens/s.
+    :data:`ENCODE_BATCH`), with a progress bar on a terminal; logs tokens/s.
+
+    The ids are those of ``tokenizer(texts, add_special_tokens=False)["input_ids"]``. A plain HF fast tokenizer
+    is run through its ``tokenizers`` backend directly (:func:`fast_backend`: the same call, without the
+    per-text conversion into Python dicts), and the next batch is encoded (the backend releases the GIL and uses
+    every core) while this one is turned into arrays.
 
     :param sources: provenance per text (``file:line``) for the error message.
     :returns: ``(ids int64 (total,), lengths int64 (len(texts),))``, CSR.
@@ -192,22 +198,68 @@ def encode_texts(texts: Sequence[str], tokenizer, what: str, batch: Optional[int
     batch = batch or ENCODE_BATCH
     parts: List[np.ndarray] = []
     lengths = np.empty(len(texts), dtype=np.int64)
+    backend = fast_backend(tokenizer)
+    if backend is not None:
+        encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)
+
+        def encode(a: int) -> List[List[int]]:
+            return [e.ids for e in encode_batch(list(texts[a:a + batch]), add_special_tokens=False)]
+    else:
+        def encode(a: int) -> List[List[int]]:
+            return tokenizer(list(texts[a:a + batch]), add_special_tokens=False, verbose=False)["input_ids"]
+    starts = range(0, len(texts), batch)
     t0 = time.perf_counter()
-    with phase_progress(f"tokenizing {what}", len(texts)) as progress:
-        for a in range(0, len(texts), batch):
+    with phase_progress(f"tokenizing {what}", len(texts)) as progress, ThreadPoolExecutor(1) as pool:
+        ahead = pool.submit(encode, starts[0]) if starts else None
+        for k, a in enumerate(starts):
             try:
-                enc = tokenizer(list(texts[a:a + batch]), add_special_tokens=False, verbose=False)["input_ids"]
+                enc = ahead.result()
             except Exception as e:
                 raise _encode_error(texts, tokenizer, a, batch, sources, what, e) from None
-            lengths[a:a + len(enc)] = [len(e) for e in enc]
+            ahead = pool.submit(encode, starts[k + 1]) if k + 1 < len(starts) else None
+            b = a + len(enc)
+            lengths[a:b] = [len(e) for e in enc]
             parts.append(np.fromiter(itertools.chain.from_iterable(enc), dtype=np.int64,
-                                     count=int(lengths[a:a + len(enc)].sum())))
-            progress(a + len(enc))
+                                     count=int(lengths[a:b].sum())))
+            del enc
+            progress(b)
     ids = np.concatenate(parts) if parts else np.empty(0, np.int64)
     dt = time.perf_counter() - t0
     log.info(f"{what}: tokenized {len(texts):,} texts, {ids.size:,} tokens in {dt:.1f} s "
              f"({ids.size / max(dt, 1e-9):,.0f} tokens/s)")
     return ids, lengths
+
+
+#: methods of ``PreTrainedTokenizerFast`` on the way from ``tokenizer(texts)`` to its backend (transformers 4 and 5)
+_CALL_PATH = ("__call__", "_call_one", "batch_encode_plus", "_batch_encode_plus", "encode_plus", "_encode_plus",
+              "set_truncation_and_padding", "_convert_encoding", "prepare_for_tokenization")
+
+
+def fast_backend(tokenizer):
+    """The ``tokenizers.Tokenizer`` behind an HF fast tokenizer whose ``tokenizer(texts,
+    add_special_tokens=False)`` is exactly the backend's ``encode_batch(texts, add_special_tokens=False)``;
+    None for anything else (a subclass overriding a step of that call, a backend with truncation or padding
+    set, a tokenizer that is not an HF fast one), which keeps the plain call.
+
+    Sets the backend's ``encode_special_tokens`` to the tokenizer's ``split_special_tokens``, as the call does.
+    """
+    if "transformers" not in sys.modules:  # then it is no HF tokenizer (and importing transformers takes seconds)
+        return None
+    from transformers import PreTrainedTokenizerFast
+
+    if not isinstance(tokenizer, PreTrainedTokenizerFast) or getattr(tokenizer, "_in_target_context_manager", False):
+        return None
+    cls = type(tokenizer)
+    if any(getattr(cls, m, None) is not getattr(PreTrainedTokenizerFast, m, None) for m in _CALL_PATH):
+        return None
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if (backend is None or not hasattr(backend, "encode_batch") or backend.truncation is not None or
+            backend.padding is not None):
+        return None
+    split = bool(getattr(tokenizer, "split_special_tokens", False))
+    if getattr(backend, "encode_special_tokens", split) != split:
+        backend.encode_special_tokens = split
+    return backend
 
 
 def _encode_error(texts: Sequence[str], tokenizer, a: int, batch: int, sources: Optional[Sequence[str]], what: str,
