@@ -252,7 +252,7 @@ def fast_backend(tokenizer):
     cls = type(tokenizer)
     if any(getattr(cls, m, None) is not getattr(PreTrainedTokenizerFast, m, None) for m in _CALL_PATH):
         return None
-    backend = getattr(tokenizer, "_tokenizer", None)
+    backend = getattr(tokenizer, "backend_tokenizer", None)  # the public property over the tokenizers.Tokenizer
     if (backend is None or not hasattr(backend, "encode_batch") or backend.truncation is not None or
             backend.padding is not None):
         return None
