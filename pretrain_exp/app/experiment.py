@@ -20,6 +20,12 @@
    every segment's checkpoint into ``evals/step<N>/<task>.json`` (all evals of a step read one HF export);
 5. write ``results.json``, the plot, print the table.
 
+Steps 3 to 5 are :meth:`Experiment.run`, a loop over the segments that calls the hooks of its components
+(:mod:`~pretrain_exp.app.hooks`): dynamic insertion before a segment (:mod:`~pretrain_exp.app.dynamic_hook`), the
+kept HF export and the evaluator after it (:mod:`~pretrain_exp.app.hf_export`, :mod:`~pretrain_exp.app.evaluator`:
+``eval.mode`` inline, distributed or async), the results at the end (:mod:`~pretrain_exp.app.results`), then the
+cleanup (:mod:`~pretrain_exp.app.cleanup`).
+
 With ``insertion.dynamic`` (:mod:`~pretrain_exp.insertion.dynamic`) each segment ``(a, b]`` starts with a decision
 on the insertion losses evaluated at step ``a``: its additions are saved to ``dynamic/step<a>.json`` before the
 segment trains, appended to the plan (``plan.npz``, ``manifest.jsonl`` with ``decided_at``/``segment``), handed to
@@ -31,7 +37,6 @@ continues from the newest checkpoint (bit-identical to an uninterrupted run on C
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
@@ -39,25 +44,26 @@ import random
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterator, Optional, Tuple, TypeVar
+from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from pretrain_exp.app.audit_hook import RunAudit
 from pretrain_exp.app.cleanup import RunDirCleanup
 from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.app.console import segment_lines
 from pretrain_exp.app.dynamic_hook import DynamicInsertion, PlanHistory
 from pretrain_exp.app.evaluator import Evaluator, make_evaluator
 from pretrain_exp.app.hf_export import HFExport
-from pretrain_exp.app.hooks import Hooks, RunHook
+from pretrain_exp.app.hooks import Hooks, segments
 from pretrain_exp.app.results import write_results
 from pretrain_exp.app.run_name import MUTABLE_KEYS  # noqa: F401  (re-exported: the keys a re-run may change)
 from pretrain_exp.app.tracking import NullTracker, Tracker, config_dict
 from pretrain_exp.core.config import DEFAULT_HELD_OUT_ROWS
 from pretrain_exp.core.distributed import is_main_process, local_rank, world_size
-from pretrain_exp.core.errors import CheckpointError, ConfigError, InsertionError, PretrainExpError, TrainingError
+from pretrain_exp.core.errors import ConfigError, PretrainExpError, TrainingError
 from pretrain_exp.core.io import disk_full_error, is_disk_full, write_text
 from pretrain_exp.core.phases import PHASES
 from pretrain_exp.core.rundir import RunDir
@@ -73,11 +79,10 @@ from pretrain_exp.evals.base import EvalContext
 from pretrain_exp.frameworks.base import Checkpoint
 from pretrain_exp.frameworks.registry import get_framework_class
 from pretrain_exp.insertion import dynamic
-from pretrain_exp.insertion.audit import AuditResult, audit_key, audit_plan, default_workers, item_contents
+from pretrain_exp.insertion.audit import AuditResult
 from pretrain_exp.insertion.audit_job import BackgroundAudit
 from pretrain_exp.insertion.items import LoadContext
 from pretrain_exp.insertion.plan import Plan, build_plan
-from pretrain_exp.insertion.schema import AuditMode
 from pretrain_exp.insertion.types import load_items, reserved_rows
 from pretrain_exp.insertion.verify import rows_to_verify, verify_batches
 from pretrain_exp.report.summary import print_table
@@ -145,8 +150,9 @@ class Experiment:
                                        ahead_steps=cfg.data.prefetch_ahead_steps)
         self._check_held_out()
         self.dynamic = dynamic.parse_dynamic(cfg.insertion.dynamic, cfg.insertion.experiments, cfg.eval.tasks)
-        self._audit_job: Optional[BackgroundAudit] = None  #: ``insertion.audit=on``: the audit beside training
-        self.audit_wait_s = 0.0  #: seconds the run's end waited for it
+        #: ``insertion.audit``: the natural-duplicate audit (``on``: beside training)
+        self.auditor = RunAudit(cfg.insertion, self.rundir, self.order, self.window, cfg.data.held_out_rows,
+                                self.tokenizer.eos_token_id, cfg.cache_dir, self.window_fetched, self._audited)
         self.plan = self._plan()
         self.rows = TrainingRows(self.order, self.plan, self.start_step * self.B, self.num_steps * self.B)
         if self.main and cfg.insertion.verify and self.plan.num_insertions:
@@ -161,8 +167,7 @@ class Experiment:
                 if local_rank() == 0:
                     self.stream.start()
                 self.order.gate = self.stream.gate()
-        if self._audit_job is not None:  # insertion.audit=on, not audited yet: beside training from here
-            self._audit_job.start()
+        self.auditor.start()  # insertion.audit=on, not audited yet: beside training from here
         self.hf = HFExport(self.rundir, t.export_hf, self.end_step, self.main)  #: the run's HF exports
         #: ``insertion.dynamic``: the hook that decides each segment's additions
         self.dynamic_insertion = None if self.dynamic is None else DynamicInsertion(
@@ -215,7 +220,7 @@ class Experiment:
             raise ConfigError("insertion", f"{path} holds the plan of a different config; use a new run dir "
                               "(hydra.run.dir=...) or restore the original config")
         with PHASES.phase("audit", mode=cfg.insertion.audit.value) as rec:
-            self.audit, fresh = self._audit(static, items) if self.main else (None, False)
+            self.audit, fresh = self.auditor.audit(static, items) if self.main else (None, False)
             rec["computed"] = fresh
         if self.main and (not exists or fresh or saved != plan.digest()):  # items.jsonl carries the audit's counts
             with PHASES.phase("plan saved"):
@@ -265,94 +270,28 @@ class Experiment:
         verify_batches(sub, functools.partial(self.framework.peek_rows, self.rows), self.order.row_tokens,
                        (a * self.B, b * self.B), world_size(), seed=self.cfg.seed + a)
 
-    def _audit(self, plan: Plan, items) -> tuple[Optional[AuditResult], bool]:
-        """The natural-duplicate audit of ``plan`` (:mod:`~pretrain_exp.insertion.audit`): read from
-        ``audit.json`` when it audited this plan with this n, or from the audit cache, else computed and saved:
-        here with ``strict``, which raises for a control found in the window; with ``on`` beside training
-        (:class:`~pretrain_exp.insertion.audit_job.BackgroundAudit`, started by ``__init__`` once the run is ready
-        to train, collected by :meth:`finish_audit`).
+    @property
+    def _audit_job(self) -> Optional[BackgroundAudit]:
+        """``insertion.audit=on``: the audit beside training while it runs (:class:`RunAudit`)."""
+        return self.auditor.job
 
-        :returns: ``(result or None when off, skipped or beside training, whether it was computed now)``.
-        :raises InsertionError: ``insertion.audit=strict`` and a dup-0 control occurs in the window, naming the
-            item and where (step, row, offset).
-        """
-        ins = self.cfg.insertion
-        if ins.audit == AuditMode.off or not plan.num_items:
-            return None, False
-        if ins.audit == AuditMode.on and not self.window_fetched:
-            log.warning("audit skipped: the window's token files are remote and not prefetched "
-                        "(data.prefetch=window or insertion.audit=strict runs it)")
-            return None, False
-        path = self.rundir.audit
-        res, fresh = None, False
-        if path.is_file():
-            old = AuditResult.load(path)
-            if old.plan_digest == plan.digest() and old.n == ins.audit_ngram:
-                res = old
-        if res is None:
-            window_rows = np.arange(self.window[0] // self.L, self.window[1] // self.L, dtype=np.int64)
-            held_rows = self.order.held_out_rows(self.cfg.data.held_out_rows)
-            o = self.order
-            key = audit_key(item_contents(plan, self.tokenizer.eos_token_id), ins.audit_ngram, self.L,
-                            [(f if isinstance(f, str) else f"{f.resolve()}@{f.stat().st_mtime_ns}", int(b))
-                             for f, b in zip(o.files.paths, o.files.num_bytes)],
-                            o.files.dtype.name, window_rows, o.instances(int(window_rows[0]), window_rows.size)
-                            if window_rows.size else window_rows, held_rows,
-                            np.array([o.instance(int(q))[1] for q in held_rows], np.int64))
-            shared = Path(self.cfg.cache_dir) / "audits" / f"{key}.json"
-            if shared.is_file():  # another job of the sweep audited these rows and items
-                with contextlib.suppress(CheckpointError):
-                    res = AuditResult.load(shared)
-                    res.plan_digest = plan.digest()
-                    log.info("audit: reused %s (the same window rows, held-out rows and items)", shared)
-            if res is None and ins.audit == AuditMode.on:  # beside training: nothing of it before step 1
-                self._audit_job = BackgroundAudit(
-                    plan, o, (self.window[0] // self.L, self.window[1] // self.L), held_rows, ins.audit_ngram,
-                    self.tokenizer.eos_token_id, ins.audit_workers or default_workers(), path, shared, "on")
-                return None, False
-            if res is None:
-                res = audit_plan(plan, o.row_tokens, window_rows, held_rows, ins.audit_ngram,
-                                 strip=self.tokenizer.eos_token_id, workers=ins.audit_workers or default_workers())
-                res.save(shared, plan, ins.audit.value)
-            fresh = True
-        if fresh:  # also when strict refuses: the full table of what was found
-            res.save(path, plan, ins.audit.value)
-        self._report_audit(res, plan, items)
-        return res, fresh
-
-    def _report_audit(self, res: AuditResult, plan: Plan, items) -> None:
-        """Log the controls found in the window and the items in the held-out rows; ``strict`` refuses a control
-        found in the window (:meth:`_audit`)."""
-        ins = self.cfg.insertion
-        labels = [f"{it.experiment}[{it.index}] {it.source}" for name in plan.experiments for it in items[name]]
-        bad = res.contaminated_controls(plan)
-        if bad and ins.audit == AuditMode.strict:
-            more = f"; {len(bad) - 1} more control(s) in {RunDir.AUDIT}" if len(bad) > 1 else ""
-            raise InsertionError(f"insertion.audit=strict: control {res.describe(plan, bad[0], labels)}{more}")
-        for i in bad[:10]:
-            log.warning("audit: control %s", res.describe(plan, i, labels))
-        held = [i for i in range(plan.num_items) if res.held_out.exact[i]]
-        if held:
-            log.warning("audit: %d item(s) occur in the held-out rows (perplexity), e.g. %s", len(held),
-                        labels[held[0]])
+    @property
+    def audit_wait_s(self) -> float:
+        """Seconds the run's end waited for the audit beside training."""
+        return self.auditor.wait_s
 
     def finish_audit(self, wait: bool = True) -> None:
-        """Collect the audit running beside training (``insertion.audit=on``): wait for it (without ``wait``:
-        only if it has ended), report it as :meth:`_audit` does and rewrite ``items.jsonl`` with its counts; the
+        """Collect the audit running beside training (``insertion.audit=on``, :meth:`RunAudit.finish
+        <pretrain_exp.app.audit_hook.RunAudit.finish>`): wait for it (without ``wait``: only if it has ended); the
         run's results then carry it (:meth:`_write_results` calls this).
 
         :raises InsertionError: if the audit failed (a re-run of the same command audits again).
         """
-        job = self._audit_job
-        res = None if job is None else job.wait() if wait else job.poll()
-        if res is None:
-            return
-        self._audit_job, self.audit, self.audit_wait_s = None, res, job.waited_s
-        secs = res.window.seconds + res.held_out.seconds
-        log.info("audit: %d items against %d window + %d held-out tokens in %.1f s beside training (%.2e tokens/s)",
-                 job.plan.num_items, res.window.tokens, res.held_out.tokens, secs,
-                 (res.window.tokens + res.held_out.tokens) / max(secs, 1e-9))
-        self._report_audit(res, job.plan, self.items)
+        self.auditor.finish(wait)
+
+    def _audited(self, res: AuditResult) -> None:
+        """The audit beside training is done: ``items.jsonl`` gets its counts."""
+        self.audit = res
         self._write_plan(self.plan)
 
     # --- evaluation -------------------------------------------------------------------------------------
@@ -449,18 +388,13 @@ class Experiment:
     def hooks(self, evaluator: Evaluator) -> Hooks:
         """The run's components, in the order their hooks run: dynamic insertion, the kept HF export, the
         evaluator, the audit beside training, the cleanup."""
-        return Hooks([self.dynamic_insertion, self.hf, evaluator, _AuditBesideTraining(self.finish_audit),
+        return Hooks([self.dynamic_insertion, self.hf, evaluator, self.auditor,
                       RunDirCleanup(self.rundir, self.cfg.training.cleanup, self.framework.latest_checkpoint)])
 
-    def segments(self) -> Iterator[Tuple[int, int]]:
-        """The run's segments ``(a, b]`` of ``training.checkpoint_interval`` steps (the last one may be shorter),
-        as ``(a, b)`` global steps."""
-        t = self.cfg.training
-        a = self.start_step
-        for b in list(range(self.start_step + t.checkpoint_interval, self.end_step, t.checkpoint_interval)) + [
-                self.end_step]:
-            yield a, b
-            a = b
+    def segments(self) -> List[Tuple[int, int]]:
+        """The run's segments ``(a, b]`` of ``training.checkpoint_interval`` steps
+        (:func:`~pretrain_exp.app.hooks.segments`)."""
+        return segments(self.start_step, self.end_step, self.cfg.training.checkpoint_interval)
 
     def _check_release(self) -> None:
         """``release.push_to_hub``: refuse before anything is trained when offline or without a token."""
@@ -572,17 +506,6 @@ class Experiment:
             newest = (max(ckpts.iterdir(), key=lambda p: p.stat().st_mtime_ns, default=ckpts) if ckpts.is_dir()
                       else ckpts)  # the checkpoint being written
             raise disk_full_error(f"training steps {start.step}->{until_step} wrote", named or newest, e) from e
-
-
-class _AuditBesideTraining(RunHook):
-    """``insertion.audit=on``: collect the audit beside training after a segment, as soon as it has ended
-    (:meth:`Experiment.finish_audit`)."""
-
-    def __init__(self, finish: Callable[..., None]):
-        self.finish = finish
-
-    def post_segment(self, ckpt: Checkpoint, final: bool) -> None:
-        self.finish(wait=False)
 
 
 def fit_held_out(default: int, reserved: int, first_row: int, end_row: int, rows_per_epoch: int,

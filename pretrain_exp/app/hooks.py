@@ -16,9 +16,17 @@ the order given. Every rank calls every hook; a hook that only rank 0 runs says 
 
 from __future__ import annotations
 
-from typing import Iterable, List
+from typing import Iterable, List, Tuple
 
 from pretrain_exp.frameworks.base import Checkpoint
+
+
+def segments(start_step: int, end_step: int, interval: int) -> List[Tuple[int, int]]:
+    """The segments ``(a, b]`` of a run from global step ``start_step`` to ``end_step``: ``interval`` steps each
+    (``training.checkpoint_interval``), the last one shorter if need be; one empty segment ``(S, S]`` for a run of 0
+    steps. Returned as ``[(a, b), ...]``."""
+    ends = list(range(start_step + interval, end_step, interval)) + [end_step]
+    return list(zip([start_step] + ends[:-1], ends))
 
 
 class RunHook:
