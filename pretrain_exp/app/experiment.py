@@ -85,7 +85,7 @@ from pretrain_exp.insertion.items import LoadContext
 from pretrain_exp.insertion.plan import Plan, build_plan
 from pretrain_exp.insertion.types import load_items, reserved_rows
 from pretrain_exp.insertion.verify import rows_to_verify, verify_batches
-from pretrain_exp.report.summary import print_table
+from pretrain_exp.report.summary import print_table, summarize
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -464,21 +464,24 @@ class Experiment:
 
     def _write_results(self, tracker, evaluated: Dict[int, Dict[str, dict]], t_start: float, last: Checkpoint,
                        initial: Checkpoint, timing: Optional[dict]) -> dict:
-        """Collect the audit beside training (:meth:`finish_audit`), then write ``results.json`` (with ``timing``
-        and the ``dynamic`` table), the run's tables and plots (:func:`~pretrain_exp.app.results.write_results`)."""
+        """Collect the audit beside training (:meth:`finish_audit`), summarize the run (with ``timing`` and the
+        ``dynamic`` table) and write ``results.json``, the run's tables and plots
+        (:func:`~pretrain_exp.app.results.write_results`)."""
         self.finish_audit()
         if timing is not None and self.audit_wait_s:
             timing["final_audit_wait_s"] = self.audit_wait_s
         if timing is not None and self.order.gate is not None:  # this process's waits for the window stream
             timing["data_stall_s"] = self.order.gate.stall_s
         audit = self.rundir.read_audit() if self.audit is not None else None
-        sections = {}
+        if audit is not None and self.dynamic_insertion is not None:  # audited on the static plan: final dup counts
+            audit = self.dynamic_insertion.final_audit(audit)
+        all_evaluated = self.rundir.all_evals()
+        results = summarize(self.cfg, self.plan, evaluated, all_evaluated, time.perf_counter() - t_start, audit)
+        if timing is not None:
+            results["timing"] = timing
         if self.dynamic_insertion is not None:
-            if audit is not None:  # audited on the static plan: final dup counts
-                audit = self.dynamic_insertion.final_audit(audit)
-            sections["dynamic"] = self.dynamic_insertion.summary(self.end_step)
-        return write_results(self.cfg, self.rundir, tracker, self.plan, evaluated, time.perf_counter() - t_start,
-                             last, initial, audit, timing, sections)
+            results["dynamic"] = self.dynamic_insertion.summary(self.end_step)
+        return write_results(self.rundir, tracker, results, all_evaluated, last, initial)
 
     def train_with_retries(self, start: Checkpoint, until_step: int, tracker) -> Checkpoint:
         """Train from ``start`` to global step ``until_step`` (:meth:`_train_segment`), retrying runtime failures

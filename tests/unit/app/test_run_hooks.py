@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from pretrain_exp.app.async_eval import AsyncEvals
@@ -26,6 +27,7 @@ from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.evals.base import EvalContext
 from pretrain_exp.evals.insertion_loss import InsertionLossConf
 from pretrain_exp.frameworks.base import Checkpoint
+from pretrain_exp.report.summary import summarize
 from tests.conftest import make_config, make_plan, random_item, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -223,13 +225,13 @@ def test_results_plots_and_tables_are_written(tmp_path, plan):
         write_json(rd.evals(step, "insertion_loss"), {
             "task": "insertion_loss", "type": "insertion_loss", "step": step, "metrics": {"mean_loss": loss},
             "per_dup": [], "rows": [{"item_id": 0, "experiment": "bios", "dup_count": 1, "loss": loss}]})
+    results = summarize(cfg, plan, {2: rd.read_evals(2)}, rd.all_evals(), 1.5)
     initial = Checkpoint(tmp_path / "model", 0)
-    res = write_results(cfg, rd, NullTracker(), plan, {2: rd.read_evals(2)}, 1.5, Checkpoint(tmp_path, 2), initial,
-                        timing={"segments": []}, sections={"dynamic": {"items": []}})
-    assert json.loads(rd.results.read_text()) == res
-    assert list(res)[-2:] == ["timing", "dynamic"] and res["plan"]["num_items"] == plan.num_items
-    assert set(res["by_step"]) == {"0", "2"} and res["steps_evaluated_now"] == [2]
-    assert rd.plot("loss_vs_step").is_file() and rd.parquet("evals").is_file()
+    assert write_results(rd, NullTracker(), results, rd.all_evals(), Checkpoint(tmp_path, 2), initial) is results
+    assert json.loads(rd.results.read_text()) == results and set(results["by_step"]) == {"0", "2"}
+    assert rd.plot("loss_vs_step").is_file() and rd.plot("loss_vs_dup").is_file()
+    evals = pd.read_parquet(rd.parquet("evals"))
+    assert sorted(evals["step"]) == [0, 2] and sorted(evals["loss"]) == [2.5, 3.0]
 
 
 def _checkpoints(root: Path) -> RunDir:
