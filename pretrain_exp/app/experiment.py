@@ -20,6 +20,12 @@
    every segment's checkpoint into ``evals/step<N>/<task>.json`` (all evals of a step read one HF export);
 5. write ``results.json``, the plot, print the table.
 
+Steps 3 to 5 are :meth:`Experiment.run`, a loop over the segments that calls the hooks of its components
+(:mod:`~pretrain_exp.app.hooks`): dynamic insertion before a segment (:mod:`~pretrain_exp.app.dynamic_hook`), the
+kept HF export and the evaluator after it (:mod:`~pretrain_exp.app.hf_export`, :mod:`~pretrain_exp.app.evaluator`:
+``eval.mode`` inline, distributed or async), the results at the end (:mod:`~pretrain_exp.app.results`), then the
+cleanup (:mod:`~pretrain_exp.app.cleanup`).
+
 With ``insertion.dynamic`` (:mod:`~pretrain_exp.insertion.dynamic`) each segment ``(a, b]`` starts with a decision
 on the insertion losses evaluated at step ``a``: its additions are saved to ``dynamic/step<a>.json`` before the
 segment trains, appended to the plan (``plan.npz``, ``manifest.jsonl`` with ``decided_at``/``segment``), handed to
@@ -31,33 +37,34 @@ continues from the newest checkpoint (bit-identical to an uninterrupted run on C
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import json
 import logging
 import os
 import random
-import shutil
 import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Dict, Iterator, Optional, TypeVar
+from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from pretrain_exp.app import async_eval
+from pretrain_exp.app.audit_hook import RunAudit
+from pretrain_exp.app.cleanup import RunDirCleanup
 from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.app.console import segment_lines
+from pretrain_exp.app.dynamic_hook import DynamicInsertion, PlanHistory
+from pretrain_exp.app.evaluator import Evaluator, make_evaluator
+from pretrain_exp.app.hf_export import HFExport
+from pretrain_exp.app.hooks import Hooks, segments
+from pretrain_exp.app.results import write_results
 from pretrain_exp.app.run_name import MUTABLE_KEYS  # noqa: F401  (re-exported: the keys a re-run may change)
 from pretrain_exp.app.tracking import NullTracker, Tracker, config_dict
-from pretrain_exp.core.config import DEFAULT_HELD_OUT_ROWS, Cleanup, EvalMode, ExportHF
-from pretrain_exp.core.distributed import barrier, init_process_group, is_main_process, local_rank, world_size
-from pretrain_exp.core.errors import CheckpointError, ConfigError, InsertionError, PretrainExpError, TrainingError
-from pretrain_exp.core.io import disk_full_error, is_disk_full, write_json, write_text
-from pretrain_exp.core.logs import phase_progress
+from pretrain_exp.core.config import DEFAULT_HELD_OUT_ROWS
+from pretrain_exp.core.distributed import is_main_process, local_rank, world_size
+from pretrain_exp.core.errors import ConfigError, PretrainExpError, TrainingError
+from pretrain_exp.core.io import disk_full_error, is_disk_full, write_text
 from pretrain_exp.core.phases import PHASES
 from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.core.secrets import redact_obj
@@ -68,22 +75,17 @@ from pretrain_exp.data.rows import TrainingRows
 from pretrain_exp.data.stream import WindowStream
 from pretrain_exp.data.token_files import TokenFiles, dtype_for_vocab
 from pretrain_exp.data.tokenize import load_tokenizer, tokenize_source
-from pretrain_exp.evals.base import EvalContext, EvalResult
-from pretrain_exp.evals.registry import EVALS, run_eval
-from pretrain_exp.evals.shard import sharded
+from pretrain_exp.evals.base import EvalContext
 from pretrain_exp.frameworks.base import Checkpoint
 from pretrain_exp.frameworks.registry import get_framework_class
 from pretrain_exp.insertion import dynamic
-from pretrain_exp.insertion.audit import AuditResult, audit_key, audit_plan, default_workers, item_contents
+from pretrain_exp.insertion.audit import AuditResult
 from pretrain_exp.insertion.audit_job import BackgroundAudit
 from pretrain_exp.insertion.items import LoadContext
 from pretrain_exp.insertion.plan import Plan, build_plan
-from pretrain_exp.insertion.schema import AuditMode
 from pretrain_exp.insertion.types import load_items, reserved_rows
 from pretrain_exp.insertion.verify import rows_to_verify, verify_batches
-from pretrain_exp.report.plots import plot_loss_vs_step, plot_per_dup
 from pretrain_exp.report.summary import print_table, summarize
-from pretrain_exp.report.tables import write_run_tables
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -129,6 +131,7 @@ class Experiment:
         t = cfg.training
         self.L, self.B = t.sequence_length, t.global_batch_size
         self.start_step, self.num_steps = cfg.model.checkpoint_step, t.num_steps
+        self.end_step = self.start_step + self.num_steps  #: the run's last global step
         self.framework, self.tokenizer, self.vocab_size, self.order = run_data(cfg, progress=self.main)
         self.model_dir = self.framework.model_dir
         files = self.order.files
@@ -147,8 +150,9 @@ class Experiment:
                                        ahead_steps=cfg.data.prefetch_ahead_steps)
         self._check_held_out()
         self.dynamic: Optional[dynamic.DynamicConf] = cfg.insertion.dynamic  # parsed once, by validate.derive
-        self._audit_job: Optional[BackgroundAudit] = None  #: ``insertion.audit=on``: the audit beside training
-        self.audit_wait_s = 0.0  #: seconds the run's end waited for it
+        #: ``insertion.audit``: the natural-duplicate audit (``on``: beside training)
+        self.auditor = RunAudit(cfg.insertion, self.rundir, self.order, self.window, cfg.data.held_out_rows,
+                                self.tokenizer.eos_token_id, cfg.cache_dir, self.window_fetched, self._audited)
         self.plan = self._plan()
         self.rows = TrainingRows(self.order, self.plan, self.start_step * self.B, self.num_steps * self.B)
         if self.main and cfg.insertion.verify and self.plan.num_insertions:
@@ -163,8 +167,12 @@ class Experiment:
                 if local_rank() == 0:
                     self.stream.start()
                 self.order.gate = self.stream.gate()
-        if self._audit_job is not None:  # insertion.audit=on, not audited yet: beside training from here
-            self._audit_job.start()
+        self.auditor.start()  # insertion.audit=on, not audited yet: beside training from here
+        self.hf = HFExport(self.rundir, t.export_hf, self.end_step, self.main)  #: the run's HF exports
+        #: ``insertion.dynamic``: the hook that decides each segment's additions
+        self.dynamic_insertion = None if self.dynamic is None else DynamicInsertion(
+            self.dynamic, self.history, self.rundir, cfg.insertion.seed, self._set_plan, self._write_plan,
+            self._verify_segment if cfg.insertion.verify else None, self.main)
 
     def _check_held_out(self) -> None:
         """Resolve a null ``data.held_out_rows`` (:func:`fit_held_out`, logged when fewer than the default fit),
@@ -202,20 +210,17 @@ class Experiment:
             plan = plan.without(cfg.insertion.withheld)
             items = {name: s for name, s in items.items() if name not in cfg.insertion.withheld}
         self.items, static = items, plan
-        #: ``(decided_at, plan after that decision)``, the static plan first (decided_at -1)
-        self.plans = [(-1, plan)]
-        self.additions = dynamic.load_additions(self.run_dir) if self.dynamic else []
-        for rec in self.additions:  # resume: the saved decisions, re-applied in order
-            plan = dynamic.apply_additions(plan, rec, dynamic.additions_path(self.run_dir, rec["decided_at"]))
-            self.plans.append((rec["decided_at"], plan))
+        #: the plan after each decision (``insertion.dynamic``): on a re-run the saved decisions, re-applied
+        self.history = PlanHistory.resume(static, self.rundir, self.dynamic is not None)
+        plan = self.history.current
         path = self.rundir.plan
         exists = path.is_file()
         saved = Plan.load(path).digest() if exists else None
-        if exists and saved not in {p.digest() for _, p in self.plans}:
+        if exists and saved not in self.history.digests():
             raise ConfigError("insertion", f"{path} holds the plan of a different config; use a new run dir "
                               "(hydra.run.dir=...) or restore the original config")
         with PHASES.phase("audit", mode=cfg.insertion.audit.value) as rec:
-            self.audit, fresh = self._audit(static, items) if self.main else (None, False)
+            self.audit, fresh = self.auditor.audit(static, items) if self.main else (None, False)
             rec["computed"] = fresh
         if self.main and (not exists or fresh or saved != plan.digest()):  # items.jsonl carries the audit's counts
             with PHASES.phase("plan saved"):
@@ -233,7 +238,7 @@ class Experiment:
         """Save ``plan.npz``, ``manifest.jsonl`` and ``items.jsonl`` (dynamic spans with the segment that
         decided them)."""
         fields = {}
-        for rec in self.additions:
+        for rec in self.history.additions:
             for p in rec["positions"]:
                 fields[int(p)] = {"decided_at": rec["decided_at"], "segment": rec["segment"]}
         plan.write_manifest(self.rundir.manifest, self.items,
@@ -241,48 +246,19 @@ class Experiment:
                             items_path=self.rundir.items)
         plan.save(self.rundir.plan)
 
+    @property
+    def plans(self) -> list:
+        """``[(decided_at, plan), ...]``: the static plan (decided at -1), then the plan after each dynamic
+        decision (:class:`~pretrain_exp.app.dynamic_hook.PlanHistory`)."""
+        return self.history.plans
+
     def plan_for_step(self, step: int) -> Plan:
         """The plan as of checkpoint ``step``: static plus the additions decided before ``step``."""
-        return [p for at, p in self.plans if at < step][-1]
+        return self.history.for_step(step)
 
-    # --- closed loop ------------------------------------------------------------------------------------
-    def loss_history(self, upto: int) -> Dict[int, dynamic.Losses]:
-        """Evaluated step (``<= upto``) -> item losses of the dynamic policy's ``insertion_loss`` task."""
-        out = {}
-        for step, _ in self.rundir.eval_steps():
-            f = self.rundir.evals(step, self.dynamic.task)
-            if step <= upto and f.is_file():
-                out[step] = dynamic.read_losses(f)
-        return out
-
-    def add_dynamic(self, a: int, b: int) -> None:
-        """Decide (rank 0; from the losses at step ``a``), save, apply and verify the additions of segment
-        ``(a, b]``; a decision saved earlier was applied by :meth:`_plan` and is left alone.
-
-        :raises InsertionError: if the segment cannot hold the copies, or they did not land (verification).
-        """
-        if any(at == a for at, _ in self.plans):
-            return
-        path = dynamic.additions_path(self.run_dir, a)
-        if self.main:
-            history = self.loss_history(a)
-            if a in history:
-                rec = dynamic.decide(self.plan, self.dynamic, a, b, history, self.cfg.insertion.seed)
-                dynamic.save_additions(self.run_dir, rec)
-        barrier()
-        if not path.is_file():  # no evals at a (the first segment without eval.on_load): static only
-            return
-        rec = json.loads(path.read_text())
-        self.plan = dynamic.apply_additions(self.plan, rec, path)
-        self.plans.append((a, self.plan))
-        self.additions.append(rec)
-        self.rows.plan = self.plan
-        log.info("dynamic (%s): decided at step %d: %d item(s), %d copies in steps %d..%d", rec["policy"], a,
-                 len(rec["items"]), len(rec["positions"]), a + 1, b)
-        if self.main:
-            self._write_plan(self.plan)
-            if self.cfg.insertion.verify and len(rec["positions"]):
-                self._verify_segment(a, b)
+    def _set_plan(self, plan: Plan) -> None:
+        """A dynamic decision's plan: the one the training rows read from now on."""
+        self.plan = self.rows.plan = plan
 
     def _verify_segment(self, a: int, b: int) -> None:
         """Verify the spans inside steps ``a+1 .. b`` (static and dynamic) on the framework's batches."""
@@ -294,94 +270,28 @@ class Experiment:
         verify_batches(sub, functools.partial(self.framework.peek_rows, self.rows), self.order.row_tokens,
                        (a * self.B, b * self.B), world_size(), seed=self.cfg.seed + a)
 
-    def _audit(self, plan: Plan, items) -> tuple[Optional[AuditResult], bool]:
-        """The natural-duplicate audit of ``plan`` (:mod:`~pretrain_exp.insertion.audit`): read from
-        ``audit.json`` when it audited this plan with this n, or from the audit cache, else computed and saved:
-        here with ``strict``, which raises for a control found in the window; with ``on`` beside training
-        (:class:`~pretrain_exp.insertion.audit_job.BackgroundAudit`, started by ``__init__`` once the run is ready
-        to train, collected by :meth:`finish_audit`).
+    @property
+    def _audit_job(self) -> Optional[BackgroundAudit]:
+        """``insertion.audit=on``: the audit beside training while it runs (:class:`RunAudit`)."""
+        return self.auditor.job
 
-        :returns: ``(result or None when off, skipped or beside training, whether it was computed now)``.
-        :raises InsertionError: ``insertion.audit=strict`` and a dup-0 control occurs in the window, naming the
-            item and where (step, row, offset).
-        """
-        ins = self.cfg.insertion
-        if ins.audit == AuditMode.off or not plan.num_items:
-            return None, False
-        if ins.audit == AuditMode.on and not self.window_fetched:
-            log.warning("audit skipped: the window's token files are remote and not prefetched "
-                        "(data.prefetch=window or insertion.audit=strict runs it)")
-            return None, False
-        path = self.rundir.audit
-        res, fresh = None, False
-        if path.is_file():
-            old = AuditResult.load(path)
-            if old.plan_digest == plan.digest() and old.n == ins.audit_ngram:
-                res = old
-        if res is None:
-            window_rows = np.arange(self.window[0] // self.L, self.window[1] // self.L, dtype=np.int64)
-            held_rows = self.order.held_out_rows(self.cfg.data.held_out_rows)
-            o = self.order
-            key = audit_key(item_contents(plan, self.tokenizer.eos_token_id), ins.audit_ngram, self.L,
-                            [(f if isinstance(f, str) else f"{f.resolve()}@{f.stat().st_mtime_ns}", int(b))
-                             for f, b in zip(o.files.paths, o.files.num_bytes)],
-                            o.files.dtype.name, window_rows, o.instances(int(window_rows[0]), window_rows.size)
-                            if window_rows.size else window_rows, held_rows,
-                            np.array([o.instance(int(q))[1] for q in held_rows], np.int64))
-            shared = Path(self.cfg.cache_dir) / "audits" / f"{key}.json"
-            if shared.is_file():  # another job of the sweep audited these rows and items
-                with contextlib.suppress(CheckpointError):
-                    res = AuditResult.load(shared)
-                    res.plan_digest = plan.digest()
-                    log.info("audit: reused %s (the same window rows, held-out rows and items)", shared)
-            if res is None and ins.audit == AuditMode.on:  # beside training: nothing of it before step 1
-                self._audit_job = BackgroundAudit(
-                    plan, o, (self.window[0] // self.L, self.window[1] // self.L), held_rows, ins.audit_ngram,
-                    self.tokenizer.eos_token_id, ins.audit_workers or default_workers(), path, shared, "on")
-                return None, False
-            if res is None:
-                res = audit_plan(plan, o.row_tokens, window_rows, held_rows, ins.audit_ngram,
-                                 strip=self.tokenizer.eos_token_id, workers=ins.audit_workers or default_workers())
-                res.save(shared, plan, ins.audit.value)
-            fresh = True
-        if fresh:  # also when strict refuses: the full table of what was found
-            res.save(path, plan, ins.audit.value)
-        self._report_audit(res, plan, items)
-        return res, fresh
-
-    def _report_audit(self, res: AuditResult, plan: Plan, items) -> None:
-        """Log the controls found in the window and the items in the held-out rows; ``strict`` refuses a control
-        found in the window (:meth:`_audit`)."""
-        ins = self.cfg.insertion
-        labels = [f"{it.experiment}[{it.index}] {it.source}" for name in plan.experiments for it in items[name]]
-        bad = res.contaminated_controls(plan)
-        if bad and ins.audit == AuditMode.strict:
-            more = f"; {len(bad) - 1} more control(s) in {RunDir.AUDIT}" if len(bad) > 1 else ""
-            raise InsertionError(f"insertion.audit=strict: control {res.describe(plan, bad[0], labels)}{more}")
-        for i in bad[:10]:
-            log.warning("audit: control %s", res.describe(plan, i, labels))
-        held = [i for i in range(plan.num_items) if res.held_out.exact[i]]
-        if held:
-            log.warning("audit: %d item(s) occur in the held-out rows (perplexity), e.g. %s", len(held),
-                        labels[held[0]])
+    @property
+    def audit_wait_s(self) -> float:
+        """Seconds the run's end waited for the audit beside training."""
+        return self.auditor.wait_s
 
     def finish_audit(self, wait: bool = True) -> None:
-        """Collect the audit running beside training (``insertion.audit=on``): wait for it (without ``wait``:
-        only if it has ended), report it as :meth:`_audit` does and rewrite ``items.jsonl`` with its counts; the
+        """Collect the audit running beside training (``insertion.audit=on``, :meth:`RunAudit.finish
+        <pretrain_exp.app.audit_hook.RunAudit.finish>`): wait for it (without ``wait``: only if it has ended); the
         run's results then carry it (:meth:`_write_results` calls this).
 
         :raises InsertionError: if the audit failed (a re-run of the same command audits again).
         """
-        job = self._audit_job
-        res = None if job is None else job.wait() if wait else job.poll()
-        if res is None:
-            return
-        self._audit_job, self.audit, self.audit_wait_s = None, res, job.waited_s
-        secs = res.window.seconds + res.held_out.seconds
-        log.info("audit: %d items against %d window + %d held-out tokens in %.1f s beside training (%.2e tokens/s)",
-                 job.plan.num_items, res.window.tokens, res.held_out.tokens, secs,
-                 (res.window.tokens + res.held_out.tokens) / max(secs, 1e-9))
-        self._report_audit(res, job.plan, self.items)
+        self.auditor.finish(wait)
+
+    def _audited(self, res: AuditResult) -> None:
+        """The audit beside training is done: ``items.jsonl`` gets its counts."""
+        self.audit = res
         self._write_plan(self.plan)
 
     # --- evaluation -------------------------------------------------------------------------------------
@@ -391,176 +301,118 @@ class Experiment:
         rows = self.order.held_out_rows(self.cfg.data.held_out_rows)
         return np.stack([self.order.row_tokens(int(q)) for q in rows]) if rows.size else np.empty((0, self.L), np.int64)
 
-    def evaluate(self, ckpt: Checkpoint, tracker: Tracker, redo: bool = False) -> Dict[str, dict]:
-        """Run every ``eval.tasks`` entry on ``ckpt`` (skipping tasks already saved for its step, unless ``redo``).
+    def _eval_context(self, model, step: int) -> EvalContext:
+        """What an eval of the checkpoint at global step ``step`` reads besides ``model``."""
+        e = self.cfg.eval
+        return EvalContext(model, self.tokenizer, self.plan_for_step(step), self.held_out, step, e.batch_size,
+                           e.bootstrap_samples, self.cfg.seed, self.cfg.cache_dir, row_tokens=self.rows.row,
+                           insertion=self.cfg.insertion)
 
-        Under ``eval.mode=distributed`` (:meth:`distributed_eval`) every rank calls this: rank 0 decides which
-        tasks are pending and broadcasts them, every rank loads the model from one HF dir (:meth:`_shared_hf_dir`)
-        and runs the evals inside :func:`pretrain_exp.evals.shard.sharded`, scoring its share of the batches (an eval
-        registered ``sharded=False`` runs on rank 0 alone, after the others); only rank 0 writes and logs.
+    def _worker_config(self) -> Tuple[Path, bool]:
+        """The config file the background eval processes read (``eval.mode=async``): ``config.resolved.yaml``, or,
+        for a config with credentials, which that file has redacted, a copy readable by this user only (``private``:
+        removed at the end). Returns ``(file, private)``."""
+        config, private = self.rundir.config, holds_credentials(self.cfg)
+        if private:
+            fd, tmp = tempfile.mkstemp(prefix=".config-", suffix=".yaml", dir=self.run_dir)  # mode 0600
+            with os.fdopen(fd, "w") as f:
+                f.write(OmegaConf.to_yaml(OmegaConf.create(config_dict(self.cfg))))
+            config = Path(tmp)
+        return config, private
+
+    def evaluator(self, tracker, initial: Optional[Checkpoint] = None) -> Evaluator:
+        """The run's evaluator of ``eval.mode`` (:func:`~pretrain_exp.app.evaluator.make_evaluator`), logging to
+        ``tracker``; ``initial``: the initial checkpoint, evaluated by its ``pre_train`` if asked."""
+        return make_evaluator(self.cfg.eval, self.rundir, self.hf, self._eval_context, tracker, self.main, initial,
+                              self.start_step, self.end_step, worker_config=self._worker_config,
+                              model_dir=self.model_dir)
+
+    def evaluate(self, ckpt: Checkpoint, tracker: Tracker, redo: bool = False) -> Dict[str, dict]:
+        """Run every ``eval.tasks`` entry on ``ckpt`` now (skipping tasks already saved for its step, unless
+        ``redo``): :meth:`Evaluator.evaluate <pretrain_exp.app.evaluator.Evaluator.evaluate>` (under
+        ``eval.mode=distributed`` every rank calls this).
 
         :returns: task name -> saved result dict (``metrics``, ``per_dup``, ``rows``); ``{}`` on other ranks.
         """
-        from transformers import AutoModelForCausalLM
-
-        distributed = self.distributed_eval()
-        results, pending = {}, {}
-        for name, task in self.cfg.eval.tasks.items() if self.main else ():
-            f = self.rundir.evals(ckpt.step, name)
-            if f.is_file() and not redo:
-                results[name] = json.loads(f.read_text())
-            else:
-                pending[name] = task
-        if distributed:  # rank 0's view of the files decides
-            names = [list(pending)]
-            torch.distributed.broadcast_object_list(names, src=0)
-            pending = {name: self.cfg.eval.tasks[name] for name in names[0]}
-            pending = dict(sorted(pending.items(), key=lambda kv: not EVALS[kv[1].type].sharded))  # stable
-        if pending:
-            log.info("evaluating step %d: %s%s", ckpt.step, ", ".join(pending),
-                     f" (eval.mode=distributed over {world_size()} ranks)" if distributed else "")
-            mine = {n: t for n, t in pending.items() if self.main or EVALS[t.type].sharded}
-            with (self._shared_hf_dir(ckpt) if distributed else self._hf_dir(ckpt)) as hf_dir:
-                model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval() if mine else None
-                if mine and torch.cuda.is_available():  # evals score on the rank's GPU (inputs follow the model)
-                    model = model.to(torch.device("cuda", torch.cuda.current_device()))
-                ctx = EvalContext(model, self.tokenizer, self.plan_for_step(ckpt.step), self.held_out, ckpt.step,
-                                  self.cfg.eval.batch_size,
-                                  self.cfg.eval.bootstrap_samples, self.cfg.seed, self.cfg.cache_dir,
-                                  row_tokens=self.rows.row, insertion=self.cfg.insertion)
-                bar = phase_progress(f"evaluating step {ckpt.step}", len(mine), enabled=None if self.main else False)
-                with bar as progress:
-                    for done, (name, task) in enumerate(mine.items(), 1):
-                        t0 = time.perf_counter()
-                        with sharded() if distributed and EVALS[task.type].sharded else contextlib.nullcontext():
-                            res: EvalResult = run_eval(task, ctx)
-                        if not self.main:
-                            continue
-                        rec = {"task": name, "type": task.type, "step": ckpt.step, **asdict(res),
-                               "seconds": time.perf_counter() - t0}
-                        write_json(self.rundir.evals(ckpt.step, name), rec)
-                        tracker.log({f"eval/{name}/{k}": v for k, v in res.metrics.items()}, ckpt.step)
-                        results[name] = rec
-                        progress(done)
-                del model, ctx
-        return results if self.main else {}
-
-    def distributed_eval(self) -> bool:
-        """Whether the evals run on every rank (``eval.mode=distributed`` with more than one process; the process
-        group is joined here if the engine has not yet). With one process ``distributed`` is ``inline``."""
-        return self.cfg.eval.mode == EvalMode.distributed and init_process_group()
-
-    @contextlib.contextmanager
-    def _shared_hf_dir(self, ckpt: Checkpoint) -> Iterator[Path]:
-        """The one HF dir every rank reads under ``eval.mode=distributed``: the checkpoint itself (HF) or its kept
-        export ``hf/step<N>/``, written by rank 0 before a barrier if ``training.export_hf`` did not keep it, and
-        then removed by rank 0 after every rank is done with it."""
-        if ckpt.is_hf:
-            with self._hf_dir(ckpt) as d:
-                yield d
-            return
-        out, temporary = self.hf_export_dir(ckpt.step), False
-        if self.main and not out.is_dir():
-            ckpt.export_hf(out)
-            temporary = True
-        barrier()
-        try:
-            yield out
-        finally:
-            barrier()
-            if temporary:
-                shutil.rmtree(out, ignore_errors=True)
-
-    def hf_export_dir(self, step: int) -> Path:
-        """Where the kept HF export of the checkpoint at global step ``step`` lives: ``<run dir>/hf/step<N>/``."""
-        return self.rundir.hf_export(step)
-
-    def keep_hf_export(self, ckpt: Checkpoint, final: bool) -> Optional[Path]:
-        """Write the kept HF export of a segment's checkpoint if ``training.export_hf`` asks for it (``every``, or
-        ``final`` and ``final``) and the checkpoint is not an HF dir already; returns its dir or ``None``. The
-        evals of that step then read it instead of a temporary export (one export per segment)."""
-        mode = self.cfg.training.export_hf
-        if ckpt.is_hf or not (mode == ExportHF.every or (mode == ExportHF.final and final)):
-            return None
-        out = self.hf_export_dir(ckpt.step)
-        if not out.is_dir():
-            t0 = time.perf_counter()
-            ckpt.export_hf(out)
-            log.info("HF export of step %d: %s (%.1f s)", ckpt.step, out, time.perf_counter() - t0)
-        return out
-
-    @contextlib.contextmanager
-    def _hf_dir(self, ckpt: Checkpoint) -> Iterator[Path]:
-        """The kept HF export of ``ckpt`` if there is one, else a temporary one (deleted afterwards)."""
-        kept = self.hf_export_dir(ckpt.step)
-        if not ckpt.is_hf and kept.is_dir():
-            yield kept
-        else:
-            with ckpt.as_hf_temporary() as tmp:
-                yield tmp
+        return self.evaluator(tracker).evaluate(ckpt, redo=redo)
 
     # --- the loop ---------------------------------------------------------------------------------------
     def run(self) -> dict:
-        """Execute the loop (module docstring); returns the ``results.json`` content."""
-        cfg, t = self.cfg, self.cfg.training
-        if cfg.release.push_to_hub and self.main:
-            from pretrain_exp.report.release import check_push_possible
-
-            check_push_possible()  # offline or no token: refused before anything is trained
+        """Execute the loop (module docstring): prepare → for each segment: ``pre_segment`` hooks → training with
+        retries → ``post_segment`` hooks → ``post_train`` hooks, results → release → ``close`` hooks
+        (:mod:`~pretrain_exp.app.hooks`). Returns the ``results.json`` content (``{}`` on ranks other than 0)."""
+        self._check_release()
         t_start = time.perf_counter()
-        evaluated: Dict[int, Dict[str, dict]] = {}
         timing: list = []  #: per trained segment of this invocation: ``{step, train_s, segment_end_s}``
         with PHASES.phase("tracker"):
-            tracker_cm = Tracker(cfg) if self.main else NullTracker()
+            tracker_cm = Tracker(self.cfg) if self.main else NullTracker()
         with tracker_cm as tracker:
-            ckpt = self.framework.latest_checkpoint()
-            initial = self.framework.initial_checkpoint()
-            if ckpt is None:
-                ckpt = initial
-            else:
-                log.info("resuming from %s (step %d)", ckpt.path, ckpt.step)
-            end = self.start_step + self.num_steps
-            self.async_evals = self._async_evals() if cfg.eval.mode == EvalMode["async"] and self.main else None
-            if cfg.eval.on_load or self.num_steps == 0:
-                evaluated[initial.step] = self._evaluate_segment(initial, tracker, final=self.num_steps == 0)
-            seg_start = self.start_step
-            for seg_end in list(range(self.start_step + t.checkpoint_interval, end, t.checkpoint_interval)) + [end]:
-                a, seg_start = seg_start, seg_end
-                if seg_end <= self.start_step or seg_end < ckpt.step:
-                    if self.async_evals is not None:  # a re-run: evals of earlier segments that never finished
-                        self._relaunch_async(seg_end, tracker, final=seg_end == end)
-                    continue
-                if self.dynamic is not None and seg_end > ckpt.step:
-                    self.add_dynamic(a, seg_end)
+            ckpt, initial = self._resume_point()
+            evaluator = self.evaluator(tracker, initial)
+            hooks = self.hooks(evaluator)
+            try:
+                hooks.pre_train()
+                for a, b in self.segments():
+                    final = b == self.end_step
+                    if b <= self.start_step or b < ckpt.step:  # trained and finished by an earlier invocation
+                        hooks.resumed_segment(b, final)
+                        continue
+                    if b > ckpt.step:  # else: trained, its end not run (a kill after the checkpoint was saved)
+                        hooks.pre_segment(a, b)
+                    t0 = time.perf_counter()
+                    ckpt = self.train_with_retries(ckpt, b, tracker)
+                    t1 = time.perf_counter()
+                    hooks.post_segment(ckpt, final)
+                    timing.append({"step": ckpt.step, "train_s": t1 - t0, "segment_end_s": time.perf_counter() - t1})
                 t0 = time.perf_counter()
-                if seg_end > ckpt.step:
-                    start = ckpt
-                    ckpt = with_retries(functools.partial(self._train_segment, start, seg_end, tracker),
-                                        t.max_retries, t.retry_base_delay_s, f"training steps {start.step}->{seg_end}")
-                t1 = time.perf_counter()
-                if self.main:
-                    self.keep_hf_export(ckpt, final=seg_end == end)
-                evaluated[ckpt.step] = self._evaluate_segment(ckpt, tracker, final=seg_end == end)
-                self.finish_audit(wait=False)  # the audit beside training, as soon as it has ended
-                timing.append({"step": ckpt.step, "train_s": t1 - t0, "segment_end_s": time.perf_counter() - t1})
-            t0 = time.perf_counter()
-            self.framework.finish_checkpoints()  # the last segment's checkpoint may still be being written
-            checkpoint_wait_s = time.perf_counter() - t0
-            if not self.main:
-                return {}
-            t0 = time.perf_counter()
-            if self.async_evals is not None:
-                self._finish_async(tracker, end)
-            wait_s = time.perf_counter() - t0
-            # this invocation's segments: training (with the checkpoint save), then what the segment's end held the
-            # run for (export, evals or their launch); the final wait for background evals
-            results = self._write_results(tracker, evaluated, t_start, ckpt, initial, end, {
-                "eval_mode": cfg.eval.mode.value, "segments": timing, "final_eval_wait_s": wait_s,
-                "final_checkpoint_wait_s": checkpoint_wait_s, "phases": PHASES.summary()})
-        if cfg.release.push_to_hub:
+                self.framework.finish_checkpoints()  # the last segment's checkpoint may still be being written
+                checkpoint_wait_s = time.perf_counter() - t0
+                if not self.main:
+                    return {}
+                t0 = time.perf_counter()
+                hooks.post_train()  # async: the wait for the background evals
+                wait_s = time.perf_counter() - t0
+                # this invocation's segments: training (with the checkpoint save), then what the segment's end held
+                # the run for (export, evals or their launch); the final wait for background evals
+                results = self._write_results(tracker, evaluator.evaluated, t_start, ckpt, initial, {
+                    "eval_mode": self.cfg.eval.mode.value, "segments": timing, "final_eval_wait_s": wait_s,
+                    "final_checkpoint_wait_s": checkpoint_wait_s, "phases": PHASES.summary()})
+            except BaseException as e:
+                hooks.on_error(e)
+                raise
+        if self.cfg.release.push_to_hub:
             self.release()
-        self._cleanup()
+        hooks.close()
         return results
+
+    def hooks(self, evaluator: Evaluator) -> Hooks:
+        """The run's components, in the order their hooks run: dynamic insertion, the kept HF export, the
+        evaluator, the audit beside training, the cleanup."""
+        return Hooks([self.dynamic_insertion, self.hf, evaluator, self.auditor,
+                      RunDirCleanup(self.rundir, self.cfg.training.cleanup, self.framework.latest_checkpoint)])
+
+    def segments(self) -> List[Tuple[int, int]]:
+        """The run's segments ``(a, b]`` of ``training.checkpoint_interval`` steps
+        (:func:`~pretrain_exp.app.hooks.segments`)."""
+        return segments(self.start_step, self.end_step, self.cfg.training.checkpoint_interval)
+
+    def _check_release(self) -> None:
+        """``release.push_to_hub``: refuse before anything is trained when offline or without a token."""
+        if self.cfg.release.push_to_hub and self.main:
+            from pretrain_exp.report.release import check_push_possible
+
+            check_push_possible()
+
+    def _resume_point(self) -> Tuple[Checkpoint, Checkpoint]:
+        """``(the checkpoint training continues from, the initial checkpoint)``: the newest checkpoint of the run
+        dir (a re-run resumes), else the initial one."""
+        ckpt = self.framework.latest_checkpoint()
+        initial = self.framework.initial_checkpoint()
+        if ckpt is None:
+            ckpt = initial
+        else:
+            log.info("resuming from %s (step %d)", ckpt.path, ckpt.step)
+        return ckpt, initial
 
     def release(self) -> dict:
         """Bundle this finished run and push it (``release.*``, :func:`pretrain_exp.report.release.release`);
@@ -606,43 +458,39 @@ class Experiment:
         old = self.rundir.read_results()
         timing = old.get("timing") if old is not None else None
         with Tracker(self.cfg) as tracker:
-            evaluated = {s: self.evaluate(held[s], tracker, redo=redo) for s in chosen}
-            return self._write_results(tracker, evaluated, t_start, held[chosen[-1]], initial,
-                                       self.start_step + self.num_steps, timing)
+            evaluator = self.evaluator(tracker)
+            evaluated = {s: evaluator.evaluate(held[s], redo=redo) for s in chosen}
+            return self._write_results(tracker, evaluated, t_start, held[chosen[-1]], initial, timing)
 
-    def _write_results(self, tracker, evaluated: Dict[int, Dict[str, dict]], t_start: float, ckpt: Checkpoint,
-                       initial: Checkpoint, end: int, timing: Optional[dict]) -> dict:
-        """Write ``results.json`` (with ``timing``), the run's tables and plots, and log them to the tracker."""
-        cfg = self.cfg
+    def _write_results(self, tracker, evaluated: Dict[int, Dict[str, dict]], t_start: float, last: Checkpoint,
+                       initial: Checkpoint, timing: Optional[dict]) -> dict:
+        """Collect the audit beside training (:meth:`finish_audit`), summarize the run (with ``timing`` and the
+        ``dynamic`` table) and write ``results.json``, the run's tables and plots
+        (:func:`~pretrain_exp.app.results.write_results`)."""
         self.finish_audit()
         if timing is not None and self.audit_wait_s:
             timing["final_audit_wait_s"] = self.audit_wait_s
         if timing is not None and self.order.gate is not None:  # this process's waits for the window stream
             timing["data_stall_s"] = self.order.gate.stall_s
         audit = self.rundir.read_audit() if self.audit is not None else None
-        if audit is not None and self.dynamic is not None:  # audited on the static plan: final dup counts
-            for it in audit["items"]:
-                d = int(self.plan.item_dup_count[it["item_id"]])
-                it["effective_dup_count"] += d - it["dup_count"]
-                it["dup_count"] = d
-        all_evaluated = self._all_evaluated()
-        results = summarize(cfg, self.plan, evaluated, all_evaluated, time.perf_counter() - t_start, audit)
+        if audit is not None and self.dynamic_insertion is not None:  # audited on the static plan: final dup counts
+            audit = self.dynamic_insertion.final_audit(audit)
+        all_evaluated = self.rundir.all_evals()
+        results = summarize(self.cfg, self.plan, evaluated, all_evaluated, time.perf_counter() - t_start, audit)
         if timing is not None:
             results["timing"] = timing
-        if self.dynamic is not None:
-            results["dynamic"] = dynamic.summary(self.dynamic, dynamic.report(
-                self.plan, self.dynamic, self.loss_history(end), self.additions))
-        write_json(self.rundir.results, results)
-        write_run_tables(self.run_dir)  # manifest, items and per-item eval rows as Parquet (load_run)
-        plots = {"loss_vs_dup": plot_per_dup, "loss_vs_step": plot_loss_vs_step}
-        for name, plot in plots.items():
-            plot(results, self.rundir.plot(name))
-        if tracker.wandb_dir is not None:  # figures, tables and artifacts at the run's last global step
-            tracker.log_media({f"plots/{name}": _wandb_image(self.rundir.plot(name))
-                               for name in plots}, ckpt.step)
-            tracker.log_results(results, all_evaluated, ckpt.step)
-            tracker.log_artifacts(None if ckpt is initial else ckpt.path)
-        return results
+        if self.dynamic_insertion is not None:
+            results["dynamic"] = self.dynamic_insertion.summary(self.end_step)
+        return write_results(self.rundir, tracker, results, all_evaluated, last, initial)
+
+    def train_with_retries(self, start: Checkpoint, until_step: int, tracker) -> Checkpoint:
+        """Train from ``start`` to global step ``until_step`` (:meth:`_train_segment`), retrying runtime failures
+        (``training.max_retries``, :func:`with_retries`); ``start`` itself when it is there already."""
+        if start.step >= until_step:
+            return start
+        t = self.cfg.training
+        return with_retries(functools.partial(self._train_segment, start, until_step, tracker), t.max_retries,
+                            t.retry_base_delay_s, f"training steps {start.step}->{until_step}")
 
     def _train_segment(self, start: Checkpoint, until_step: int, tracker) -> Checkpoint:
         """One segment of training, one console line per logged step (and a progress bar) on the main process
@@ -651,7 +499,7 @@ class Experiment:
         try:
             if not self.main:
                 return self.framework.train(start, until_step, self.rows, tracker.log)
-            with segment_lines(tracker.log, start.step, until_step, self.start_step + self.num_steps) as log_fn:
+            with segment_lines(tracker.log, start.step, until_step, self.end_step) as log_fn:
                 return self.framework.train(start, until_step, self.rows, log_fn)
         except Exception as e:
             if isinstance(e, PretrainExpError) or not is_disk_full(e):
@@ -661,128 +509,6 @@ class Experiment:
             newest = (max(ckpts.iterdir(), key=lambda p: p.stat().st_mtime_ns, default=ckpts) if ckpts.is_dir()
                       else ckpts)  # the checkpoint being written
             raise disk_full_error(f"training steps {start.step}->{until_step} wrote", named or newest, e) from e
-
-    def _evaluate_on_main(self, ckpt: Checkpoint, tracker) -> Dict[str, dict]:
-        """Evaluate on rank 0 while the other ranks wait (``eval.mode=distributed``: on every rank)."""
-        out = self.evaluate(ckpt, tracker) if self.main or self.distributed_eval() else {}
-        barrier()
-        return out
-
-    def _evaluate_segment(self, ckpt: Checkpoint, tracker, final: bool) -> Dict[str, dict]:
-        """The evals of a segment's checkpoint as ``eval.mode`` says: now (``inline``), or started in the
-        background (``async``: returns ``{}``; :meth:`_finish_async` collects them)."""
-        if self.cfg.eval.mode != EvalMode["async"]:
-            return self._evaluate_on_main(ckpt, tracker)
-        if self.main:
-            self._launch_async(ckpt, tracker, final)
-        return {}
-
-    # --- async evals (pretrain_exp.app.async_eval) ------------------------------------------------------
-    def _async_evals(self) -> "async_eval.AsyncEvals":
-        """The run's background-eval launcher; the eval processes read ``config.resolved.yaml`` (or, for a config
-        with credentials, which that file has redacted, a copy readable by this user only, removed at the end)."""
-        config, private = self.rundir.config, holds_credentials(self.cfg)
-        if private:
-            from pretrain_exp.app.tracking import config_dict
-
-            fd, tmp = tempfile.mkstemp(prefix=".config-", suffix=".yaml", dir=self.run_dir)  # mode 0600
-            with os.fdopen(fd, "w") as f:
-                f.write(OmegaConf.to_yaml(OmegaConf.create(config_dict(self.cfg))))
-            config = Path(tmp)
-        launcher = async_eval.resolve_launcher(self.cfg.eval.async_launcher, self.run_dir)
-        return async_eval.AsyncEvals(self.run_dir, config, launcher, private_config=private)
-
-    def _missing_tasks(self, step: int) -> list:
-        return self.rundir.missing_evals(step, self.cfg.eval.tasks)
-
-    def _launch_async(self, ckpt: Checkpoint, tracker, final: bool) -> None:
-        """Write the HF dir the evals of ``ckpt`` read (kept until they are written) and start them."""
-        self._collect_async(tracker)
-        tasks = self._missing_tasks(ckpt.step)
-        if not tasks:
-            return
-        if ckpt.path == self.model_dir and ckpt.is_hf:  # the initial model: read where it is
-            hf_dir = ckpt.path
-        elif ckpt.is_hf:  # an HF checkpoint that keep_last_checkpoints may delete: its model files, linked
-            hf_dir = async_eval.link_model_files(ckpt.path, self.hf_export_dir(ckpt.step))
-        else:
-            hf_dir = self.hf_export_dir(ckpt.step)
-            if not hf_dir.is_dir():
-                t0 = time.perf_counter()
-                ckpt.export_hf(hf_dir)
-                log.info("HF export of step %d: %s (%.1f s)", ckpt.step, hf_dir, time.perf_counter() - t0)
-        self.async_evals.launch(ckpt.step, hf_dir, tasks)
-
-    def _relaunch_async(self, step: int, tracker, final: bool) -> None:
-        """On a re-run: start the evals of an earlier segment's step that are missing (its HF dir is kept until
-        they are written)."""
-        if step in self.async_evals.jobs or not self._missing_tasks(step):
-            return
-        hf_dir = self.hf_export_dir(step)
-        if not hf_dir.is_dir():
-            raise TrainingError(f"the evals of step {step} are missing and its HF model dir {hf_dir} is gone; "
-                                "evaluate that checkpoint with a new run (model.path=...) or delete the run dir")
-        self._launch_async(Checkpoint(hf_dir, step), tracker, final)
-
-    def _collect_async(self, tracker, wait: bool = False) -> None:
-        """Log the finished background evals to the tracker at their step and drop what they no longer need
-        (:meth:`_drop_async`)."""
-        ae = self.async_evals
-        for step in (ae.wait(self.cfg.eval.async_pending_wait_s) if wait else ae.poll()):
-            if step in ae.failures():
-                continue
-            for name in self.cfg.eval.tasks:
-                rec = self.rundir.read_eval(step, name)
-                if rec is not None:
-                    tracker.log({f"eval/{name}/{k}": v for k, v in rec["metrics"].items()}, step)
-            self._drop_async(step)
-
-    def _drop_async(self, step: int) -> None:
-        """Remove the marker of ``step``'s written background evals and their HF dir, unless
-        ``training.export_hf`` keeps it."""
-        self.rundir.eval_marker(step).unlink(missing_ok=True)
-        mode = self.cfg.training.export_hf
-        kept = not self.framework.initial_checkpoint().is_hf and (
-            mode == ExportHF.every or (mode == ExportHF.final and step == self.start_step + self.num_steps))
-        hf_dir = self.hf_export_dir(step)
-        if hf_dir.is_dir() and not kept:
-            shutil.rmtree(hf_dir)
-            with contextlib.suppress(OSError):  # hf/ itself when it is empty now
-                hf_dir.parent.rmdir()
-
-    def _finish_async(self, tracker, end: int) -> None:
-        """Wait for the background evals, log them; any that failed is an error naming its step and log."""
-        self._collect_async(tracker, wait=True)
-        self.async_evals.close()
-        failed = self.async_evals.failures()
-        if failed:
-            step, why = next(iter(sorted(failed.items())))
-            raise TrainingError(f"the background evals of step {step} failed: {why}; re-run the same command to "
-                                "run the missing evals again")
-        missing = {s: self._missing_tasks(s) for s in self.async_evals.jobs if self._missing_tasks(s)}
-        if missing:
-            raise TrainingError(f"background evals ended without writing {missing}; re-run the same command")
-        for step, _ in self.rundir.async_markers():  # evals written before a kill
-            if not self._missing_tasks(step):
-                self._drop_async(step)
-
-    def _all_evaluated(self) -> Dict[int, Dict[str, dict]]:
-        return self.rundir.all_evals()
-
-    def _cleanup(self) -> None:
-        mode = self.cfg.training.cleanup
-        if mode == Cleanup.all:
-            shutil.rmtree(self.run_dir)
-        elif mode == Cleanup.bulky:
-            last = self.framework.latest_checkpoint()
-            ckpts = self.rundir.checkpoints
-            for d in sorted(ckpts.iterdir()) if ckpts.is_dir() else []:
-                if last is not None and d == last.path:  # HF: drop its optimizer/scheduler/RNG files
-                    for f in d.iterdir():  # (OLMo-core keeps optimizer state inside its DCP shards)
-                        if f.name.startswith(("optimizer", "scheduler", "rng_state")):
-                            f.unlink()
-                elif d.is_dir():
-                    shutil.rmtree(d)
 
 
 def fit_held_out(default: int, reserved: int, first_row: int, end_row: int, rows_per_epoch: int,
@@ -841,12 +567,6 @@ def run_data(cfg: ExperimentConfig, progress: bool = True):
     order = DataOrder(files, L, cfg.training.global_batch_size, cfg.data.seed, cfg.data.first_epoch,
                       cache_dir=cfg.cache_dir, chunk=(cfg.data.max_target_sequence_length or L) // L)
     return framework, tokenizer, vocab_size, order
-
-
-def _wandb_image(path: Path):
-    import wandb
-
-    return wandb.Image(str(path)) if path.is_file() else None
 
 
 def save_resolved_config(cfg: ExperimentConfig, run_dir: Path) -> Path:

@@ -96,15 +96,15 @@ def test_jobs_auditing_the_same_rows_and_items_share_one_audit(planted, monkeypa
     """A second job with the same window rows and items (another run dir, as a sweep's next job) reads the audit
     from the cache (``<cache>/audits/<key>.json``) without scanning, with the same counts; a job whose data seed
     picks other rows audits again."""
-    from pretrain_exp.app import experiment as experiment_module
+    from pretrain_exp.app import audit_hook
 
     d, overrides, _, _ = planted
     first = Experiment(make_config(*overrides, run_dir=d / "job0"))
     first.finish_audit()
     scans = []  # audits started beside training, or computed in the run's process
-    real_start, real_plan = experiment_module.BackgroundAudit.start, experiment_module.audit_plan
-    monkeypatch.setattr(experiment_module.BackgroundAudit, "start", lambda job: scans.append(1) or real_start(job))
-    monkeypatch.setattr(experiment_module, "audit_plan", lambda *a, **k: scans.append(1) or real_plan(*a, **k))
+    real_start, real_plan = audit_hook.BackgroundAudit.start, audit_hook.audit_plan
+    monkeypatch.setattr(audit_hook.BackgroundAudit, "start", lambda job: scans.append(1) or real_start(job))
+    monkeypatch.setattr(audit_hook, "audit_plan", lambda *a, **k: scans.append(1) or real_plan(*a, **k))
     again = Experiment(make_config(*overrides, run_dir=d / "job1"))
     again.finish_audit()
     assert scans == [] and again.plan.digest() == first.plan.digest()
