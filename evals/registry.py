@@ -17,7 +17,6 @@ from typing import Any, Dict
 
 from omegaconf import DictConfig
 
-from pretrain_exp.core.capabilities import SHARDED, has
 from pretrain_exp.core.config import typed_node as typed
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.core.registry import load
@@ -30,15 +29,6 @@ class EvalSpec:
 
     config_target: str
     fn_target: str
-
-    @property
-    def sharded(self) -> bool:
-        """Whether its schema declares ``sharded`` (:data:`pretrain_exp.core.capabilities.SHARDED`): it shares its
-        model forwards over the ranks under ``eval.mode=distributed`` (through
-        :func:`pretrain_exp.evals.shard.map_batches`, or lm-eval's data-parallel path via
-        :func:`pretrain_exp.evals.shard.simple_evaluate`), so it runs on every rank; an eval without it runs on
-        rank 0 alone while the others wait."""
-        return has(self.config, SHARDED)
 
     @property
     def config(self) -> type:

@@ -30,6 +30,7 @@ import torch
 from pretrain_exp.app import async_eval
 from pretrain_exp.app.hf_export import HFExport
 from pretrain_exp.app.hooks import RunHook
+from pretrain_exp.core.capabilities import SHARDED, has
 from pretrain_exp.core.config import EvalConf, EvalMode
 from pretrain_exp.core.distributed import barrier, init_process_group, world_size
 from pretrain_exp.core.errors import TrainingError
@@ -118,11 +119,12 @@ class Evaluator(RunHook):
             names = [list(pending)]
             torch.distributed.broadcast_object_list(names, src=0)
             pending = {name: tasks[name] for name in names[0]}
-            pending = dict(sorted(pending.items(), key=lambda kv: not EVALS[kv[1].type].sharded))  # stable
+            # sharded evals first (stable)
+            pending = dict(sorted(pending.items(), key=lambda kv: not has(EVALS[kv[1].type].config, SHARDED)))
         if pending:
             log.info("evaluating step %d: %s%s", ckpt.step, ", ".join(pending),
                      f" (eval.mode=distributed over {world_size()} ranks)" if distributed else "")
-            mine = {n: t for n, t in pending.items() if self.main or EVALS[t.type].sharded}
+            mine = {n: t for n, t in pending.items() if self.main or has(EVALS[t.type].config, SHARDED)}
             with (self.hf.shared(ckpt) if distributed else self.hf.read(ckpt)) as hf_dir:
                 model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval() if mine else None
                 if mine and torch.cuda.is_available():  # evals score on the rank's GPU (inputs follow the model)
@@ -132,7 +134,8 @@ class Evaluator(RunHook):
                 with bar as progress:
                     for done, (name, task) in enumerate(mine.items(), 1):
                         t0 = time.perf_counter()
-                        with sharded() if distributed and EVALS[task.type].sharded else contextlib.nullcontext():
+                        shard = distributed and has(EVALS[task.type].config, SHARDED)
+                        with sharded() if shard else contextlib.nullcontext():
                             res: EvalResult = run_eval(task, ctx)
                         if not self.main:
                             continue
