@@ -602,7 +602,7 @@ def check_same_run(cfg: ExperimentConfig, run_dir: Path) -> None:
     path = RunDir(run_dir).config
     if not path.is_file():
         return
-    old = _flatten(OmegaConf.to_container(OmegaConf.load(path)))
+    old = _flatten(_as_derived(OmegaConf.to_container(OmegaConf.load(path)), cfg))
     new = _flatten(redact_obj(config_dict(cfg)))  # as the file holds it
     diff = [k for k in sorted(set(old) | set(new))
             if not k.startswith(MUTABLE_KEYS) and old.get(k) != new.get(k)]
@@ -610,6 +610,20 @@ def check_same_run(cfg: ExperimentConfig, run_dir: Path) -> None:
         raise ConfigError(diff[0], f"run dir {run_dir} holds another run: {describe_difference(old, new, diff)}; "
                           "re-run that run's own command to resume it, or give this one its own run dir "
                           "(name=... or hydra.run.dir=...)")
+
+
+def _as_derived(old: dict, cfg: ExperimentConfig) -> dict:
+    """A run dir's saved config as :func:`~pretrain_exp.app.validate.derive` leaves it today: a file written before
+    ``insertion.dynamic`` was saved parsed holds it as given (its ``task`` unset, newer options missing), so it is
+    parsed the same way (against ``cfg``'s experiments and tasks) before the comparison."""
+    ins = old.get("insertion")
+    if isinstance(ins, dict) and ins.get("dynamic") is not None:
+        try:
+            parsed = dynamic.parse_dynamic(ins["dynamic"], cfg.insertion.experiments, cfg.eval.tasks)
+        except ConfigError:  # not valid today: compared as saved, so the difference is named
+            return old
+        ins["dynamic"] = None if parsed is None else config_dict(parsed)
+    return old
 
 
 def describe_difference(old: Dict[str, object], new: Dict[str, object], diff: list) -> str:

@@ -48,3 +48,26 @@ def test_dynamic_is_parsed_once_per_run_and_the_run_reads_the_parsed_config(tmp_
     assert isinstance(cfg.insertion.dynamic, dynamic.DynamicConf) and cfg.insertion.dynamic.task == "insertion_loss"
     exp = Experiment(cfg)
     assert exp.dynamic is cfg.insertion.dynamic and len(calls) == 1
+
+
+def test_a_run_dir_saved_with_the_dynamic_policy_as_given_resumes_and_a_real_change_is_named(tmp_path):
+    """A run dir whose ``config.resolved.yaml`` holds ``insertion.dynamic`` as the user gave it (no ``task``, newer
+    options missing: how runs saved it before ``derive`` parsed it) is the same run on a re-run of its command; a
+    changed option is still refused, naming the key."""
+    import yaml
+
+    from pretrain_exp.app.experiment import check_same_run, save_resolved_config
+    from pretrain_exp.core.rundir import RunDir
+
+    args = [*BASE, "+insertion/dynamic=until_memorized"]
+    cfg = make_config(*args, run_dir=tmp_path)
+    save_resolved_config(cfg, tmp_path)
+    path = RunDir(tmp_path).config
+    saved = yaml.safe_load(path.read_text())
+    assert saved["insertion"]["dynamic"]["task"] == "insertion_loss"
+    saved["insertion"]["dynamic"] = {"policy": "until_memorized", "experiments": [], "task": None, "copies": 1,
+                                     "threshold": 1.0, "max_per_batch": 0}
+    path.write_text(yaml.safe_dump(saved))
+    check_same_run(make_config(*args, run_dir=tmp_path), tmp_path)
+    with pytest.raises(ConfigError, match=r"insertion.dynamic.threshold changes \(1.0 -> 2.0\)"):
+        check_same_run(make_config(*args, "insertion.dynamic.threshold=2.0", run_dir=tmp_path), tmp_path)
