@@ -34,7 +34,7 @@ from pretrain_exp.core.capabilities import SHARDED, has
 from pretrain_exp.core.config import EvalConf, EvalMode
 from pretrain_exp.core.distributed import barrier, init_process_group, world_size
 from pretrain_exp.core.errors import TrainingError
-from pretrain_exp.core.io import write_json
+from pretrain_exp.core.io import orphaned_temps, write_json
 from pretrain_exp.core.logs import phase_progress
 from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.evals.base import EvalContext, EvalResult
@@ -141,7 +141,10 @@ class Evaluator(RunHook):
                             continue
                         rec = {"task": name, "type": task.type, "step": ckpt.step, **asdict(res),
                                "seconds": time.perf_counter() - t0}
-                        write_json(self.rundir.evals(ckpt.step, name), rec)
+                        out = self.rundir.evals(ckpt.step, name)
+                        for orphan in orphaned_temps(out):  # an earlier writer of this file killed mid-write
+                            orphan.unlink(missing_ok=True)
+                        write_json(out, rec)
                         log_eval(self.tracker, name, res.metrics, ckpt.step)
                         results[name] = rec
                         progress(done)

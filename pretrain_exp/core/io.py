@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -116,6 +117,17 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         if is_disk_full(e) and not isinstance(e, StorageError):
             raise disk_full_error("writing", path, e) from e
         raise
+
+
+def orphaned_temps(path: str | Path) -> list[Path]:
+    """The temp files :func:`atomic_path` made for ``path`` and never renamed (their writer was killed between
+    creating and renaming one): ``.<stem>.<8 characters of mkstemp's>.<suffix>`` beside it. Only a caller that is
+    the one writer of ``path`` may remove them (another writer's temp file would look the same)."""
+    path = Path(path)
+    name = re.compile(rf"\.{re.escape(path.stem)}\.[a-z0-9_]{{8}}{re.escape(path.suffix)}")
+    if not path.parent.is_dir():
+        return []
+    return sorted(f for f in path.parent.iterdir() if name.fullmatch(f.name) and f.is_file())
 
 
 def atomic_write(path: str | Path, write: Callable[[IO], None], binary: bool = False) -> Path:

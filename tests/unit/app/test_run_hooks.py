@@ -164,8 +164,14 @@ def test_an_eval_is_written_logged_at_its_step_and_read_back(tmp_path, plan, hf_
     tracker = Recorder()
     ev = _evaluator("inline", tmp_path, plan, tracker, initial=Checkpoint(hf_model, 0), start=0, end=2, on_load=True)
     ev.pre_train()  # eval.on_load: the initial checkpoint
-    ev.post_segment(Checkpoint(hf_model, 2), final=True)
     rd = RunDir(tmp_path)
+    rd.evals(2, "loss").parent.mkdir(parents=True)
+    orphan = rd.evals(2, "loss").parent / ".loss.k3e7y_ds.json"  # a writer of that file killed mid-write
+    orphan.write_text('{"task": "lo')
+    other = rd.evals(2, "loss").parent / ".lossy.k3e7y_ds.json"  # not a temp file of that file
+    other.write_text("{}")
+    ev.post_segment(Checkpoint(hf_model, 2), final=True)
+    assert not orphan.exists() and other.exists()
     rec = rd.read_eval(2, "loss")
     assert set(ev.evaluated) == {0, 2} and ev.evaluated[2]["loss"] == rec
     assert rec["step"] == 2 and rec["type"] == "insertion_loss" and rec["metrics"]
