@@ -50,6 +50,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from pretrain_exp.core.commands import stop_process
 from pretrain_exp.core.errors import DataError
 from pretrain_exp.core.io import write_json
 
@@ -311,12 +312,7 @@ class WindowStream:
         try:
             self.proc.wait(wait_s)
         except subprocess.TimeoutExpired:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop_process(self.proc)
 
 
 def _write_progress(path: Path, key: str, first_row: int, end_row: int, ready_row: int, state: str,

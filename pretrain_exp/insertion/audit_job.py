@@ -36,6 +36,7 @@ from typing import Optional
 
 import numpy as np
 
+from pretrain_exp.core.commands import stop_process
 from pretrain_exp.core.errors import InsertionError
 from pretrain_exp.core.io import write_json
 from pretrain_exp.insertion.audit import AuditResult
@@ -145,13 +146,8 @@ class BackgroundAudit:
 
     def close(self) -> None:
         """Stop the job if it still runs and remove its temporary folder."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc)
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self.tmp = None
