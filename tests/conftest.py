@@ -140,6 +140,14 @@ def random_item(rng, n: int = TEXT_LEN) -> list:
     return [EOS] + rng.integers(1, VOCAB, size=n).tolist() + [EOS]
 
 
+@pytest.fixture
+def no_proxy(monkeypatch):
+    """Requests to the test servers on 127.0.0.1 bypass any proxy set in the environment. A module of remote-data
+    tests uses it with ``pytestmark = pytest.mark.usefixtures("no_proxy")``."""
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Run a module's tests with 1 torch thread (small models on a shared 2-core box), then restore."""

@@ -12,10 +12,7 @@ from tests.remote_server import OLMO_DATA, RangeServer, build_mix
 L, B, STEPS, START = 64, 8, 5, 3
 
 
-@pytest.fixture(autouse=True)
-def no_proxy(monkeypatch):
-    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+pytestmark = pytest.mark.usefixtures("no_proxy")
 
 
 @pytest.mark.slow  # the first Hydra compose of a process imports every plugin (seconds)

@@ -39,10 +39,7 @@ L, B, SEED = 64, 8, 3
 U32 = np.dtype("<u4")
 
 
-@pytest.fixture(autouse=True)
-def no_proxy(monkeypatch):
-    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+pytestmark = pytest.mark.usefixtures("no_proxy")
 
 
 @pytest.fixture(scope="module")
