@@ -79,7 +79,8 @@ def env(tmp_path_factory):
         name = entry.name.lower()
         if not (name.startswith(("pretrain_exp", "__editable__")) or name.endswith(".pth")):
             (deps / entry.name).symlink_to(entry)
-    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PRETRAIN_EXP_RUNS")}
     clean |= {"PRETRAIN_EXP_CACHE": str(CACHE_DIR), "HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true",
               "OMP_NUM_THREADS": "1", "PATH": os.defpath}
     return tmp, src, wheel, deps, clean
