@@ -3,7 +3,9 @@ gives, sharded over 2 gloo ranks, exactly the result of one process."""
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import os
 import socket
 from dataclasses import asdict
 from pathlib import Path
@@ -81,6 +83,11 @@ def _run_all(model_dir: str) -> dict:
 
 
 def _worker(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
+    # this rank's stderr goes to rank<r>.log, with Python's stacks on a fatal signal, so a rank that dies on a signal
+    # (SIGABRT from a C++ terminate, SIGSEGV) leaves what it printed for the test's failure message
+    log = open(Path(out, f"rank{rank}.log"), "w")
+    os.dup2(log.fileno(), 2)
+    faulthandler.enable(file=log, all_threads=True)
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
@@ -92,8 +99,13 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
             except (ZeroDivisionError, RuntimeError) as e:
                 res["error"] = f"{type(e).__name__}: {e}"
         Path(out, f"rank{rank}.json").write_text(json.dumps(res))
+        torch.distributed.barrier()  # no rank closes its connections while the other is still inside a collective
     finally:
         torch.distributed.destroy_process_group()
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else "(none)"
 
 
 def test_map_batches_is_a_plain_loop_without_a_process_group():
@@ -114,7 +126,12 @@ def test_two_gloo_ranks_give_exactly_the_numbers_of_one_process(tmp_path, tiny_m
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    torch.multiprocessing.spawn(_worker, args=(2, port, str(tiny_model_dir), str(tmp_path)), nprocs=2)
+    try:
+        torch.multiprocessing.spawn(_worker, args=(2, port, str(tiny_model_dir), str(tmp_path)), nprocs=2)
+    except torch.multiprocessing.ProcessExitedException as e:
+        tails = "".join(f"\n--- rank {r} (result written: {(tmp_path / f'rank{r}.json').exists()}), last lines of "
+                        f"stderr:\n" + "\n".join(_read(tmp_path / f"rank{r}.log").splitlines()[-40:]) for r in (0, 1))
+        pytest.fail(f"{e}{tails}")
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     old = torch.get_num_threads()
     torch.set_num_threads(1)
