@@ -6,7 +6,6 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
-import socket
 from dataclasses import asdict
 from pathlib import Path
 
@@ -82,14 +81,17 @@ def _run_all(model_dir: str) -> dict:
     return out
 
 
-def _worker(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
+def _worker(rank: int, world: int, model_dir: str, out: str) -> None:
     # this rank's stderr goes to rank<r>.log, with Python's stacks on a fatal signal, so a rank that dies on a signal
     # (SIGABRT from a C++ terminate, SIGSEGV) leaves what it printed for the test's failure message
     log = open(Path(out, f"rank{rank}.log"), "w")
     os.dup2(log.fileno(), 2)
     faulthandler.enable(file=log, all_threads=True)
     torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    # a FileStore rendezvous: no port to pick (another test could take a freed one) and no store server thread in
+    # rank 0 to outlive its peer at exit
+    torch.distributed.init_process_group("gloo", init_method=f"file://{Path(out, 'store')}", rank=rank,
+                                         world_size=world)
     try:
         with sharded() as on:
             assert on
@@ -123,11 +125,8 @@ def test_two_gloo_ranks_give_exactly_the_numbers_of_one_process(tmp_path, tiny_m
     every float to the last digit) to one process, and each rank ran a strict share of the forwards. Both sides use
     1 torch thread: CPU matmuls may reduce in a thread-count-dependent order, so only equal thread settings make the
     comparison fair."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     try:
-        torch.multiprocessing.spawn(_worker, args=(2, port, str(tiny_model_dir), str(tmp_path)), nprocs=2)
+        torch.multiprocessing.spawn(_worker, args=(2, str(tiny_model_dir), str(tmp_path)), nprocs=2)
     except torch.multiprocessing.ProcessExitedException as e:
         tails = "".join(f"\n--- rank {r} (result written: {(tmp_path / f'rank{r}.json').exists()}), last lines of "
                         f"stderr:\n" + "\n".join(_read(tmp_path / f"rank{r}.log").splitlines()[-40:]) for r in (0, 1))
