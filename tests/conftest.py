@@ -140,6 +140,32 @@ def random_item(rng, n: int = TEXT_LEN) -> list:
     return [EOS] + rng.integers(1, VOCAB, size=n).tolist() + [EOS]
 
 
+def run_entry_point(monkeypatch, tmp_path: Path, argv, fake_run=None):
+    """``python -m pretrain_exp *argv`` in this process (Hydra finds ``conf/`` as from the command line), with
+    ``experiment.run`` replaced by ``fake_run`` and the runs dir ``tmp_path/runs``.
+
+    :returns: the exit status where the entry point exits (``SystemExit``), else ``None``.
+    """
+    import runpy
+    import sys
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    import pretrain_exp.app.experiment as experiment
+
+    monkeypatch.setattr(experiment, "run", fake_run)
+    monkeypatch.setenv("PRETRAIN_EXP_RUNS", str(tmp_path / "runs"))
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    monkeypatch.setattr(sys, "argv", ["pretrain_exp", *argv])
+    try:
+        runpy.run_module("pretrain_exp", run_name="__main__")
+    except SystemExit as e:
+        return e.code
+    finally:
+        GlobalHydra.instance().clear()
+    return None
+
+
 @pytest.fixture
 def no_proxy(monkeypatch):
     """Requests to the test servers on 127.0.0.1 bypass any proxy set in the environment. A module of remote-data

@@ -3,31 +3,20 @@ engines' detail goes to the run's log file, and with -v to the console too."""
 
 from __future__ import annotations
 
-import runpy
-import sys
 from pathlib import Path
 
 import pytest
-from hydra.core.global_hydra import GlobalHydra
 
 from pretrain_exp.app.experiment import save_resolved_config
 from pretrain_exp.core.errors import ConfigError, InsertionError
-from tests.conftest import make_config
+from tests.conftest import make_config, run_entry_point
 
 
 def _main_in_process(monkeypatch, tmp_path, argv, fake_run):
-    """Run the entry point in process with ``argv``; ``experiment.run`` replaced by ``fake_run``."""
-    import pretrain_exp.app.experiment as experiment
-
-    monkeypatch.setattr(experiment, "run", fake_run)
-    monkeypatch.setenv("PRETRAIN_EXP_RUNS", str(tmp_path / "runs"))
-    monkeypatch.setattr(sys, "argv", ["pretrain_exp", *argv])
-    try:
-        with pytest.raises(SystemExit) as ei:  # as ``python -m pretrain_exp`` (Hydra finds conf/ from it)
-            runpy.run_module("pretrain_exp", run_name="__main__")
-    finally:
-        GlobalHydra.instance().clear()
-    return ei.value.code
+    """Run the entry point in process with ``argv``, ``experiment.run`` replaced by ``fake_run``; its exit status."""
+    code = run_entry_point(monkeypatch, tmp_path, argv, fake_run)
+    assert code is not None, "the entry point returned without exiting"
+    return code
 
 
 def test_fresh_run_failing_after_planning_is_removed(monkeypatch, tmp_path, capsys):
@@ -65,15 +54,7 @@ def test_failed_rerun_keeps_existing_run_dir(monkeypatch, tmp_path, capsys):
 
 def _run_in_process(monkeypatch, tmp_path, argv, fake_run) -> None:
     """As :func:`_main_in_process`, for a run that succeeds (Hydra returns without exiting)."""
-    import pretrain_exp.app.experiment as experiment
-
-    monkeypatch.setattr(experiment, "run", fake_run)
-    monkeypatch.setenv("PRETRAIN_EXP_RUNS", str(tmp_path / "runs"))
-    monkeypatch.setattr(sys, "argv", ["pretrain_exp", *argv])
-    try:
-        runpy.run_module("pretrain_exp", run_name="__main__")
-    finally:
-        GlobalHydra.instance().clear()
+    assert run_entry_point(monkeypatch, tmp_path, argv, fake_run) is None
 
 
 @pytest.mark.parametrize("flag", [[], ["-v"], ["hydra.verbose=[olmo_core]"]])

@@ -8,15 +8,13 @@ import ast
 import copy
 import json
 import re
-import runpy
 import sys
 from importlib.metadata import packages_distributions
 
 import pytest
-from hydra.core.global_hydra import GlobalHydra
 
 from pretrain_exp.core.errors import ConfigError
-from tests.conftest import ROOT, compose, make_config
+from tests.conftest import ROOT, compose, make_config, run_entry_point
 from tests.unit.app.test_cli import _main_in_process, _run_in_process
 
 
@@ -90,8 +88,6 @@ def test_a_sweep_invalid_for_its_jobs_is_refused_once_before_submission(monkeypa
     and its jobs get the sweep's W&B group."""
     from submitit.core.core import Executor
 
-    import pretrain_exp.app.experiment as experiment
-
     submitted = []
 
     def map_array(self, fn, *args):  # what hydra-submitit-launcher calls with one entry per job (sbatch)
@@ -107,13 +103,8 @@ def test_a_sweep_invalid_for_its_jobs_is_refused_once_before_submission(monkeypa
                               "sweep's first job: ") and err[-1].endswith("nothing was launched")
     assert not (tmp_path / "runs").exists()
     ran = []  # a valid sweep runs, its jobs in one W&B group, the sweep's dir name (Hydra's basic launcher)
-    monkeypatch.setattr(experiment, "run", ran.append)
-    monkeypatch.setattr(sys, "argv", ["pretrain_exp", "-m", "experiment=tiny", "seed=3",
-                                      f"hydra.sweep.dir={tmp_path / 'sweep-a'}"])
-    try:
-        runpy.run_module("pretrain_exp", run_name="__main__")
-    finally:
-        GlobalHydra.instance().clear()
+    assert run_entry_point(monkeypatch, tmp_path, ["-m", "experiment=tiny", "seed=3",
+                                                   f"hydra.sweep.dir={tmp_path / 'sweep-a'}"], ran.append) is None
     assert [(cfg.seed, cfg.wandb.group) for cfg in ran] == [(3, "sweep-a")]
 
 

@@ -4,24 +4,17 @@
 from __future__ import annotations
 
 import os
-import runpy
-import sys
 
 import pytest
-from hydra.core.global_hydra import GlobalHydra
+
+from tests.conftest import run_entry_point
 
 
 def _main(monkeypatch, tmp_path, capsys, *argv):
     """``python -m pretrain_exp argv`` in process: (exit status, stderr lines)."""
-    monkeypatch.setenv("PRETRAIN_EXP_RUNS", str(tmp_path / "runs"))
-    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
-    monkeypatch.setattr(sys, "argv", ["pretrain_exp", *argv])
-    try:
-        with pytest.raises(SystemExit) as ei:
-            runpy.run_module("pretrain_exp", run_name="__main__")
-    finally:
-        GlobalHydra.instance().clear()
-    return ei.value.code, [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    code = run_entry_point(monkeypatch, tmp_path, argv)
+    assert code is not None, "the entry point returned without exiting"
+    return code, [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
 
 
 @pytest.mark.parametrize("override, needles", [

@@ -2,31 +2,20 @@
 
 from __future__ import annotations
 
-import runpy
-import sys
 from pathlib import Path
 
 import pytest
-from hydra.core.global_hydra import GlobalHydra
 
 from pretrain_exp.app.experiment import check_same_run, save_resolved_config
 from pretrain_exp.app.run_name import run_suffix
 from pretrain_exp.core.errors import ConfigError
-from tests.conftest import make_config
+from tests.conftest import make_config, run_entry_point
 
 
 def _run_dir_of(monkeypatch, tmp_path, *argv) -> Path:
     """The run dir the entry point picks for ``argv`` (``experiment.run`` replaced: nothing is trained)."""
-    import pretrain_exp.app.experiment as experiment
-
     seen = []
-    monkeypatch.setattr(experiment, "run", lambda cfg: seen.append(Path(cfg.run_dir)) or {})
-    monkeypatch.setenv("PRETRAIN_EXP_RUNS", str(tmp_path / "runs"))
-    monkeypatch.setattr(sys, "argv", ["pretrain_exp", *argv])
-    try:
-        runpy.run_module("pretrain_exp", run_name="__main__")
-    finally:
-        GlobalHydra.instance().clear()
+    assert run_entry_point(monkeypatch, tmp_path, argv, lambda cfg: seen.append(Path(cfg.run_dir)) or {}) is None
     return seen[0]
 
 
