@@ -405,6 +405,8 @@ class Reference:
             elif self.digests(ckpt) != self.digests(ref):
                 bad.append(f"checkpoint {ckpt.name}: weights differ")
         for f in sorted((run_dir / "evals").glob("step*/*.json")):
+            if f.name.startswith("."):  # the temp file of a write the kill cut short: no reader takes it, and
+                continue  # the completed re-run must have removed it (final_mismatches lists every eval file)
             ref = self.dir / f.relative_to(run_dir)
             try:
                 same = _eval_view(json.loads(f.read_text())) == _eval_view(json.loads(ref.read_text()))

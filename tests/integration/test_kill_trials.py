@@ -17,7 +17,7 @@ import pytest
 
 from pretrain_exp.core.errors import StorageError
 from pretrain_exp.core.io import is_disk_full, write_text
-from tests.kill_trials import SETUPS, Phase, landed_in, phases_of, plan_trials
+from tests.kill_trials import SETUPS, Phase, Reference, landed_in, phases_of, plan_trials
 
 ROOT = Path(__file__).resolve().parents[2]
 TRIALS = int(os.environ.get("KILL_TRIALS", "0"))  #: 0: the tier's default below
@@ -109,3 +109,19 @@ def test_a_full_device_is_a_storage_error_naming_the_file(tmp_path):
     # engines that wrap the OS error in their own exception type still count as a full disk
     assert is_disk_full(RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)"))
     assert not is_disk_full(RuntimeError("shape mismatch"))
+
+
+def test_a_cut_eval_write_is_not_state_after_the_kill_but_fails_a_completed_rerun(tmp_path):
+    """The temp file of an eval write that the kill cut short (``evals/step1/.insertion_loss.<8 chars>.json``, here
+    empty) is no part of the run's state after the kill (no reader takes it); a completed re-run that left it fails."""
+    ref_dir, run_dir = tmp_path / "reference", tmp_path / "run"
+    for d, seconds in ((ref_dir, 1.0), (run_dir, 2.0)):  # the same eval, timed differently
+        write_text(d / "evals" / "step1" / "insertion_loss.json", json.dumps({"metrics": {"loss": 1.5},
+                                                                             "seconds": seconds}))
+    (run_dir / "evals" / "step1" / ".insertion_loss.ab12cd34.json").write_bytes(b"")
+    ref = Reference(SETUPS["hf"], ref_dir)
+    assert ref.state_mismatches(run_dir) == []
+    [bad] = [b for b in ref.final_mismatches(run_dir) if b.startswith("eval files")]
+    assert ".insertion_loss.ab12cd34.json" in bad
+    (run_dir / "evals" / "step1" / "insertion_loss.json").write_text(json.dumps({"metrics": {"loss": 2.5}}))
+    assert ref.state_mismatches(run_dir) == ["evals/step1/insertion_loss.json differs"]
