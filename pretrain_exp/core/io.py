@@ -94,6 +94,11 @@ def disk_full_error(doing: str, path: str | Path, err: BaseException) -> Storage
                         "command: it resumes from the last complete checkpoint")
 
 
+def _temp_affixes(path: Path) -> tuple[str, str]:
+    """The (prefix, suffix) of :func:`atomic_path`'s temp files for ``path``: ``.<stem>.`` and ``<suffix>``."""
+    return f".{path.stem}.", path.suffix
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temp path next to ``path`` for a writer that wants a file name (``savefig``, ``np.save``); renamed to
@@ -105,7 +110,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
+        prefix, suffix = _temp_affixes(path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=suffix)
         os.close(fd)
         yield Path(tmp)
         os.chmod(tmp, default_mode())
@@ -124,7 +130,8 @@ def orphaned_temps(path: str | Path) -> list[Path]:
     creating and renaming one): ``.<stem>.<8 characters of mkstemp's>.<suffix>`` beside it. Only a caller that is
     the one writer of ``path`` may remove them (another writer's temp file would look the same)."""
     path = Path(path)
-    name = re.compile(rf"\.{re.escape(path.stem)}\.[a-z0-9_]{{8}}{re.escape(path.suffix)}")
+    prefix, suffix = _temp_affixes(path)
+    name = re.compile(rf"{re.escape(prefix)}[a-z0-9_]{{8}}{re.escape(suffix)}")  # mkstemp: 8 random characters
     if not path.parent.is_dir():
         return []
     return sorted(f for f in path.parent.iterdir() if name.fullmatch(f.name) and f.is_file())
