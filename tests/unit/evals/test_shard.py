@@ -104,6 +104,10 @@ def _worker(rank: int, world: int, model_dir: str, out: str) -> None:
         torch.distributed.barrier()  # no rank closes its connections while the other is still inside a collective
     finally:
         torch.distributed.destroy_process_group()
+    # the results are written: leave without the interpreter's teardown, where a C++ thread still joinable in rank 0
+    # has aborted the process after its work ("terminate called without an active exception", no Python frame)
+    log.flush()
+    os._exit(0)
 
 
 def _read(path: Path) -> str:
