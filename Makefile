@@ -34,10 +34,10 @@ demo: install ## run the embedded default experiment (python -m pretrain_exp): S
 	$(PRELOAD) $(PY) -m pretrain_exp $(ARGS)
 
 test: install $(DOCS_STAMP) ## run all tests except GPU ones (what CI runs; it builds the docs too)
-	$(PRELOAD) $(PY) -m pytest -m "not gpu" -q -n $(TEST_JOBS) --dist loadgroup $(ARGS)
+	$(PRELOAD) $(PY) -m pytest -m "not gpu" -q -n $(TEST_JOBS) $(ARGS)
 
 test-fast: install ## run the tests not marked slow, gpu or network (under 3 minutes)
-	$(PRELOAD) $(PY) -m pytest -m "not slow and not gpu and not network" -q -n $(TEST_JOBS) --dist loadgroup $(ARGS)
+	$(PRELOAD) $(PY) -m pytest -m "not slow and not gpu and not network" -q -n $(TEST_JOBS) $(ARGS)
 
 lint: install ## flake8 + isort check
 	$(PY) -m flake8 pretrain_exp frameworks evals tests benchmarks docs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import shutil
@@ -49,14 +50,22 @@ def make_config(*overrides: str, run_dir: str | Path) -> ExperimentConfig:
     return to_config(compose(*overrides, run_dir=run_dir))
 
 
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``make test`` runs two workers), the SLURM tests share one worker: the local cluster
-    has 8 CPUs, and two jobs asking for them at once would queue behind each other."""
-    if not config.pluginmanager.hasplugin("xdist"):
+@pytest.fixture(autouse=True)
+def _one_slurm_test_at_a_time(request, tmp_path_factory):
+    """Under pytest-xdist (``make test`` runs two workers) the SLURM tests run one at a time: the local cluster has
+    8 CPUs, and a job of one test queued behind another test's job leaves its eval jobs pending (then cancelled
+    and run in the run's allocation). An exclusive ``flock`` on a file in the directory all workers' base temp
+    dirs share, held for the test; not ``xdist_group``: pytest 9.2's node ids ignore the group suffix that
+    pytest-xdist 3.8 appends, so ``--dist loadgroup`` spreads a group over the workers."""
+    if request.node.get_closest_marker("slurm") is None or "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
         return
-    for item in items:
-        if item.get_closest_marker("slurm"):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+    with open(tmp_path_factory.getbasetemp().parent / "slurm-tests.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 _FAILED_FILES: set = set()

@@ -177,7 +177,7 @@ def test_async_evals_run_as_their_own_slurm_jobs(tmp_path):
             assert (job / "evals" / f"step{step}" / f"{task}.json").is_file()
         state = subprocess.run(["sacct", "-j", job_id, "-n", "-X", "-o", "State,Partition"], capture_output=True,
                                text=True, timeout=60).stdout.split()
-        assert state == ["COMPLETED", "debug"], state
+        assert state == ["COMPLETED", "debug"], (state, log[-3000:])
 
 
 def _node_cpus() -> int:
