@@ -236,8 +236,9 @@ class Run:
                     self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
-    def kill(self) -> None:
-        """SIGKILL the run's whole process tree (torchrun's ranks run in their own sessions), then reap it."""
+    def signal_tree(self, sig: int) -> list:
+        """Send ``sig`` to the run's whole process tree (torchrun's ranks run in their own sessions); the
+        ``psutil.Process`` list it reached."""
         import psutil
 
         try:
@@ -247,9 +248,16 @@ class Run:
             procs = []
         for p in procs:
             try:
-                p.send_signal(signal.SIGKILL)
+                p.send_signal(sig)
             except psutil.NoSuchProcess:
                 pass
+        return procs
+
+    def kill(self) -> None:
+        """SIGKILL the run's whole process tree, then reap it."""
+        import psutil
+
+        procs = self.signal_tree(signal.SIGKILL)
         psutil.wait_procs(procs[1:], timeout=30)
         self.wait()
 
@@ -273,7 +281,8 @@ def run_watched(setup: Setup, run_dir: Path, out_path: Path, env: Dict[str, str]
                 hook: Optional[Tuple[str, Callable[[], None]]] = None) -> Tuple[Optional[float], Watch, int]:
     """Run ``setup`` in ``run_dir`` while watching its events; with ``kill_after=(label, seconds)`` SIGKILL it
     ``seconds`` after the event ``label`` (``"startup"``: the start of the run); with ``hook=(label, fn)`` call
-    ``fn()`` once as soon as event ``label`` is seen.
+    ``fn()`` once as soon as event ``label`` is seen, with the run's processes stopped (SIGSTOP, then SIGCONT), so
+    that the run writes nothing while ``fn`` runs.
 
     :returns: ``(kill time in seconds since start or None if it ended first, watch, exit status)``.
     """
@@ -284,7 +293,11 @@ def run_watched(setup: Setup, run_dir: Path, out_path: Path, env: Dict[str, str]
         watch.poll()
         now = time.monotonic() - run.t0
         if hook is not None and hook[0] in watch.seen:
-            hook[1]()
+            run.signal_tree(signal.SIGSTOP)
+            try:
+                hook[1]()
+            finally:
+                run.signal_tree(signal.SIGCONT)
             hook = None
         if kill_after is not None:
             label, delay = kill_after
@@ -612,8 +625,10 @@ def run_trials(name: str, n: int, work: Path, seed: int = 0, spawn: bool = False
 # --- disk full --------------------------------------------------------------------------------------------------
 
 
-def fill(mount: Path, leave: int = 0) -> Path:
-    """Fill the filesystem at ``mount`` with a file of zeros until about ``leave`` bytes are free; returns it."""
+def fill(mount: Path, leave: int = 0, grow: Optional[Path] = None) -> Path:
+    """Fill the filesystem at ``mount`` with a file of zeros until about ``leave`` bytes are free; returns it. With
+    ``leave=0`` and ``grow``, append newlines to the existing file ``grow`` until it cannot grow either (the free
+    bytes of its last page), so that not even that file takes another write."""
     filler = mount / "filler"
     block = b"\0" * (1 << 20)
     with open(filler, "ab", buffering=0) as f:  # unbuffered: nothing is left to flush (and fail) at close
@@ -622,6 +637,13 @@ def fill(mount: Path, leave: int = 0) -> Path:
                 f.write(block[:max(1, min(len(block), free - leave))])
         except OSError:  # full (the run writing beside the filler can take the last bytes first)
             pass
+    if grow is not None and leave == 0:
+        with open(grow, "ab", buffering=0) as f:
+            try:
+                for _ in range(1 << 16):
+                    f.write(b"\n")
+            except OSError:
+                pass
     return filler
 
 
@@ -639,16 +661,21 @@ def _error_lines(out: Path) -> List[str]:
     return [line for line in out.read_text(errors="replace").splitlines() if line.startswith("error:")]
 
 
-def disk_full_trials(work: Path, spawn: bool = False, size_mb: int = 64,
+def disk_full_trials(work: Path, spawn: bool = False, size_mb: int = 64, tries: int = 3,
                      log: Callable[[str], None] = functools.partial(print, flush=True)) -> dict:
-    """The hf setup on a ``size_mb`` MiB tmpfs, the disk filled (1) while the step-1 eval is written and (2) while
-    the step-2 checkpoint is written, each run checked (exit status, its ``error:`` lines, the run dir's durable
-    state against an uninterrupted reference run: the step-2 checkpoint intact), then (3) the filler removed and
-    the same command re-run to the end, compared with the reference.
+    """The hf setup on a ``size_mb`` MiB tmpfs, the disk filled (1) while the step-1 eval is written (to the last
+    byte: not even the run's log can grow) and (2) while the step-2 checkpoint is written, each run checked (exit
+    status, its ``error:`` and ``warning:`` lines, the run dir's durable state against an uninterrupted reference
+    run: the step-2 checkpoint intact), then (3) the filler removed and the same command re-run to the end,
+    compared with the reference.
 
-    :returns: ``{"skipped": why}`` where no tmpfs can be mounted, else per case ``rc``, ``errors`` (the
-        ``error:`` lines), ``tracebacks``, ``state`` (mismatches with the reference) and ``step1_intact``, and ``final``
-        (mismatches of the completed re-run).
+    The disk is filled while the run is stopped, as soon as the case's event is seen (``eval step 1``, ``training
+    1->2``); a case whose file was already written by then (a loaded machine saw the event late) is ``late`` and,
+    for the eval case, run again from an empty run dir, up to ``tries`` times.
+
+    :returns: ``{"skipped": why}`` where no tmpfs can be mounted, else per case ``rc``, ``errors`` and
+        ``warnings`` (those lines), ``tracebacks``, ``state`` (mismatches with the reference), ``step1_intact``,
+        ``late`` and ``tries``, and ``final`` (mismatches of the completed re-run).
     """
     setup = SETUPS["hf"]
     work.mkdir(parents=True, exist_ok=True)
@@ -665,16 +692,31 @@ def disk_full_trials(work: Path, spawn: bool = False, size_mb: int = 64,
         ref = Reference(setup, ref_dir)
         run_dir = mount / "run"
         res: dict = {}
-        for case, label, leave in (("eval", "eval step 1", 0), ("checkpoint", "training 1->2", 1 << 20)):
-            out = work / f"{case}.out"
-            _, _, rc = run_watched(setup, run_dir, out, env, spawn, hook=(label, lambda: fill(mount, leave)))
+        for case, label, leave, written in (("eval", "eval step 1", 0, "evals/step1/insertion_loss.json"),
+                                            ("checkpoint", "training 1->2", 1 << 20, "checkpoints/checkpoint-2")):
+            for attempt in range(1, (tries if case == "eval" else 1) + 1):
+                late: list = []
+
+                def full(written=written, leave=leave) -> None:
+                    late.append((run_dir / written).exists())
+                    fill(mount, leave, grow=run_dir / "pretrain_exp.log")
+
+                out = work / f"{case}.out"
+                _, _, rc = run_watched(setup, run_dir, out, env, spawn, hook=(label, full))
+                (mount / "filler").unlink(missing_ok=True)
+                if not (late and late[0]) or attempt == tries or case != "eval":
+                    break
+                log(f"disk full while writing the {case}: {written} was written before the disk was full "
+                    f"(try {attempt}); again from an empty run dir")
+                shutil.rmtree(run_dir)
             step1, ref1 = (d / "checkpoints" / "checkpoint-1" for d in (run_dir, ref_dir))
-            res[case] = {"rc": rc, "errors": _error_lines(out), "state": ref.state_mismatches(run_dir),
-                         "tracebacks": out.read_text(errors="replace").count("Traceback"),
+            text = out.read_text(errors="replace")
+            res[case] = {"rc": rc, "errors": _error_lines(out), "tracebacks": text.count("Traceback"),
+                         "warnings": [line for line in text.splitlines() if line.startswith("warning:")],
+                         "state": ref.state_mismatches(run_dir), "late": bool(late and late[0]), "tries": attempt,
                          "step1_intact": (step1 / setup.complete_marker).is_file()
                          and ref.digests(step1) == ref.digests(ref1)}
             log(f"disk full while writing the {case}: exit {rc}, {res[case]['errors']}")
-            (mount / "filler").unlink()
         out = work / "final.out"
         _, _, rc = run_watched(setup, run_dir, out, env, spawn)
         res["final"] = {"rc": rc, "mismatches": ref.final_mismatches(run_dir) if rc == 0 else _error_lines(out)}

@@ -117,6 +117,38 @@ class ConsoleHandler(logging.StreamHandler):
         pass
 
 
+class RunLogFile(logging.FileHandler):
+    """The run dir's log file: a ``logging.FileHandler`` appending UTF-8 records to ``path``. When the file cannot
+    be written (``OSError``: no space left on device, a vanished mount) it says so once on stderr and keeps no
+    further records, where ``logging`` would print a traceback per record and ``close`` would raise over the run's
+    own error (and its exit status); the console still shows its records. Other errors are reported as
+    ``logging`` reports them."""
+
+    def __init__(self, path: str | Path):
+        super().__init__(path, encoding="utf-8")
+        self.failed: Optional[OSError] = None  #: the first write error; no record is written after it
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.failed is None:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        err = sys.exc_info()[1]
+        if not isinstance(err, OSError):
+            super().handleError(record)
+        elif self.failed is None:
+            self.failed = err
+            print(f"warning: the run's log {self.baseFilename} cannot be written ({type(err).__name__}: {err}); "
+                  "no further records are kept in it", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        try:
+            super().close()  # flushes what a failed write left buffered, which fails again; the file is closed
+        except OSError as e:
+            if self.failed is None:
+                self.handleError(logging.makeLogRecord({"msg": str(e)}))
+
+
 def route_library_logs() -> None:
     """Send the records of :data:`OWN_HANDLERS` to the root logger's handlers (the log file, the filtered console)
     instead of their own stderr handlers. Imports the installed ones' logging modules first (they add their handler
@@ -180,7 +212,7 @@ def run_logging(log_file: Optional[Path], verbose: bool = False, console_level: 
     ours: list = [console]
     if log_file is not None:
         Path(log_file).parent.mkdir(parents=True, exist_ok=True)
-        fh = logging.FileHandler(log_file, encoding="utf-8")
+        fh = RunLogFile(log_file)
         fh.setFormatter(formatter)
         ours.append(fh)
     for h in saved:

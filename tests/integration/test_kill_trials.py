@@ -52,15 +52,23 @@ def test_killed_runs_rerun_to_bit_identical_results(setup, tmp_path):
 
 @pytest.mark.slow
 def test_a_full_disk_gives_one_clear_error_and_the_rerun_resumes(tmp_path):
+    """A disk full while an eval is written (to the last byte: the run's log cannot grow either) and while a
+    checkpoint is written: one ``error:`` line naming the file, exit status 2, no traceback (the log file's
+    failure is one ``warning:`` line), the durable state intact; the re-run after freeing space ends identical
+    to an uninterrupted run."""
     res = harness("--disk-full", "--work", str(tmp_path), out=tmp_path / "r.json")
     if "skipped" in res:
         pytest.skip(res["skipped"])
     for case, names in (("eval", "evals/step1/insertion_loss.json"), ("checkpoint", "checkpoints/checkpoint-2")):
         r = res[case]
+        assert not r["late"], (case, r)  # the disk was full before the file was written
         assert r["rc"] == 2 and r["tracebacks"] == 0, (case, r)
         [line] = r["errors"]
         assert "no space left on device" in line and names in line and "re-run the same command" in line, line
         assert r["step1_intact"] and r["state"] == [], (case, r)
+    [warning] = res["eval"]["warnings"]
+    assert "pretrain_exp.log cannot be written" in warning and "No space left on device" in warning, warning
+    assert res["checkpoint"]["warnings"] == [], res["checkpoint"]
     assert res["final"] == {"rc": 0, "mismatches": []}
 
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -61,6 +64,33 @@ def test_verbose_console_shows_everything_the_file_gets(tmp_path, capsys):
     for text in CONSOLE + FILE_ONLY:
         assert text in out, text
     assert out.count("Callback order:") == log.read_text().count("Callback order:") == 1
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full (every write to it: ENOSPC)")
+def test_a_log_file_that_cannot_be_written_is_one_warning_and_leaves_the_exit_status(capsys):
+    """A full disk under the run's log (``/dev/full``: every write fails with ENOSPC): one ``warning:`` line on
+    stderr, no traceback per record, the console keeps its lines, and leaving the block raises nothing over the
+    run's own exit status."""
+    with pytest.raises(SystemExit) as exit_:
+        with run_logging(Path("/dev/full")):
+            for _ in range(30):
+                _emit_a_run_s_records()
+            sys.exit(2)
+    assert exit_.value.code == 2
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err and "Logging error" not in out.err, out.err[:3000]
+    [warning] = [line for line in out.err.splitlines() if line.startswith("warning:")]
+    assert warning.startswith("warning: the run's log /dev/full cannot be written (OSError: [Errno 28] No space "
+                              "left on device)"), warning
+    assert out.out.count("plan: 16 items") == 30
+
+
+def test_a_record_that_cannot_be_formatted_is_still_reported_as_logging_does(tmp_path, capsys):
+    with run_logging(tmp_path / "pretrain_exp.log"):
+        logging.getLogger("pretrain_exp.app.experiment").info("%d items", "not a number")
+        logging.getLogger("pretrain_exp.app.experiment").info("the next record")
+    assert "--- Logging error ---" in capsys.readouterr().err
+    assert "the next record" in (tmp_path / "pretrain_exp.log").read_text()  # the file still takes records
 
 
 def test_other_ranks_print_warnings_only(capsys):
