@@ -151,3 +151,13 @@ class RunAudit(RunHook):
     def post_segment(self, ckpt: Checkpoint, final: bool) -> None:
         """The audit beside training, collected as soon as it has ended."""
         self.finish(wait=False)
+
+    def on_error(self, exc: BaseException) -> None:
+        """A failed run stops its audit beside training now (not at the process's exit: the next job of a local
+        sweep runs in the same process) and writes no ``audit.json``; the re-run of the same command audits again
+        (or reuses a cached audit of the same rows and items)."""
+        job, self.job = self.job, None
+        if job is not None:
+            if job.running:
+                log.info("audit: the run failed; stopping the audit beside training (process %d)", job.proc.pid)
+            job.close()

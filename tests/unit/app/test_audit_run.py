@@ -116,3 +116,24 @@ def test_jobs_auditing_the_same_rows_and_items_share_one_audit(planted, monkeypa
     other = Experiment(make_config(*overrides, "data.seed=11", run_dir=d / "job2"))
     other.finish_audit()
     assert scans == [1] and other.audit is not None
+
+
+def test_a_failed_run_stops_its_audit_beside_training_and_the_rerun_audits_again(planted):
+    """``on_error`` (an exception leaving the run's loop) stops the audit beside training at once, its processes
+    included, and leaves no ``audit.json``, cache entry or job folder; the same command then audits again."""
+    import psutil
+
+    d, overrides, _, _ = planted
+    cfg = make_config(*overrides, "data.seed=23", run_dir=d / "failed")  # rows no other test audited: not cached
+    exp = Experiment(cfg)
+    job = exp._audit_job
+    assert job is not None and job.running
+    procs = [psutil.Process(job.proc.pid), *psutil.Process(job.proc.pid).children(recursive=True)]
+    exp.auditor.on_error(RuntimeError("training failed"))
+    assert exp._audit_job is None and job.proc.returncode is not None
+    _, alive = psutil.wait_procs(procs, timeout=10)
+    assert alive == []
+    assert not (d / "failed" / "audit.json").exists() and not job.shared.exists() and job.tmp is None
+    again = Experiment(make_config(*overrides, "data.seed=23", run_dir=d / "failed"))
+    again.finish_audit()
+    assert again.audit is not None and (d / "failed" / "audit.json").is_file()
