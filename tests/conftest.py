@@ -149,11 +149,13 @@ def random_item(rng, n: int = TEXT_LEN) -> list:
     return [EOS] + rng.integers(1, VOCAB, size=n).tolist() + [EOS]
 
 
-def run_entry_point(monkeypatch, tmp_path: Path, argv, fake_run=None):
+def run_entry_point(monkeypatch, tmp_path: Path, argv, fake_run=None, exits: bool = True):
     """``python -m pretrain_exp *argv`` in this process (Hydra finds ``conf/`` as from the command line), with
     ``experiment.run`` replaced by ``fake_run`` and the runs dir ``tmp_path/runs``.
 
-    :returns: the exit status where the entry point exits (``SystemExit``), else ``None``.
+    :param exits: the entry point must exit (``SystemExit``: a failed run, ``--help``), else return (a run that
+        succeeds); the test fails otherwise.
+    :returns: the exit status where it exits, else ``None``.
     """
     import runpy
     import sys
@@ -169,9 +171,11 @@ def run_entry_point(monkeypatch, tmp_path: Path, argv, fake_run=None):
     try:
         runpy.run_module("pretrain_exp", run_name="__main__")
     except SystemExit as e:
+        assert exits, f"the entry point exited with status {e.code}"
         return e.code
     finally:
         GlobalHydra.instance().clear()
+    assert not exits, "the entry point returned without exiting"
     return None
 
 

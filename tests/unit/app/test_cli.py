@@ -12,13 +12,6 @@ from pretrain_exp.core.errors import ConfigError, InsertionError
 from tests.conftest import make_config, run_entry_point
 
 
-def _main_in_process(monkeypatch, tmp_path, argv, fake_run):
-    """Run the entry point in process with ``argv``, ``experiment.run`` replaced by ``fake_run``; its exit status."""
-    code = run_entry_point(monkeypatch, tmp_path, argv, fake_run)
-    assert code is not None, "the entry point returned without exiting"
-    return code
-
-
 def test_fresh_run_failing_after_planning_is_removed(monkeypatch, tmp_path, capsys):
     """A failure after ``plan.npz`` was written leaves no run dir behind, so a corrected re-run in the same
     dir does not meet a stale plan; the message is one line even if the error's text is not."""
@@ -30,7 +23,7 @@ def test_fresh_run_failing_after_planning_is_removed(monkeypatch, tmp_path, caps
         raise InsertionError("first line\n  second line\n")
 
     argv = ["experiment=tiny", f"hydra.run.dir={tmp_path / 'runs' / 'r'}"]
-    code = _main_in_process(monkeypatch, tmp_path, argv, fake_run)
+    code = run_entry_point(monkeypatch, tmp_path, argv, fake_run)
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2, err
     assert err[-1] == "error: first line | second line"
@@ -46,15 +39,10 @@ def test_failed_rerun_keeps_existing_run_dir(monkeypatch, tmp_path, capsys):
     def fake_run(cfg):
         raise ConfigError("insertion", "holds the plan of a different config")
 
-    code = _main_in_process(monkeypatch, tmp_path, ["experiment=tiny", f"hydra.run.dir={run_dir}"], fake_run)
+    code = run_entry_point(monkeypatch, tmp_path, ["experiment=tiny", f"hydra.run.dir={run_dir}"], fake_run)
     assert code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: insertion: holds the plan")
     assert (run_dir / "plan.npz").is_file() and (run_dir / "config.resolved.yaml").is_file()
-
-
-def _run_in_process(monkeypatch, tmp_path, argv, fake_run) -> None:
-    """As :func:`_main_in_process`, for a run that succeeds (Hydra returns without exiting)."""
-    assert run_entry_point(monkeypatch, tmp_path, argv, fake_run) is None
 
 
 @pytest.mark.parametrize("flag", [[], ["-v"], ["hydra.verbose=[olmo_core]"]])
@@ -75,7 +63,8 @@ def test_engine_detail_goes_to_the_log_file_and_with_v_to_the_console(monkeypatc
 
     run_dir = tmp_path / "runs" / "r"
     try:
-        _run_in_process(monkeypatch, tmp_path, ["experiment=tiny", f"hydra.run.dir={run_dir}", *flag], fake_run)
+        run_entry_point(monkeypatch, tmp_path, ["experiment=tiny", f"hydra.run.dir={run_dir}", *flag], fake_run,
+                        exits=False)
     finally:
         logging.getLogger("olmo_core").setLevel(logging.NOTSET)  # hydra.verbose set it for this process
     out = capsys.readouterr().out

@@ -15,7 +15,6 @@ import pytest
 
 from pretrain_exp.core.errors import ConfigError
 from tests.conftest import ROOT, compose, make_config, run_entry_point
-from tests.unit.app.test_cli import _main_in_process, _run_in_process
 
 
 def test_a_key_added_with_plus_that_no_schema_has_is_refused(tmp_path):
@@ -59,7 +58,7 @@ def test_cfg_job_resolve_shows_the_derived_values_the_run_uses(monkeypatch, tmp_
     from pretrain_exp.app.tracking import config_dict
 
     overrides = ["experiment=tiny", "+insertion/dynamic=spaced_repetition", "eval=[perplexity,insertion_loss]"]
-    _run_in_process(monkeypatch, tmp_path, [*overrides, "--cfg", "job", "--resolve"], fake_run=None)
+    run_entry_point(monkeypatch, tmp_path, [*overrides, "--cfg", "job", "--resolve"], exits=False)
     shown = yaml.safe_load(capsys.readouterr().out)
     used = config_dict(make_config(*overrides, run_dir=tmp_path))
     assert shown["training"]["report_to"] == used["training"]["report_to"] == []
@@ -69,7 +68,7 @@ def test_cfg_job_resolve_shows_the_derived_values_the_run_uses(monkeypatch, tmp_
 
 @pytest.mark.slow
 def test_help_lists_the_users_groups_under_what_the_app_does(monkeypatch, tmp_path, capsys):
-    code = _main_in_process(monkeypatch, tmp_path, ["--help"], fake_run=None)
+    code = run_entry_point(monkeypatch, tmp_path, ["--help"])
     out = capsys.readouterr().out
     assert code in (0, None)
     assert out.startswith("pretrain_exp: continual pretraining of language models with controlled data insertion")
@@ -96,15 +95,15 @@ def test_a_sweep_invalid_for_its_jobs_is_refused_once_before_submission(monkeypa
 
     monkeypatch.setattr(Executor, "map_array", map_array)
     argv = ["-m", "experiment=tiny", "hydra/launcher=slurm", "seed=0,1"]
-    code = _main_in_process(monkeypatch, tmp_path, [*argv, "training.learning_rate=-1"], fake_run=None)
+    code = run_entry_point(monkeypatch, tmp_path, [*argv, "training.learning_rate=-1"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and submitted == []
     assert err[-1].startswith("error: training.learning_rate: must be a finite number >= 0, got -1.0 (the "
                               "sweep's first job: ") and err[-1].endswith("nothing was launched")
     assert not (tmp_path / "runs").exists()
     ran = []  # a valid sweep runs, its jobs in one W&B group, the sweep's dir name (Hydra's basic launcher)
-    assert run_entry_point(monkeypatch, tmp_path, ["-m", "experiment=tiny", "seed=3",
-                                                   f"hydra.sweep.dir={tmp_path / 'sweep-a'}"], ran.append) is None
+    sweep = ["-m", "experiment=tiny", "seed=3", f"hydra.sweep.dir={tmp_path / 'sweep-a'}"]
+    run_entry_point(monkeypatch, tmp_path, sweep, ran.append, exits=False)
     assert [(cfg.seed, cfg.wandb.group) for cfg in ran] == [(3, "sweep-a")]
 
 
