@@ -694,17 +694,18 @@ def disk_full_trials(work: Path, spawn: bool = False, size_mb: int = 64, tries: 
         res: dict = {}
         for case, label, leave, written in (("eval", "eval step 1", 0, "evals/step1/insertion_loss.json"),
                                             ("checkpoint", "training 1->2", 1 << 20, "checkpoints/checkpoint-2")):
-            for attempt in range(1, (tries if case == "eval" else 1) + 1):
-                late: list = []
+            attempts = tries if case == "eval" else 1  # the checkpoint case resumes what the eval case left
+            for attempt in range(1, attempts + 1):
+                late: list = []  # whether the case's file existed when the disk was filled
 
-                def full(written=written, leave=leave) -> None:
+                def full(written=written, leave=leave, late=late) -> None:
                     late.append((run_dir / written).exists())
                     fill(mount, leave, grow=run_dir / "pretrain_exp.log")
 
                 out = work / f"{case}.out"
                 _, _, rc = run_watched(setup, run_dir, out, env, spawn, hook=(label, full))
                 (mount / "filler").unlink(missing_ok=True)
-                if not (late and late[0]) or attempt == tries or case != "eval":
+                if late != [True] or attempt == attempts:
                     break
                 log(f"disk full while writing the {case}: {written} was written before the disk was full "
                     f"(try {attempt}); again from an empty run dir")
@@ -713,7 +714,7 @@ def disk_full_trials(work: Path, spawn: bool = False, size_mb: int = 64, tries: 
             text = out.read_text(errors="replace")
             res[case] = {"rc": rc, "errors": _error_lines(out), "tracebacks": text.count("Traceback"),
                          "warnings": [line for line in text.splitlines() if line.startswith("warning:")],
-                         "state": ref.state_mismatches(run_dir), "late": bool(late and late[0]), "tries": attempt,
+                         "state": ref.state_mismatches(run_dir), "late": late == [True], "tries": attempt,
                          "step1_intact": (step1 / setup.complete_marker).is_file()
                          and ref.digests(step1) == ref.digests(ref1)}
             log(f"disk full while writing the {case}: exit {rc}, {res[case]['errors']}")

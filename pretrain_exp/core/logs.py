@@ -134,19 +134,23 @@ class RunLogFile(logging.FileHandler):
 
     def handleError(self, record: logging.LogRecord) -> None:
         err = sys.exc_info()[1]
-        if not isinstance(err, OSError):
+        if isinstance(err, OSError):
+            self._give_up(err)
+        else:
             super().handleError(record)
-        elif self.failed is None:
-            self.failed = err
-            print(f"warning: the run's log {self.baseFilename} cannot be written ({type(err).__name__}: {err}); "
-                  "no further records are kept in it", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         try:
             super().close()  # flushes what a failed write left buffered, which fails again; the file is closed
         except OSError as e:
-            if self.failed is None:
-                self.handleError(logging.makeLogRecord({"msg": str(e)}))
+            self._give_up(e)
+
+    def _give_up(self, err: OSError) -> None:
+        """Keep no further records; the first time, say so on stderr."""
+        if self.failed is None:
+            self.failed = err
+            print(f"warning: the run's log {self.baseFilename} cannot be written ({type(err).__name__}: {err}); "
+                  "no further records are kept in it", file=sys.stderr, flush=True)
 
 
 def route_library_logs() -> None:
