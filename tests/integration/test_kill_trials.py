@@ -54,8 +54,8 @@ def test_killed_runs_rerun_to_bit_identical_results(setup, tmp_path):
 def test_a_full_disk_gives_one_clear_error_and_the_rerun_resumes(tmp_path):
     """A disk full while an eval is written (to the last byte: the run's log cannot grow either) and while a
     checkpoint is written: one ``error:`` line naming the file, exit status 2, no traceback (the log file's
-    failure is one ``warning:`` line), the durable state intact; the re-run after freeing space ends identical
-    to an uninterrupted run."""
+    failure is at most one ``warning:`` line), the durable state intact; the re-run after freeing space ends
+    identical to an uninterrupted run."""
     res = harness("--disk-full", "--work", str(tmp_path), out=tmp_path / "r.json")
     if "skipped" in res:
         pytest.skip(res["skipped"])
@@ -66,8 +66,11 @@ def test_a_full_disk_gives_one_clear_error_and_the_rerun_resumes(tmp_path):
         [line] = r["errors"]
         assert "no space left on device" in line and names in line and "re-run the same command" in line, line
         assert r["step1_intact"] and r["state"] == [], (case, r)
-    [warning] = res["eval"]["warnings"]
-    assert "pretrain_exp.log cannot be written" in warning and "No space left on device" in warning, warning
+    # the log's last page is filled too, but a write the full disk cut short may free pages again (its temp file
+    # removed) before the run logs its error: then the log takes the records and there is no warning
+    for warning in res["eval"]["warnings"]:
+        assert "pretrain_exp.log cannot be written" in warning and "No space left on device" in warning, warning
+    assert len(res["eval"]["warnings"]) <= 1, res["eval"]
     assert res["checkpoint"]["warnings"] == [], res["checkpoint"]
     assert res["final"] == {"rc": 0, "mismatches": []}
 
