@@ -56,6 +56,8 @@ class EvalContext:
     cache_dir: Optional[str] = None  #: the run's asset cache (None: ``$PRETRAIN_EXP_CACHE`` or ``~/.cache/...``)
     row_tokens: Optional[Callable[[int], np.ndarray]] = None  #: training-order row q -> its tokens as trained
     insertion: Any = None  #: the run's :class:`~pretrain_exp.insertion.schema.InsertionConf`, if known
+    permutations: int = 9999  #: Monte-Carlo relabellings of a randomization test that is not exact (``eval.permutations``)
+    p_adjust: str = "holm"  #: multiplicity adjustment within an eval's effects at a step (``eval.p_adjust``)
 
 
 @dataclass
@@ -65,3 +67,6 @@ class EvalResult:
     metrics: Dict[str, float] = field(default_factory=dict)  #: flat name -> value
     per_dup: List[Dict[str, Any]] = field(default_factory=list)  #: per (experiment, dup count) summary rows
     rows: List[Dict[str, Any]] = field(default_factory=list)  #: optional per-item rows
+    #: effect rows (:func:`pretrain_exp.evals.stats.per_dup_effects`): each dup-vs-control contrast with its
+    #: interval, randomization p and adjusted p, and the trend test (the primary endpoint)
+    effects: List[Dict[str, Any]] = field(default_factory=list)

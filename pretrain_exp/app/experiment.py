@@ -306,7 +306,7 @@ class Experiment:
         e = self.cfg.eval
         return EvalContext(model, self.tokenizer, self.plan_for_step(step), self.held_out, step, e.batch_size,
                            e.bootstrap_samples, self.cfg.seed, self.cfg.cache_dir, row_tokens=self.rows.row,
-                           insertion=self.cfg.insertion)
+                           insertion=self.cfg.insertion, permutations=e.permutations, p_adjust=e.p_adjust)
 
     def _worker_config(self) -> Tuple[Path, bool]:
         """The config file the background eval processes read (``eval.mode=async``): ``config.resolved.yaml``, or,

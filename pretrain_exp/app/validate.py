@@ -18,6 +18,7 @@ no value (the composed nodes hold every field already).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -38,6 +39,9 @@ from pretrain_exp.core.capabilities import (
 from pretrain_exp.core.config import Cleanup, EvalMode, ExportHF
 from pretrain_exp.core.errors import ConfigError, PretrainExpError
 from pretrain_exp.core.rundir import RunDir
+from pretrain_exp.evals.stats import ADJUST_METHODS
+
+log = logging.getLogger(__name__)
 
 MODEL_INITS = ("checkpoint", "random")  #: ``model.init``
 DATA_PARALLEL = ("auto", "fsdp", "hsdp", "ddp")  #: ``training.data_parallel``
@@ -157,6 +161,10 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError("eval.batch_size", f"must be > 0, got {cfg.eval.batch_size}")
     if cfg.eval.async_launcher not in ("auto", "local", "slurm"):
         raise ConfigError("eval.async_launcher", f"must be one of auto, local, slurm; got {cfg.eval.async_launcher!r}")
+    if cfg.eval.permutations < 1:
+        raise ConfigError("eval.permutations", f"must be >= 1, got {cfg.eval.permutations}")
+    if cfg.eval.p_adjust not in ADJUST_METHODS:
+        raise ConfigError("eval.p_adjust", f"must be one of {', '.join(ADJUST_METHODS)}; got {cfg.eval.p_adjust!r}")
     if not cfg.eval.async_pending_wait_s >= 0:
         raise ConfigError("eval.async_pending_wait_s", f"must be >= 0 seconds, got {cfg.eval.async_pending_wait_s}")
     check_plugins(cfg, framework)
@@ -247,9 +255,11 @@ def validate_cpdt(cfg: ExperimentConfig) -> None:
     :raises ConfigError: for an experiment that is not an insertion experiment, fewer than 2 experiments or
         seeds, repeated names or seeds, an experiment without dup-0 controls and inserted items, no effect
         definition or no eval of its effect (:func:`pretrain_exp.report.cpdt.effect_task`), ``insertion.withheld``
-        set by hand, or ``training.cleanup=all``.
+        set by hand, ``training.cleanup=all``, ``cpdt.alpha`` outside ``(0, 1)`` or ``cpdt.margin <= 0``.
+        Seeds too few for the sign-flip test to reach ``cpdt.alpha`` (:func:`pretrain_exp.report.cpdt.seeds_warning`)
+        are a logged warning, not an error.
     """
-    from pretrain_exp.report.cpdt import effect_task
+    from pretrain_exp.report.cpdt import effect_task, seeds_warning
 
     c = cfg.cpdt
     for i, name in enumerate(c.experiments):
@@ -266,12 +276,18 @@ def validate_cpdt(cfg: ExperimentConfig) -> None:
         raise ConfigError("cpdt.seeds", f"seeds repeat: {list(c.seeds)}")
     if c.permutations < 1:
         raise ConfigError("cpdt.permutations", f"must be >= 1, got {c.permutations}")
+    if not 0 < c.alpha < 1:
+        raise ConfigError("cpdt.alpha", f"must be in (0, 1), got {c.alpha}")
+    if c.margin is not None and not c.margin > 0:
+        raise ConfigError("cpdt.margin", f"an equivalence margin must be > 0 (in the effects' units), got {c.margin}; "
+                          "null declares none")
     if cfg.insertion.withheld:
         raise ConfigError("insertion.withheld", "set by the CPDT arms themselves; leave it empty with cpdt.*")
     if cfg.training.cleanup.value == "all":
         raise ConfigError("training.cleanup", "'all' deletes the arms' run dirs, which the CPDT table is read from; "
                           "use none or bulky")
     tasks = {name: dataclasses.asdict(t) for name, t in cfg.eval.tasks.items()}
+    tests = 0  # experiment x inserted dup count rows of the table (a fractional count gives its floor and ceiling)
     for name in c.experiments:
         exp = cfg.insertion.experiments[name]
         reps = list(exp.repetitions) if not isinstance(exp.repetitions, (int, float)) else [exp.repetitions]
@@ -279,6 +295,10 @@ def validate_cpdt(cfg: ExperimentConfig) -> None:
             raise ConfigError(f"insertion.experiments.{name}.repetitions", f"a cpdt experiment needs dup-0 "
                               f"controls and inserted items (e.g. [0, 4]), got {reps}")
         effect_task(name, exp.type, tasks)
+        tests += len({d for r in reps for d in (math.floor(r), math.ceil(r)) if d > 0})
+    warning = seeds_warning(len(c.seeds), c.alpha, max(1, tests))
+    if warning:
+        log.warning("cpdt.seeds: %s", warning)
 
 
 def report_to_list(value) -> list:

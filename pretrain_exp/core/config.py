@@ -164,7 +164,14 @@ class EvalConf:
     #: its evals in the run's own allocation (a job pending behind the run itself would never start)
     async_pending_wait_s: float = 60.0
     batch_size: int = 8  #: sequences per forward pass
-    bootstrap_samples: int = 1000  #: resamples for the 95% CIs
+    bootstrap_samples: int = 1000  #: resamples of the item bootstraps that remain (CPDT's per-seed item replicates)
+    #: random relabellings of a randomization test with more than ``pretrain_exp.evals.stats.MAX_EXACT`` distinct
+    #: ones (smaller tests enumerate every relabelling: exact)
+    permutations: int = 9999
+    #: multiplicity adjustment of each eval's dup-vs-control p-values at a step: ``holm`` (family-wise error),
+    #: ``bh`` (false discovery rate) or ``none``; the trend test over log(1 + dup), the primary endpoint, is not
+    #: adjusted
+    p_adjust: str = "holm"
     tasks: Dict[str, Any] = field(default_factory=dict)  #: name -> eval config (schema per eval type)
 
 
