@@ -28,6 +28,12 @@ class CpdtConf:
     experiments: List[str] = field(default_factory=list)  #: the K tested insertion experiments (empty: off)
     seeds: List[int] = field(default_factory=list)  #: one together arm and K alone arms per seed
     permutations: int = 10000  #: sign-flip samples when the 2**len(seeds) exact enumeration is larger
+    #: level of the sign-flip test, of the equivalence test and of the table's verdicts; a warning is logged when
+    #: the seeds cannot reach it (the smallest sign-flip p over S seeds is 2 / 2**S: S >= 6 at 0.05)
+    alpha: float = 0.05
+    #: equivalence margin in the effects' units (nats/token for loss gaps, acc for benchmarks), declared before the
+    #: run: "no interaction" is concluded only when a TOST over seeds puts |interaction| below it; None: no such claim
+    margin: Optional[float] = None
 
 
 @dataclass

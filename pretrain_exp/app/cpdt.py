@@ -18,11 +18,13 @@ experiment sits at the same global token position in both arms and the arms diff
 experiments' tokens (those positions keep the corpus' own tokens). Experiments of ``insertion.experiments`` not
 listed in ``cpdt.experiments`` are inserted in every arm.
 
-The table (each experiment's effect together vs alone, their interaction, bootstrap CIs and the sign-flip test
-over seeds) is :mod:`pretrain_exp.report.cpdt`'s, read from the arms' run dirs: ``cpdt.json``, ``cpdt.csv``,
-``cpdt.md``, ``plots/cpdt.png`` in the run dir and the same table and figure in the run's W&B run;
-``python -m pretrain_exp.report <run dir>`` rewrites them from the arms. The config rules of ``cpdt.*`` are
-:func:`pretrain_exp.app.validate.validate_cpdt`.
+The table is :mod:`pretrain_exp.report.cpdt`'s, read from the arms' run dirs: each experiment's effect together vs
+alone and their interaction per seed (intervals over items) and pooled over the seeds (intervals over seeds), the
+sign-flip test of an interaction and the equivalence test against ``cpdt.margin`` (both Holm-adjusted), and a
+verdict per row at ``cpdt.alpha``; written as ``cpdt.json``, ``cpdt.csv``, ``cpdt.md``, ``plots/cpdt.png`` in the
+run dir and as the same table and figure in the run's W&B run; ``python -m pretrain_exp.report <run dir>``
+rewrites them from the arms. The config rules of ``cpdt.*`` are :func:`pretrain_exp.app.validate.validate_cpdt`
+(which logs a warning when ``cpdt.seeds`` are too few for the sign-flip test to reach ``cpdt.alpha``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
-"""CPDT (continual pretraining dependence testing): the statistics, the arms' shared placement, the i.i.d. control
-items, and a tiny end-to-end run (``experiment=cpdt_tiny``) through the command line and the report CLI."""
+"""CPDT (continual pretraining dependence testing): the sign-flip test, the ``cpdt.*`` config rules and warning, the
+arms' shared placement, the i.i.d. control items, and a tiny end-to-end run (``experiment=cpdt_tiny``) through the
+command line and the report CLI. The table's statistics on simulated values are in
+``tests/unit/report/test_cpdt_stats.py``."""
 
 from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import re
 import subprocess
@@ -15,8 +18,8 @@ import numpy as np
 import pytest
 import yaml
 
-from pretrain_exp.core.errors import InsertionError
-from pretrain_exp.evals.stats import contrast_replicates, percentile_interval, sign_flip_pvalue
+from pretrain_exp.core.errors import ConfigError, InsertionError
+from pretrain_exp.evals.stats import sign_flip_pvalue
 from pretrain_exp.insertion.items import ItemSet
 from pretrain_exp.insertion.plan import Plan, build_plan
 from pretrain_exp.insertion.types.tokens import TokensConf
@@ -59,36 +62,53 @@ def test_sign_flip_rejects_bad_input(bad):
         sign_flip_pvalue(np.array(bad))
 
 
-def test_contrast_bootstrap_matches_the_analytic_standard_error():
-    rng = np.random.default_rng(1)
-    t, c = rng.normal(1.0, 2.0, size=400), rng.normal(0.0, 1.0, size=300)
-    point, reps = contrast_replicates(t, c, 4000, np.random.default_rng(2))
-    assert point == pytest.approx(t.mean() - c.mean())
-    se = np.sqrt(t.var() / t.size + c.var() / c.size)
-    assert reps.std() == pytest.approx(se, rel=0.1)
-    low, high = percentile_interval(reps)
-    assert low < point < high
-    assert high - low == pytest.approx(2 * 1.96 * se, rel=0.15)
+# --- the config -----------------------------------------------------------------------------------------------
+
+def compose_cpdt(overrides, tmp_path):
+    """``experiment=cpdt_tiny`` with ``overrides``, composed and validated (no run)."""
+    from hydra import compose, initialize_config_dir
+
+    from pretrain_exp.app.config import register_configs
+    from pretrain_exp.app.validate import to_config
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[f"run_dir={tmp_path / 'run'}", f"cache_dir={tmp_path / 'cache'}",
+                                           "experiment=cpdt_tiny", *overrides])
+    return to_config(cfg)
 
 
-def test_paired_interaction_cancels_a_shift_common_to_all_items():
-    """An arm that moves every item's value by the same amount has interaction exactly 0 with a zero-width CI when
-    items are paired; comparing the two arms' contrasts unpaired would give a wide interval instead."""
-    rng = np.random.default_rng(4)
-    alone = rng.normal(3.0, 1.0, size=40)
-    together = alone + 0.7
-    inserted = np.arange(40) % 2 == 1
-    d = together - alone
-    point, reps = contrast_replicates(d[inserted], d[~inserted], 500, np.random.default_rng(5))
-    assert point == pytest.approx(0.0, abs=1e-12) and np.allclose(reps, 0.0)
-    _, r_t = contrast_replicates(together[inserted], together[~inserted], 500, np.random.default_rng(6))
-    _, r_a = contrast_replicates(alone[inserted], alone[~inserted], 500, np.random.default_rng(7))
-    assert np.std(r_t - r_a) > 0.2
+@pytest.mark.parametrize("overrides, needles", [
+    (["cpdt.margin=0"], ["cpdt.margin", "> 0", "got 0"]),
+    (["cpdt.margin=-0.05"], ["cpdt.margin", "-0.05"]),
+    (["cpdt.alpha=0"], ["cpdt.alpha", "(0, 1)"]),
+    (["cpdt.alpha=1.5"], ["cpdt.alpha", "1.5"]),
+])
+def test_bad_alpha_or_margin_names_the_key(overrides, needles, tmp_path):
+    with pytest.raises(ConfigError) as ei:
+        compose_cpdt(overrides, tmp_path)
+    text = str(ei.value)
+    assert "\n" not in text.strip() and all(n in text for n in needles), text
 
 
-def test_contrast_needs_both_groups():
-    with pytest.raises(ValueError, match="both groups"):
-        contrast_replicates(np.array([1.0]), np.array([]), 10, np.random.default_rng(0))
+@pytest.mark.parametrize("seeds, warned", [
+    ("[0,1]", "2 seeds: the sign-flip test's smallest p-value is 2/2^2 = 0.5 > alpha = 0.05"),
+    ("[0,1,2,3,4,5]", "6 seeds: after Holm over 2 tests the smallest adjusted p-value is 2 x 2/2^6 = 0.0625"),
+    ("[0,1,2,3,4,5,6]", None),
+])
+def test_too_few_seeds_for_alpha_is_a_logged_warning(seeds, warned, tmp_path, caplog):
+    """The preset tests 2 rows (bios at dup 4, the i.i.d. control at dup 1), Holm-adjusted: 7 seeds reach 0.05.
+    Too few seeds still validate (a warning, not an error), and the preset's margin and alpha come through."""
+    with caplog.at_level(logging.WARNING, logger="pretrain_exp.app.validate"):
+        cfg = compose_cpdt([f"cpdt.seeds={seeds}"], tmp_path)
+    assert (cfg.cpdt.alpha, cfg.cpdt.margin) == (0.05, 0.05)
+    messages = [r.getMessage() for r in caplog.records if r.name == "pretrain_exp.app.validate"]
+    if warned is None:
+        assert messages == []
+    else:
+        assert len(messages) == 1 and warned in messages[0] and "cpdt.seeds" in messages[0]
+        assert caplog.records[-1].levelno == logging.WARNING
+    assert compose_cpdt(["cpdt.margin=null"], tmp_path).cpdt.margin is None
 
 
 # --- the arms' plans -------------------------------------------------------------------------------------------
@@ -124,7 +144,7 @@ def test_withheld_experiments_leave_the_others_in_place():
 
 @pytest.fixture(scope="module")
 def cpdt_run(tmp_path_factory):
-    """``python -m pretrain_exp experiment=cpdt_tiny`` (2 experiments x 2 seeds = 6 arms of 4 steps)."""
+    """``python -m pretrain_exp experiment=cpdt_tiny`` (2 experiments x 2 seeds = 6 arms of 6 steps)."""
     run = tmp_path_factory.mktemp("cpdt") / "run"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-m", "pretrain_exp", "experiment=cpdt_tiny", "training.num_threads=1",
@@ -135,24 +155,36 @@ def cpdt_run(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_cpdt_table_has_finite_cis_and_the_permutation_test(cpdt_run):
+def test_cpdt_table_with_two_seeds_cannot_conclude_and_says_so(cpdt_run):
+    """Per seed: Welch intervals over items; pooled over the preset's 2 seeds: means, no interval (seed variance
+    not identified), the sign-flip p (0.5 at best), no equivalence test, verdict "inconclusive", and the warnings."""
     run, stdout = cpdt_run
     table = json.loads((run / "cpdt.json").read_text())
-    assert "CPDT at step 4" in stdout
+    assert "CPDT at step 6" in stdout
     rows = table["rows"]
     assert {(r["experiment"], r["dup_count"], r["seed"]) for r in rows} == {
         (e, d, s) for e, d in (("fictional_bios", 4), ("iid_control", 1)) for s in (0, 1, "all")}
     for r in rows:
+        assert r["interaction"] == pytest.approx(r["effect_together"] - r["effect_alone"], abs=1e-9)
+        assert "ci_covers_zero" not in r
+    for r in (r for r in rows if r["seed"] != "all"):
         for key in ("effect_together", "effect_alone", "interaction"):
             low, v, high = r[f"{key}_ci_low"], r[key], r[f"{key}_ci_high"]
-            assert np.isfinite([low, v, high]).all() and low <= v <= high
-        assert r["interaction"] == pytest.approx(r["effect_together"] - r["effect_alone"], abs=1e-9)
+            assert np.isfinite([low, v, high]).all() and low < v < high
+        assert r["ci_method"] == "Welch t over items (paired by item)" and (r["n_treated"], r["n_control"]) == (8, 8)
     for r in (r for r in rows if r["seed"] == "all"):
         per_seed = [s for s in rows if s["experiment"] == r["experiment"] and s["seed"] != "all"]
         assert r["interaction"] == pytest.approx(np.mean([s["interaction"] for s in per_seed]))
-        assert r["p_value"] == sign_flip_pvalue(np.array([s["interaction"] for s in per_seed]))
-        assert r["ci_covers_zero"] == (r["interaction_ci_low"] <= 0 <= r["interaction_ci_high"])
+        assert r["p_value"] == sign_flip_pvalue(np.array([s["interaction"] for s in per_seed])) >= 0.5
+        assert r["interaction_ci_low"] is None and "seed variance not identified" in r["ci_method"]  # NaN in JSON
+        assert r["tost_p"] is None and r["margin"] == 0.05 and r["verdict"] == "inconclusive"
+        assert (r["n_treated_min"], r["n_treated_max"]) == (8, 8)
         assert r["effect_together"] > 0  # inserted items are learned in the tiny run
+    assert table["alpha"] == 0.05 and table["n_tests"] == 2 and len(table["notes"]) == 2
+    md = (run / "cpdt.md").read_text()
+    assert "2 seeds: the sign-flip test's smallest p-value is 2/2^2 = 0.5" in md and "[n/a]" in md
+    assert "Holm-adjusted over the 2 experiment x dup count tests" in md
+    assert "cpdt.seeds: 2 seeds: the sign-flip test" in stdout  # the warning logged when the run is set up
     assert (run / "cpdt.csv").read_text().startswith("experiment,dup_count,seed,")
     assert (run / "plots" / "cpdt.png").stat().st_size > 0
 
