@@ -162,6 +162,13 @@ def randomization_test(treated, control, permutations: int = PERMUTATIONS, seed:
     t, c = _finite(treated), _finite(control)
     if t.size == 0 or c.size == 0:
         return NAN, "none (no items)"
+    if min(t.size, c.size) == 1:  # scipy needs 2 items per group: enumerate the n relabellings (which item is alone)
+        x = np.concatenate([t, c])
+        rest = (x.sum() - x) / max(1, x.size - 1)
+        null, obs = (x - rest, 0) if t.size == 1 else (rest - x, x.size - 1)
+        gamma = abs(null[obs]) * 1e-14  # scipy's tolerance for ties
+        p = 2 * min(np.mean(null <= null[obs] + gamma), np.mean(null >= null[obs] - gamma))
+        return float(min(1.0, p)), "exact randomization"
     exact = math.comb(t.size + c.size, t.size) <= MAX_EXACT
     res = stats.permutation_test((t, c), lambda a, b, axis: a.mean(axis=axis) - b.mean(axis=axis),
                                  permutation_type="independent", vectorized=True, alternative="two-sided",
@@ -561,3 +568,33 @@ def sign_flip_pvalue(values: np.ndarray, samples: int = 10000, seed: int = 0,
         signs = rng.integers(0, 2, size=(m, n)) * 2 - 1
         hits += int(np.sum(np.abs(signs @ x) / n >= t_obs - tol))
     return (1 + hits) / (1 + samples)
+
+
+def items_per_group(effect_size: float, sd: float, alpha: float = 0.05, power: float = 0.8,
+                    max_items: int = 100_000) -> int:
+    """Items per group a two-sided two-sample t test needs to detect a difference of means ``effect_size`` with
+    probability ``power`` at level ``alpha`` (equal groups, common ``sd``): the smallest ``n`` whose power under
+    the noncentral t (``scipy.stats.nct``, ``2n - 2`` df, noncentrality ``effect_size / (sd sqrt(2 / n))``;
+    Cohen 1988, *Statistical Power Analysis*, ch. 2) reaches ``power``. The exact randomization test has about
+    the same power at these sizes, and needs ``C(2n, n) >= 2 / alpha`` to reach ``alpha`` at all (``n >= 4`` at
+    0.05).
+
+    :param effect_size: the smallest difference worth detecting, in the values' units (e.g. nats/token), ``!= 0``.
+    :param sd: the per-item standard deviation within a group, same units, ``> 0`` (e.g. from a pilot run's
+        dup-0 group).
+    :returns: items per group (``>= 2``).
+    :raises ValueError: for ``sd <= 0``, ``effect_size == 0``, ``alpha`` or ``power`` outside ``(0, 1)``, or when
+        ``max_items`` do not suffice.
+    """
+    from scipy import stats
+
+    if not sd > 0 or effect_size == 0 or not 0 < alpha < 1 or not 0 < power < 1:
+        raise ValueError(f"need sd > 0, effect_size != 0, alpha and power in (0, 1); got sd={sd}, "
+                         f"effect_size={effect_size}, alpha={alpha}, power={power}")
+    d = abs(effect_size) / sd
+    for n in range(2, max_items + 1):
+        df, nc = 2 * n - 2, d / math.sqrt(2.0 / n)
+        crit = stats.t.ppf(1 - alpha / 2, df)
+        if stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc) >= power:
+            return n
+    raise ValueError(f"more than {max_items} items per group needed for effect_size={effect_size}, sd={sd}")

@@ -122,3 +122,12 @@ def test_tost_is_two_one_sided_t_tests():
     with pytest.raises(ValueError, match="margin"):
         stats.tost(v, margin=0.0)
     assert stats.min_sign_flip_p(5) > 0.05 >= stats.min_sign_flip_p(6)
+
+
+def test_items_per_group_matches_cohens_table():
+    """Cohen 1988, table 2.4.1 (two-sided alpha 0.05, power 0.8): d = 0.2, 0.5, 0.8 need 393, 64, 26 per group."""
+    assert [stats.items_per_group(d, 1.0) for d in (0.5, 0.8)] == [64, 26]
+    assert stats.items_per_group(0.2, 1.0) in (393, 394)  # the table rounds the normal approximation
+    assert stats.items_per_group(-0.3, 0.6) == stats.items_per_group(0.5, 1.0)  # only |effect| / sd matters
+    with pytest.raises(ValueError, match="sd > 0"):
+        stats.items_per_group(0.5, 0.0)
