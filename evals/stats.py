@@ -372,6 +372,14 @@ def per_dup_summary(rows: Sequence[Dict[str, Any]], value_key: str, proportion: 
             for (experiment, dup), vals in sorted(groups.items())]
 
 
+def signed(row: Dict[str, Any], sign: float) -> Dict[str, Any]:
+    """An :func:`effect` row of ``mean(treated) - mean(control)`` turned into ``sign`` times it (the interval's ends
+    swap for ``sign < 0``; ``n_treated``/``n_control`` and the two-sided p stay as they are)."""
+    if sign > 0:
+        return row
+    return dict(row, effect=-row["effect"], effect_ci_low=-row["effect_ci_high"], effect_ci_high=-row["effect_ci_low"])
+
+
 def per_dup_effects(rows: Sequence[Dict[str, Any]], value_key: str, proportion: bool = False,
                     permutations: int = PERMUTATIONS, seed: int = 0, adjust_method: str = "holm",
                     family: Optional[str] = None, sign: float = 1.0) -> List[Dict[str, Any]]:
@@ -395,9 +403,8 @@ def per_dup_effects(rows: Sequence[Dict[str, Any]], value_key: str, proportion: 
         dups = sorted(d for e, d in groups if e == exp and d > 0)
         if control:
             for d in dups:
-                t, c = (groups[(exp, d)], control) if sign > 0 else (control, groups[(exp, d)])
                 pairs.append({"experiment": exp, "dup_count": d, "contrast": f"dup {d} vs 0", "primary": False,
-                              **effect(t, c, proportion, permutations, seed)})
+                              **signed(effect(groups[(exp, d)], control, proportion, permutations, seed), sign)})
         if len(dups) + bool(control) >= 2:
             vals = [v for d in sorted(d for e, d in groups if e == exp) for v in groups[(exp, d)]]
             ds = [d for d in sorted(d for e, d in groups if e == exp) for _ in groups[(exp, d)]]

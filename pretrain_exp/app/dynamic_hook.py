@@ -4,7 +4,10 @@
 ``dynamic/step<a>.json`` on a re-run). :class:`DynamicInsertion` is the hook: before each segment ``(a, b]``
 (:meth:`~DynamicInsertion.pre_segment`) rank 0 decides on the insertion losses evaluated at step ``a``, saves the
 additions, and every rank appends them to the plan that the training rows read; rank 0 rewrites the plan files and
-verifies the new spans on the segment's batches. It also gives ``results.json`` its ``dynamic`` table.
+verifies the new spans on the segment's batches. The arms (targets and randomized dup-0 controls,
+:func:`~pretrain_exp.insertion.dynamic.assign_arms`) are drawn once, from the static plan, when the hook is built.
+It also gives ``results.json`` its ``dynamic`` entry (per item, and by arm:
+:func:`~pretrain_exp.insertion.dynamic.summary`).
 """
 
 from __future__ import annotations
@@ -78,6 +81,8 @@ class DynamicInsertion(RunHook):
     :param verify: ``(a, b) -> None``: verifies the spans of steps ``a+1 .. b`` on rank 0; ``None`` when
         ``insertion.verify`` is off.
     :param main: whether this process is rank 0.
+    :raises ConfigError: (``insertion.dynamic.controls``) when the static plan cannot give the controls asked for
+        (:func:`~pretrain_exp.insertion.dynamic.assign_arms`).
     """
 
     def __init__(self, policy: dynamic.DynamicConf, history: PlanHistory, rundir: RunDir, seed: int,
@@ -85,6 +90,8 @@ class DynamicInsertion(RunHook):
                  verify: Optional[Callable[[int, int], None]] = None, main: bool = True):
         self.policy, self.history, self.rundir, self.seed, self.main = policy, history, rundir, seed, main
         self.on_plan, self.write_plan, self.verify = on_plan, write_plan, verify
+        #: targets and controls, drawn on the static plan (its dup counts: the controls' pool)
+        self.arms = dynamic.assign_arms(history.plans[0][1], policy, seed)
 
     def loss_history(self, upto: int) -> Dict[int, dynamic.Losses]:
         """Evaluated step (``<= upto``) -> item losses of the policy's ``insertion_loss`` task."""
@@ -107,7 +114,7 @@ class DynamicInsertion(RunHook):
         if self.main:
             losses = self.loss_history(a)
             if a in losses:
-                rec = dynamic.decide(self.history.current, self.policy, a, b, losses, self.seed)
+                rec = dynamic.decide(self.history.current, self.policy, a, b, losses, self.seed, self.arms)
                 dynamic.save_additions(self.rundir.path, rec)
         barrier()
         if not path.is_file():  # no evals at a (the first segment without eval.on_load): static only
@@ -133,7 +140,8 @@ class DynamicInsertion(RunHook):
         return audit
 
     def summary(self, end_step: int) -> dict:
-        """``results.json``'s ``dynamic`` entry: the options and one row per target item (the losses up to
-        ``end_step``)."""
-        rows = dynamic.report(self.history.current, self.policy, self.loss_history(end_step), self.history.additions)
-        return dynamic.summary(self.policy, rows)
+        """``results.json``'s ``dynamic`` entry (:func:`~pretrain_exp.insertion.dynamic.summary`): the options, one
+        row per target and control item, and the comparison by arm (the losses up to ``end_step``)."""
+        plan, losses = self.history.current, self.loss_history(end_step)
+        rows = dynamic.report(plan, self.policy, losses, self.history.additions, self.arms)
+        return dynamic.summary(plan, self.policy, losses, rows, seed=self.seed)

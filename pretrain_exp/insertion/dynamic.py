@@ -4,18 +4,28 @@
 ``conf/insertion/dynamic/``) names one of :data:`POLICIES`:
 
 - ``until_memorized``: every segment, insert ``copies`` copies of each target item whose insertion loss is still at or
-  above ``threshold`` (nats/token); an item is memorized at the first evaluated step where its loss falls below
-  the threshold and is never inserted again. The report gives the dup count each item needed (copies trained up to
-  that step).
+  above ``threshold`` (nats/token); an item is never inserted again once its loss fell below the threshold at an
+  evaluated step (``memorized_at_step``, a first passage). The report confirms the crossing at the next eval
+  (``confirmed``) and gives the dup count a confirmed item needed (copies trained up to the crossing).
 - ``spaced_repetition``: insert each target item that has no copy in the plan; once a copy trained, re-insert it
   when its loss has risen by more than ``margin`` nats/token above its loss at the first evaluation after its last
   insertion (forgetting-driven repetition; ``margin=0``: any rise).
 
-Targets are the items of ``experiments`` (default: every experiment). A decision at segment boundary ``a`` (the
-start step of segment ``(a, b]``) reads the per-item losses of the ``insertion_loss`` eval ``task`` saved at step
-``a`` (``evals/step<a>/<task>.json``; with ``eval.on_load`` the first segment is decided too), the plan so far
-and the seed: nothing else, so a re-run derives the same additions. The copies are placed uniformly in the rows of
-steps ``a+1 .. b`` with :func:`~pretrain_exp.insertion.placement.place_random` against an
+Arms (:func:`assign_arms`). The items of ``experiments`` (default: every experiment) are split at random into
+*controls* and *targets* before the first decision: each experiment's controls are a seeded uniform sample of its
+static dup-0 items (``experiment_rng(insertion.seed, "dynamic/controls/<experiment>")``; ``controls`` of them, by
+default half, rounded up) and are never inserted; the policy decides the copies of every other item (a target).
+Since the static dup counts are themselves dealt by a seeded permutation, the controls are a uniform random sample
+of the experiment's items, and targets vs controls is a randomized two-arm comparison. The dup count of a target
+is chosen by the policy from its own losses, so groups of realized dup counts are *not* randomized: the report
+(:func:`summary`) compares the arms by intent to treat (every target against every control, whatever copies the
+policy gave it; :func:`pretrain_exp.evals.stats.effect`) and flags the per-dup groups as outcome-selected.
+
+A decision at segment boundary ``a`` (the start step of segment ``(a, b]``) reads the per-item losses of the
+``insertion_loss`` eval ``task`` saved at step ``a`` (``evals/step<a>/<task>.json``; with ``eval.on_load`` the
+first segment is decided too), the plan so far and the seed: nothing else, so a re-run derives the same additions.
+The copies are placed uniformly in the rows of steps ``a+1 .. b`` with
+:func:`~pretrain_exp.insertion.placement.place_random` against an
 :class:`~pretrain_exp.insertion.placement.Occupancy` holding every span already planned (same non-overlap and
 row-boundary guarantees as static insertions), and :func:`extend_plan` appends them (dup indices continue each item's
 count). Each decision is saved atomically as ``dynamic/step<a>.json`` before the segment trains;
@@ -25,6 +35,7 @@ count). Each decision is saved atomically as ``dynamic/step<a>.json`` before the
 from __future__ import annotations
 
 import json
+import math
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,9 +47,11 @@ from pretrain_exp.core.capabilities import EMBEDDING_NOISE, has
 from pretrain_exp.core.errors import CheckpointError, ConfigError
 from pretrain_exp.core.io import write_json
 from pretrain_exp.core.rundir import RunDir
+from pretrain_exp.evals import stats
 from pretrain_exp.insertion.items import experiment_rng
 from pretrain_exp.insertion.placement import Occupancy, place_random
 from pretrain_exp.insertion.plan import Plan
+from pretrain_exp.insertion.schema import PlacementKind, parse_repetitions
 
 #: losses of one evaluated step: item id -> insertion loss (nats/token)
 Losses = Dict[int, float]
@@ -56,7 +69,12 @@ class DynamicConf:
     threshold: float = 1.0  #: until_memorized: loss (nats/token) below which an item counts as memorized
     margin: float = 0.5  #: spaced_repetition: loss rise (nats/token) since the last insertion that re-inserts
     max_per_batch: int = 0  #: at most this many dynamic copies per global batch (0: no limit)
-    controls: int = 0  #: the last this many items of each target experiment are never inserted (dup-0 controls)
+    #: per target experiment, this many of its static dup-0 items, drawn at random, are never inserted (the
+    #: randomized dup-0 controls, :func:`assign_arms`); ``None``: half of them, rounded up
+    controls: Optional[int] = None
+    #: accept a run without controls (``controls: 0``, or a target experiment without static dup-0 items): its
+    #: dup counts are then outcome-selected with nothing randomized to compare them with
+    allow_no_controls: bool = False
 
 
 class Policy(ABC):
@@ -79,8 +97,9 @@ class Policy(ABC):
         :param planned: ``bool (num_items,)``: the plan holds a copy of the item (trained by ``step`` or later).
         """
 
-    def item_report(self, item: int, history: Dict[int, Losses], copy_steps: np.ndarray) -> dict:
-        """Policy-specific columns of the per-item table (``copy_steps``: the item's copies' steps, sorted)."""
+    def item_report(self, item: int, history: Dict[int, Losses], copy_steps: np.ndarray, start: Optional[int]) -> dict:
+        """Policy-specific columns of the per-item table (``copy_steps``: the item's copies' steps, sorted;
+        ``start``: the step of the first decision, else the first evaluated step; ``None``: no eval)."""
         return {}
 
 
@@ -101,10 +120,28 @@ class UntilMemorized(Policy):
     def choose(self, targets, step, history, last_copy_step, planned):
         return np.asarray([i for i in targets if self.memorized_at(int(i), history, step) is None], np.int64)
 
-    def item_report(self, item, history, copy_steps):
+    def confirmed(self, item: int, history: Dict[int, Losses], at: Optional[int]) -> Optional[bool]:
+        """Whether the item's loss is still below the threshold at the evaluated step after ``at`` (its first
+        passage, :meth:`memorized_at`): ``True``/``False``, ``None`` when ``at`` is ``None`` or the last evaluated
+        step with its loss (no second eval)."""
+        if at is None:
+            return None
+        later = [s for s in sorted(history) if s > at and item in history[s]]
+        return None if not later else bool(history[later[0]][item] < self.conf.threshold)
+
+    def item_report(self, item, history, copy_steps, start):
+        """``memorized_at_step`` (the first evaluated step below the threshold: the policy's stopping rule),
+        ``confirmed`` (:meth:`confirmed`), ``dups_needed`` (copies trained by ``memorized_at_step``, static ones
+        included; only for a confirmed item, else ``None``), ``below_threshold_at_start`` (below the threshold at
+        ``start``: the policy never inserts it) and ``below_threshold_at_end`` (at the last evaluated step)."""
         at = self.memorized_at(item, history)
-        return {"memorized_at_step": at,
-                "dups_needed": None if at is None else int(np.sum(copy_steps <= at))}
+        ok = self.confirmed(item, history, at)
+        last = max((s for s in history if item in history[s]), default=None)
+        return {"memorized_at_step": at, "confirmed": ok,
+                "dups_needed": int(np.sum(copy_steps <= at)) if ok else None,
+                "below_threshold_at_start": (start is not None and item in history.get(start, {})
+                                             and history[start][item] < self.conf.threshold),
+                "below_threshold_at_end": None if last is None else bool(history[last][item] < self.conf.threshold)}
 
 
 class SpacedRepetition(Policy):
@@ -135,7 +172,7 @@ class SpacedRepetition(Policy):
                 out.append(i)
         return np.asarray(out, np.int64)
 
-    def item_report(self, item, history, copy_steps):
+    def item_report(self, item, history, copy_steps, start):
         return {"repetitions": max(0, int(copy_steps.size) - 1)}
 
 
@@ -152,7 +189,9 @@ def parse_dynamic(value: Any, experiments: Dict[str, Any], tasks: Dict[str, Any]
 
     :param experiments: the run's insertion experiments (name -> config); ``tasks``: ``eval.tasks``.
     :raises ConfigError: for an unknown policy or option, a bad value, an unknown target experiment, a noise
-        experiment as target, or no ``insertion_loss`` eval to read.
+        experiment as target, no ``insertion_loss`` eval to read, ``controls: 0`` without ``allow_no_controls``,
+        or a target experiment whose ``repetitions`` give every item a static copy (no dup-0 item to draw controls
+        from; the item counts themselves are checked on the plan, :func:`assign_arms`).
     """
     if value is None or value == "" or value == "none":
         return None
@@ -174,8 +213,17 @@ def parse_dynamic(value: Any, experiments: Dict[str, Any], tasks: Dict[str, Any]
         raise ConfigError(f"{key}.copies", f"must be an integer >= 1, got {conf.copies!r}")
     for name in ("max_per_batch", "controls"):
         v = getattr(conf, name)
+        if name == "controls" and v is None:
+            continue
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ConfigError(f"{key}.{name}", f"must be an integer >= 0, got {v!r}")
+    if not isinstance(conf.allow_no_controls, bool):
+        raise ConfigError(f"{key}.allow_no_controls", f"must be true or false, got {conf.allow_no_controls!r}")
+    if conf.controls == 0 and not conf.allow_no_controls:
+        raise ConfigError(f"{key}.controls", "must be >= 1 (or null: half of each target experiment's static dup-0 "
+                          "items): without randomized dup-0 controls a closed loop has only dup counts chosen from "
+                          f"the items' own losses; set {key}.allow_no_controls=true to run without controls on "
+                          "purpose")
     for name in ("threshold", "margin"):
         v = getattr(conf, name)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
@@ -188,6 +236,12 @@ def parse_dynamic(value: Any, experiments: Dict[str, Any], tasks: Dict[str, Any]
         if has(experiments[name], EMBEDDING_NOISE):
             raise ConfigError(f"{key}.experiments", f"{name!r} inserts noise rows; dynamic insertion places "
                               "token items only (list the token experiments)")
+        wanted = conf.controls != 0 and not (conf.allow_no_controls and conf.controls is None)
+        if wanted and not _may_have_dup0(experiments[name]):
+            raise ConfigError(f"{key}.controls", f"controls are drawn from an experiment's static dup-0 items, but "
+                              f"insertion.experiments.{name}.repetitions ({experiments[name].repetitions}) gives "
+                              f"every item of {name!r} a static copy; add 0 to its repetitions (e.g. [0, 1]) or set "
+                              f"{key}.allow_no_controls=true (with {key}.controls=null or 0)")
     losses = [n for n, t in tasks.items() if getattr(t, "type", None) == "insertion_loss"]
     if conf.task is None:
         if not losses:
@@ -199,22 +253,68 @@ def parse_dynamic(value: Any, experiments: Dict[str, Any], tasks: Dict[str, Any]
     return conf
 
 
+def _may_have_dup0(exp) -> bool:
+    """``False`` when the experiment's config alone shows that every item gets a static copy (``repetitions`` a
+    list without 0, or a number >= 1, random or range placement); ``True`` otherwise (or unknown)."""
+    placement = getattr(exp, "placement", None)
+    reps = getattr(exp, "repetitions", None)
+    if reps is None or getattr(placement, "kind", None) == PlacementKind.explicit:
+        return True
+    try:
+        reps = parse_repetitions("repetitions", reps)
+    except ConfigError:
+        return True  # the experiment's own validation names it
+    return 0 in reps if isinstance(reps, list) else reps < 1
+
+
 def make_policy(conf: DynamicConf) -> Policy:
     """The policy object of ``conf``."""
     return POLICIES[conf.policy](conf)
 
 
-def target_items(plan, conf: DynamicConf) -> np.ndarray:
-    """``int64`` ids of the items of the target experiments (all token items when none are listed), less each
-    experiment's last ``conf.controls`` items."""
-    names = conf.experiments or plan.experiments
-    out = []
+@dataclass(frozen=True)
+class Arms:
+    """The randomized arms of a closed loop (:func:`assign_arms`): ``targets`` (the policy decides their copies)
+    and ``controls`` (never inserted; static dup 0), each a sorted ``int64`` array of item ids."""
+
+    targets: np.ndarray
+    controls: np.ndarray
+
+
+def assign_arms(static, conf: DynamicConf, seed: int) -> Arms:
+    """Split the items of the target experiments (all token experiments when none are listed) into targets and
+    controls. An experiment's controls are a uniform sample without replacement of its token items with no copy in
+    ``static`` (static dup 0), drawn with ``experiment_rng(seed, "dynamic/controls/<experiment>")``:
+    ``conf.controls`` of them, or ``ceil(n0 / 2)`` of its ``n0`` static dup-0 items when ``None``. The static dup
+    counts are dealt by a seeded permutation, so the controls are a uniform random sample of all of the
+    experiment's items, and a randomization test of targets vs controls is valid by design (Fisher 1935).
+
+    :param static: the static plan (before any dynamic decision; its dup counts define the pool).
+    :param seed: ``insertion.seed``.
+    :raises ConfigError: (``insertion.dynamic.controls``) when an experiment has fewer static dup-0 items than
+        ``controls``, or none at all and ``allow_no_controls`` is off.
+    """
+    names = conf.experiments or static.experiments
+    targets, controls = [], []
     for n in names:
-        if n not in plan.experiments:
+        if n not in static.experiments:
             continue
-        ids = np.flatnonzero((plan.item_experiment == plan.experiments.index(n)) & (plan.item_noise_seed < 0))
-        out.append(ids[:max(0, ids.size - conf.controls)])
-    return np.sort(np.concatenate(out)).astype(np.int64) if out else np.empty(0, np.int64)
+        ids = np.flatnonzero((static.item_experiment == static.experiments.index(n)) & (static.item_noise_seed < 0))
+        if not ids.size:
+            continue
+        pool = ids[static.item_dup_count[ids] == 0]
+        k = math.ceil(pool.size / 2) if conf.controls is None else conf.controls
+        if k > pool.size or (k == 0 and not conf.allow_no_controls):
+            raise ConfigError("insertion.dynamic.controls",
+                              f"{k} control(s) asked for {n!r}, which has {pool.size} item(s) without a static copy "
+                              f"(static dup 0) out of {ids.size}; controls are drawn from those: lower "
+                              f"insertion.dynamic.controls, give more items dup 0 (insertion.experiments.{n}."
+                              "repetitions), or set insertion.dynamic.allow_no_controls=true to run without controls")
+        drawn = experiment_rng(seed, f"dynamic/controls/{n}").choice(pool, size=k, replace=False)
+        controls.append(np.sort(drawn).astype(np.int64))
+        targets.append(np.setdiff1d(ids, drawn).astype(np.int64))
+    cat = (lambda parts: np.sort(np.concatenate(parts)).astype(np.int64) if parts else np.empty(0, np.int64))
+    return Arms(cat(targets), cat(controls))
 
 
 def copy_steps(plan) -> np.ndarray:
@@ -222,18 +322,21 @@ def copy_steps(plan) -> np.ndarray:
     return plan.span_positions // plan.sequence_length // plan.global_batch_size + 1
 
 
-def decide(plan, conf: DynamicConf, step: int, end_step: int, history: Dict[int, Losses], seed: int) -> dict:
-    """The additions for segment ``(step, end_step]``: chosen items and their placed positions.
+def decide(plan, conf: DynamicConf, step: int, end_step: int, history: Dict[int, Losses], seed: int,
+           arms: Arms) -> dict:
+    """The additions for segment ``(step, end_step]``: chosen items (among ``arms.targets``) and their placed
+    positions.
 
     :param plan: the plan so far (static plus earlier additions).
     :param history: evaluated step -> item losses, with ``history[step]``.
+    :param arms: the run's arms (:func:`assign_arms` on the static plan).
     :returns: the record saved as ``dynamic/step<step>.json``: ``decided_at``, ``segment``, ``policy``,
         ``plan_digest`` (of ``plan``), ``items`` (chosen ids), ``item_ids``/``positions`` (one per copy, by item),
-        ``losses`` (the deciding losses of the targets).
+        ``losses`` (the deciding losses of the targets), ``controls`` (the control ids, never inserted).
     :raises InsertionError: if the segment's rows cannot hold the copies.
     """
     policy = make_policy(conf)
-    targets = target_items(plan, conf)
+    targets = arms.targets
     steps = copy_steps(plan)
     done = steps <= step
     last = np.full(plan.num_items, -1, np.int64)
@@ -252,7 +355,8 @@ def decide(plan, conf: DynamicConf, step: int, end_step: int, history: Dict[int,
     return {"decided_at": int(step), "segment": [int(step), int(end_step)], "policy": conf.policy,
             "plan_digest": plan.digest(), "items": chosen.tolist(), "item_ids": ids.tolist(),
             "positions": pos.tolist(),
-            "losses": {str(int(i)): history[step][int(i)] for i in targets if int(i) in history[step]}}
+            "losses": {str(int(i)): history[step][int(i)] for i in targets if int(i) in history[step]},
+            "controls": arms.controls.tolist()}
 
 
 def extend_plan(plan, item_ids: np.ndarray, positions: np.ndarray):
@@ -323,29 +427,122 @@ def read_losses(path: Path) -> Losses:
     return {int(r["item_id"]): float(r["loss"]) for r in rec["rows"]}
 
 
-def report(plan, conf: DynamicConf, history: Dict[int, Losses], records: List[dict]) -> List[dict]:
-    """One row per target item: ``item_id``, ``experiment``, ``static_dups``, ``dynamic_dups``,
-    ``added_at`` (decision steps that inserted it), ``final_loss`` (at the last evaluated step) and the policy's
-    columns (``until_memorized``: ``memorized_at_step``, ``dups_needed``; ``spaced_repetition``: ``repetitions``)."""
+def report(plan, conf: DynamicConf, history: Dict[int, Losses], records: List[dict], arms: Arms) -> List[dict]:
+    """One row per target item, then one per control: ``item_id``, ``arm`` (``target`` | ``control``),
+    ``experiment``, ``static_dups``, ``dynamic_dups``, ``added_at`` (decision steps that inserted it),
+    ``initial_loss`` (at the first evaluated step), ``final_loss`` (at the last) and the policy's columns
+    (``until_memorized``: ``memorized_at_step``, ``confirmed``, ``dups_needed``, ``below_threshold_at_start``,
+    ``below_threshold_at_end``, :meth:`UntilMemorized.item_report`, computed for controls too; ``spaced_repetition``:
+    ``repetitions``). Losses in nats/token, ``None`` where the item was not evaluated."""
     policy = make_policy(conf)
     steps = copy_steps(plan)
     added: Dict[int, List[int]] = {}
     for r in records:
         for i in r["items"]:
             added.setdefault(int(i), []).append(int(r["decided_at"]))
-    last = max(history) if history else None
+    first, last = (min(history), max(history)) if history else (None, None)
+    start = min((int(r["decided_at"]) for r in records), default=first)
     out = []
-    for i in target_items(plan, conf):
-        i = int(i)
-        n_dyn = len(added.get(i, [])) * conf.copies
-        row = {"item_id": i, "experiment": plan.experiments[plan.item_experiment[i]],
-               "static_dups": int(plan.item_dup_count[i]) - n_dyn, "dynamic_dups": n_dyn,
-               "added_at": added.get(i, []), "final_loss": history.get(last, {}).get(i) if last is not None else None}
-        row.update(policy.item_report(i, history, np.sort(steps[plan.span_item_ids == i])))
-        out.append(row)
+    for arm, ids in (("target", arms.targets), ("control", arms.controls)):
+        for i in ids:
+            i = int(i)
+            n_dyn = len(added.get(i, [])) * conf.copies
+            row = {"item_id": i, "arm": arm, "experiment": plan.experiments[plan.item_experiment[i]],
+                   "static_dups": int(plan.item_dup_count[i]) - n_dyn, "dynamic_dups": n_dyn,
+                   "added_at": added.get(i, []),
+                   "initial_loss": history[first].get(i) if first is not None else None,
+                   "final_loss": history[last].get(i) if last is not None else None}
+            row.update(policy.item_report(i, history, np.sort(steps[plan.span_item_ids == i]), start))
+            out.append(row)
     return out
 
 
-def summary(conf: DynamicConf, rows: List[dict]) -> dict:
-    """``results.json``'s ``dynamic`` entry: the options and the per-item rows."""
-    return {**asdict(conf), "items": rows}
+def _none_for_nan(obj):
+    """``obj`` with every non-finite float as ``None`` (as ``results.json`` holds it)."""
+    if isinstance(obj, dict):
+        return {k: _none_for_nan(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_none_for_nan(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def summary(plan, conf: DynamicConf, history: Dict[int, Losses], rows: List[dict], seed: int = 0,
+            permutations: int = stats.PERMUTATIONS) -> dict:
+    """``results.json``'s ``dynamic`` entry: the options, the per-item ``items`` (:func:`report`) and the analysis
+    by arm at the last evaluated step (``final_step``):
+
+    - ``arms``: per experiment, ``targets`` and ``controls`` (randomized), then the targets split by what the policy
+      did (``inserted by the policy``; ``below threshold at start`` for ``until_memorized``, ``never inserted by
+      the policy`` otherwise; ``randomized: false``; listed when neither empty nor all targets):
+      ``{experiment, arm, randomized, n_items, mean, ci_low, ci_high, ci_method, small_n, initial_mean}`` of the
+      final insertion loss (t interval, :func:`~pretrain_exp.evals.stats.interval`; ``initial_mean`` at
+      ``initial_step``); for ``until_memorized`` also the arm's counts of items that ``crossed`` the threshold at
+      some eval, were ``confirmed`` (still below at the next eval: memorized), ``fell_back`` (back at or above at
+      the next eval), are ``unconfirmed`` (crossed at the last eval) and ``below_at_end``.
+    - ``itt``: per experiment, the intent-to-treat effect of being a target: every target against every control,
+      whatever copies the policy gave it (:func:`~pretrain_exp.evals.stats.effect`: Welch t interval, randomization
+      p, exact up to :data:`~pretrain_exp.evals.stats.MAX_EXACT` relabellings), signed so that a positive effect
+      means a lower loss for the targets (``mean(control loss) - mean(target loss)``, nats/token). The final-loss row
+      (``primary: true``) is the run's primary endpoint; when ``initial_step`` precedes every copy of these items
+      (``eval.on_load``), a second row compares each item's change since then (a difference in differences, which
+      removes item difficulty), Holm-adjusted over the experiments.
+    - ``realized_dup_groups_randomized: false``: per-dup tables of this run group items by a dup count that the
+      policy chose from their losses; :func:`~pretrain_exp.report.summary.print_dynamic_table` prints the caveat.
+
+    :param plan: the final plan; ``history``: evaluated step -> item losses; ``seed``: of the Monte-Carlo
+        randomization tests (larger than ``MAX_EXACT`` relabellings).
+    """
+    memo = conf.policy == UntilMemorized.name
+    steps = sorted(history)
+    first, last = (steps[0], steps[-1]) if steps else (None, None)
+    ids = np.asarray([r["item_id"] for r in rows], np.int64)
+    spans = np.isin(plan.span_item_ids, ids)
+    baseline = first is not None and first < last and bool(np.all(copy_steps(plan)[spans] > first))
+    arms_out, itt = [], []
+    for exp in dict.fromkeys(r["experiment"] for r in rows):
+        mine = [r for r in rows if r["experiment"] == exp and r["final_loss"] is not None]
+        groups = [("targets", True, [r for r in mine if r["arm"] == "target"]),
+                  ("controls", True, [r for r in mine if r["arm"] == "control"]),
+                  ("inserted by the policy", False, [r for r in mine if r["arm"] == "target" and r["dynamic_dups"]])]
+        if memo:
+            groups.append(("below threshold at start", False,
+                           [r for r in mine if r["arm"] == "target" and r["below_threshold_at_start"]]))
+        else:
+            groups.append(("never inserted by the policy", False,
+                           [r for r in mine if r["arm"] == "target" and not r["dynamic_dups"]]))
+        t, c = groups[0][2], groups[1][2]
+        for name, randomized, group in groups:
+            if randomized or 0 < len(group) < len(t):  # a policy-defined group that is all targets says nothing
+                init = [r["initial_loss"] for r in group if r["initial_loss"] is not None]
+                arms_out.append({"experiment": exp, "arm": name, "randomized": randomized,
+                                 **stats.interval([r["final_loss"] for r in group]),
+                                 "initial_mean": float(np.mean(init)) if init else None,
+                                 **(_memorization(group) if memo else {})})
+        tl = np.asarray([r["final_loss"] for r in t], float)
+        cl = np.asarray([r["final_loss"] for r in c], float)
+        itt.append({"experiment": exp, "contrast": "targets vs controls (ITT)", "measure": "final loss",
+                    "step": last, "primary": True, "sign": "mean(control) - mean(target)",
+                    **stats.effect(-tl, -cl, permutations=permutations, seed=seed)})
+        if baseline:
+            d = (lambda g: np.asarray([r["final_loss"] - r["initial_loss"] for r in g
+                                       if r["initial_loss"] is not None], float))
+            itt.append({"experiment": exp, "contrast": "targets vs controls (ITT)",
+                        "measure": f"loss change since step {first}", "step": last, "primary": False,
+                        "sign": "mean(control) - mean(target)",
+                        **stats.effect(-d(t), -d(c), permutations=permutations, seed=seed)})
+    secondary = [r for r in itt if not r["primary"]]
+    if secondary:
+        stats.adjust_rows(secondary, "holm", "insertion.dynamic: ITT on the loss change")
+    return _none_for_nan({**asdict(conf), "items": rows, "initial_step": first, "final_step": last,
+                          "arms": arms_out, "itt": itt, "realized_dup_groups_randomized": False})
+
+
+def _memorization(group: List[dict]) -> dict:
+    """``until_memorized`` counts of an arm's item rows (:meth:`UntilMemorized.item_report`)."""
+    return {"crossed": sum(r["memorized_at_step"] is not None for r in group),
+            "confirmed": sum(r["confirmed"] is True for r in group),
+            "fell_back": sum(r["confirmed"] is False for r in group),
+            "unconfirmed": sum(r["memorized_at_step"] is not None and r["confirmed"] is None for r in group),
+            "below_at_end": sum(bool(r["below_threshold_at_end"]) for r in group)}

@@ -1,5 +1,6 @@
-"""``insertion.dynamic`` through Hydra: the policy presets compose, and a bad policy or a missing insertion_loss
-eval is one ConfigError naming the key."""
+"""``insertion.dynamic`` through Hydra: the policy presets compose (with randomized dup-0 controls by default), and a
+bad policy, a missing insertion_loss eval, no controls (unless allowed) or no static dup-0 item to draw them from is
+one ConfigError naming the key."""
 
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ def test_policy_presets_and_the_demo_compose(tmp_path):
     (["insertion.dynamic=forever"], "insertion.dynamic.policy"),
     (["insertion.dynamic=until_memorized", "eval=[perplexity]"], "insertion.dynamic.task"),
     (["+insertion/dynamic=until_memorized", "eval=[perplexity]"], "insertion.dynamic.task"),  # ${eval_task:...}: null
+    (["+insertion/dynamic=until_memorized", "insertion.dynamic.controls=0"], "insertion.dynamic.controls"),
+    (["+insertion/dynamic=spaced_repetition", "insertion.experiments.fictional_bios.repetitions=[1,4]"],
+     "insertion.dynamic.controls"),  # no static dup-0 item to draw controls from
 ])
 def test_bad_dynamic_is_a_config_error(tmp_path, overrides, key):
     with pytest.raises(ConfigError) as e:
@@ -48,6 +52,16 @@ def test_dynamic_is_parsed_once_per_run_and_the_run_reads_the_parsed_config(tmp_
     assert isinstance(cfg.insertion.dynamic, dynamic.DynamicConf) and cfg.insertion.dynamic.task == "insertion_loss"
     exp = Experiment(cfg)
     assert exp.dynamic is cfg.insertion.dynamic and len(calls) == 1
+    # the default draws half of the static dup-0 items as controls (no steps to train: all 16 bios are at dup 0)
+    arms = exp.dynamic_insertion.arms
+    assert len(arms.controls) == 8 and (exp.plan.item_dup_count[arms.controls] == 0).all()
+    assert len(arms.targets) == 8 and not set(arms.controls) & set(arms.targets)
+
+
+def test_no_controls_is_accepted_when_asked_for(tmp_path):
+    cfg = make_config(*BASE, "+insertion/dynamic=until_memorized", "insertion.dynamic.controls=0",
+                      "insertion.dynamic.allow_no_controls=true", run_dir=tmp_path)
+    assert (cfg.insertion.dynamic.controls, cfg.insertion.dynamic.allow_no_controls) == (0, True)
 
 
 def test_a_run_dir_saved_with_the_dynamic_policy_as_given_resumes_and_a_real_change_is_named(tmp_path):

@@ -1,6 +1,7 @@
 """Closed-loop insertion on the tiny model (hf): each segment's additions follow the policy's rule on the saved
-insertion losses, land in that segment (verified on the framework's batches), are in the plan and manifest with the
-segment that decided them, and a kill between segments re-derives the identical additions and results."""
+insertion losses of the targets (the randomized dup-0 controls are never inserted), land in that segment (verified on
+the framework's batches), are in the plan and manifest with the segment that decided them, the results compare the
+arms by intent to treat, and a kill between segments re-derives the identical additions and results."""
 
 from __future__ import annotations
 
@@ -19,7 +20,14 @@ TINY = ["experiment=tiny", "wandb=disabled", "eval=[insertion_loss]", "training.
         f"training.num_steps={STEPS}", f"training.checkpoint_interval={SEG}", f"training.global_batch_size={B}",
         "training.micro_batch_size=4", "eval.on_load=true", "insertion.experiments.fictional_bios.num_items=6",
         "insertion.experiments.fictional_bios.repetitions=[0,1]"]
-TARGETS = list(range(6))
+ITEMS = list(range(6))
+
+
+def _arms(recs) -> tuple:
+    """``(targets, controls)``: the controls every decision record names (2 of the 3 static dup-0 items)."""
+    controls = recs[min(recs)]["controls"]
+    assert all(r["controls"] == controls for r in recs.values()) and len(controls) == 2
+    return [i for i in ITEMS if i not in controls], controls
 
 
 def _losses(run_dir) -> dict:
@@ -55,14 +63,20 @@ def test_until_memorized_follows_its_rule_and_a_kill_between_segments_rederives_
     res_a = Experiment(make_config(*TINY, dyn, run_dir=tmp_path / "a")).run()
     losses, recs = _losses(tmp_path / "a"), _records(tmp_path / "a")
     assert sorted(recs) == [0, 2, 4]
+    targets, controls = _arms(recs)
     for a, r in recs.items():  # inserted iff the loss never fell below the threshold at an evaluated step <= a
-        want = [i for i in TARGETS if all(losses[s][i] >= 10.3 for s in losses if s <= a)]
+        want = [i for i in targets if all(losses[s][i] >= 10.3 for s in losses if s <= a)]
         assert r["items"] == want, (a, losses)
     plan = _check_landed(tmp_path / "a", recs)
     table = {row["item_id"]: row for row in res_a["dynamic"]["items"]}
-    for i in TARGETS:
+    assert sorted(table) == ITEMS and sorted(i for i in table if table[i]["arm"] == "control") == controls
+    for i in ITEMS:
         assert table[i]["dynamic_dups"] == sum(i in r["items"] for r in recs.values())
         assert plan.item_dup_count[i] == table[i]["static_dups"] + table[i]["dynamic_dups"]
+    assert plan.item_dup_count[controls].tolist() == [0, 0]
+    itt = res_a["dynamic"]["itt"][0]
+    assert (itt["n_treated"], itt["n_control"], itt["step"]) == (4, 2, STEPS) and itt["effect_ci_method"] == "Welch t"
+    assert 0 < itt["p_value"] <= 1 and itt["effect_ci_low"] <= itt["effect"] <= itt["effect_ci_high"]
     assert any(row["memorized_at_step"] is not None for row in table.values()), losses  # the loop stopped some
     assert any(row["dynamic_dups"] >= 2 for row in table.values()), losses  # and kept inserting others
 
@@ -98,10 +112,11 @@ def test_spaced_repetition_reinserts_on_a_loss_rise(tmp_path, tiny_model_dir):
     for m in map(json.loads, (tmp_path / "manifest.jsonl").read_text().splitlines()):
         if "decided_at" not in m:
             static_step[m["item_id"]] = m["step"]
-    assert recs[0]["items"] == [i for i in TARGETS if i not in static_step]  # the dup-0 items first
+    targets, controls = _arms(recs)
+    assert recs[0]["items"] == [i for i in targets if i not in static_step]  # the dup-0 targets first
     for a in (2, 4):  # afterwards: re-inserted iff the loss rose since the eval after its last copy
         want = []
-        for i in TARGETS:
+        for i in targets:
             steps = [static_step[i]] if i in static_step else []
             steps += [p // 128 // B + 1 for d, r in recs.items() if d < a
                       for p, j in zip(r["positions"], r["item_ids"]) if j == i]
@@ -112,4 +127,4 @@ def test_spaced_repetition_reinserts_on_a_loss_rise(tmp_path, tiny_model_dir):
             if losses[a][i] - ref > 0.0:
                 want.append(i)
         assert recs[a]["items"] == want, (a, losses)
-    assert np.all(plan.item_dup_count >= 1)
+    assert np.all(plan.item_dup_count[targets] >= 1) and plan.item_dup_count[controls].tolist() == [0, 0]

@@ -131,3 +131,16 @@ def test_items_per_group_matches_cohens_table():
     assert stats.items_per_group(-0.3, 0.6) == stats.items_per_group(0.5, 1.0)  # only |effect| / sd matters
     with pytest.raises(ValueError, match="sd > 0"):
         stats.items_per_group(0.5, 0.0)
+
+
+def test_a_signed_effect_keeps_which_group_is_treated():
+    """``sign=-1`` (a loss, where a drop is the effect) negates the effect and its interval, never the group sizes:
+    dup 4 has 2 items and the controls 5."""
+    rows = [{"experiment": "e", "dup_count": 0, "loss": v} for v in (3.0, 3.2, 2.9, 3.1, 3.3)]
+    rows += [{"experiment": "e", "dup_count": 4, "loss": v} for v in (2.0, 2.2)]
+    r = stats.per_dup_effects(rows, "loss", sign=-1)[0]
+    plain = stats.effect([2.0, 2.2], [3.0, 3.2, 2.9, 3.1, 3.3])
+    assert (r["n_treated"], r["n_control"]) == (2, 5)
+    assert (r["effect"], r["effect_ci_low"], r["effect_ci_high"]) == pytest.approx(
+        (-plain["effect"], -plain["effect_ci_high"], -plain["effect_ci_low"]))
+    assert r["p_value"] == plain["p_value"]

@@ -47,50 +47,71 @@ def _conf(**kw) -> dynamic.DynamicConf:
     return dynamic.parse_dynamic(kw, {"a": _Exp(), "b": _Exp()}, {"loss": _Task()})
 
 
+#: the loop's mechanics without controls (every item of the target experiments is a target)
+NO_CONTROLS = {"controls": 0, "allow_no_controls": True}
+
+
+def _decide(plan, conf, step, end, hist, seed, static=None):
+    """:func:`dynamic.decide` with the arms drawn on ``static`` (default: ``plan``, a static plan)."""
+    return dynamic.decide(plan, conf, step, end, hist, seed, dynamic.assign_arms(static or plan, conf, seed))
+
+
 def test_until_memorized_inserts_until_the_loss_falls_below_the_threshold_and_never_after():
     conf = _conf(policy="until_memorized", threshold=2.0, experiments=["a"])
-    plan = _plan()
+    static = plan = _plan()
+    arms = dynamic.assign_arms(static, conf, 0)
+    assert arms.controls.tolist() == [3] and arms.targets.tolist() == [0, 1, 2]  # a's only static dup-0 item
     hist = {0: {0: 3.0, 1: 1.5, 2: 2.5, 3: 2.0, 4: 9.0, 5: 9.0}}
-    rec = dynamic.decide(plan, conf, 0, 4, hist, seed=0)
-    assert rec["items"] == [0, 2, 3]  # item 1 is below 2.0; 3 sits at the threshold; 4, 5 are not targets
+    rec = dynamic.decide(plan, conf, 0, 4, hist, 0, arms)
+    assert rec["items"] == [0, 2] and rec["controls"] == [3]  # 1 is below 2.0; 3 (at it) a control; 4, 5 no target
     plan = dynamic.apply_additions(plan, rec)
     hist[4] = {0: 1.0, 1: 2.6, 2: 2.2, 3: 1.9, 4: 9.0, 5: 9.0}
-    rec2 = dynamic.decide(plan, conf, 4, 8, hist, seed=0)
+    rec2 = dynamic.decide(plan, conf, 4, 8, hist, 0, arms)
     assert rec2["items"] == [2]  # item 1 was memorized at step 0: not re-inserted although its loss rose
     plan = dynamic.apply_additions(plan, rec2)
     hist[8] = {0: 0.9, 1: 2.6, 2: 1.1, 3: 1.9, 4: 9.0, 5: 9.0}
-    rows = {r["item_id"]: r for r in dynamic.report(plan, conf, hist, [rec, rec2])}
-    assert sorted(rows) == [0, 1, 2, 3]
-    # item 0: static copy at step 1 (position 3) + the step-0 addition (trained by step 4) -> memorized at 4 with 2
-    assert (rows[0]["memorized_at_step"], rows[0]["dups_needed"], rows[0]["added_at"]) == (4, 2, [0])
-    assert (rows[1]["memorized_at_step"], rows[1]["dups_needed"], rows[1]["dynamic_dups"]) == (0, 0, 0)
-    assert (rows[2]["memorized_at_step"], rows[2]["dups_needed"], rows[2]["added_at"]) == (8, 3, [0, 4])
+    rows = {r["item_id"]: r for r in dynamic.report(plan, conf, hist, [rec, rec2], arms)}
+    assert sorted(rows) == [0, 1, 2, 3] and rows[3]["arm"] == "control" and rows[0]["arm"] == "target"
+    # item 0: static copy at step 1 (position 3) + the step-0 addition (trained by step 4) -> below at 4 with 2
+    # copies, still below at 8: confirmed
+    assert (rows[0]["memorized_at_step"], rows[0]["confirmed"], rows[0]["dups_needed"]) == (4, True, 2)
+    assert rows[0]["added_at"] == [0] and rows[0]["initial_loss"] == 3.0
+    # item 1: below at step 0, back above at 4: not confirmed, no dup count; its own "below at start" group
+    assert (rows[1]["memorized_at_step"], rows[1]["confirmed"], rows[1]["dups_needed"]) == (0, False, None)
+    assert rows[1]["below_threshold_at_start"] and not rows[1]["below_threshold_at_end"]
+    # item 2: below only at the last eval: unconfirmed
+    assert (rows[2]["memorized_at_step"], rows[2]["confirmed"], rows[2]["dups_needed"]) == (8, None, None)
     assert rows[2]["static_dups"] == 1 and rows[2]["dynamic_dups"] == 2 and rows[2]["final_loss"] == 1.1
+    # the control crossed the threshold without a copy
+    assert (rows[3]["static_dups"], rows[3]["dynamic_dups"], rows[3]["confirmed"], rows[3]["dups_needed"]) == \
+        (0, 0, True, 0)
 
 
 def test_spaced_repetition_reinserts_when_the_loss_rose_by_more_than_the_margin():
-    conf = _conf(policy="spaced_repetition", margin=0.5)
-    plan = _plan(static=((0, 3),))  # item 0 has a copy in step 1; the others none
+    conf = _conf(policy="spaced_repetition", margin=0.5, **NO_CONTROLS)
+    static = plan = _plan(static=((0, 3),))  # item 0 has a copy in step 1; the others none
     hist = {0: {i: 5.0 for i in range(6)}}
-    rec = dynamic.decide(plan, conf, 0, 4, hist, seed=1)
+    rec = _decide(plan, conf, 0, 4, hist, seed=1)
     assert rec["items"] == [1, 2, 3, 4, 5]  # never inserted; item 0's planned copy trains in step 1 first
     plan = dynamic.apply_additions(plan, rec)
     hist[4] = {0: 2.0, 1: 2.0, 2: 2.0, 3: 2.0, 4: 2.0, 5: 2.0}
-    assert dynamic.decide(plan, conf, 4, 8, hist, seed=1)["items"] == []  # reference = the loss at step 4
-    held = _conf(policy="spaced_repetition", margin=0.5, controls=1)  # last item of a and of b: controls
-    assert dynamic.decide(_plan(static=()), held, 0, 4, hist, seed=1)["items"] == [0, 1, 2, 4]
+    assert _decide(plan, conf, 4, 8, hist, 1, static)["items"] == []  # reference = the loss at step 4
+    held = _conf(policy="spaced_repetition", margin=0.5, controls=1)  # one random item of a and of b: controls
+    arms = dynamic.assign_arms(_plan(static=()), held, 1)
+    assert dynamic.decide(_plan(static=()), held, 0, 4, hist, 1, arms)["items"] == arms.targets.tolist()
+    assert len(arms.controls) == 2 and len(arms.targets) == 4
     hist[8] = {0: 2.6, 1: 2.5, 2: 3.0, 3: 1.0, 4: 2.49, 5: 2.51}
-    rec3 = dynamic.decide(plan, conf, 8, 12, hist, seed=1)
+    rec3 = _decide(plan, conf, 8, 12, hist, 1, static)
     assert rec3["items"] == [0, 2, 5]  # rises 0.6, 1.0, 0.51 > 0.5; item 1 rose exactly 0.5, item 4 0.49
 
 
 def test_additions_land_in_the_next_segment_without_overlap_and_verify():
-    conf = _conf(policy="until_memorized", threshold=0.0, copies=3)
+    conf = _conf(policy="until_memorized", threshold=0.0, copies=3, **NO_CONTROLS)
     plan = _plan()
     hist = {4: {i: 1.0 for i in range(6)}}
-    rec = dynamic.decide(plan, conf, 4, 8, hist, seed=7)
-    assert rec == dynamic.decide(plan, conf, 4, 8, hist, seed=7)  # deterministic from plan, losses, seed
-    assert rec["positions"] != dynamic.decide(plan, conf, 4, 8, hist, seed=8)["positions"]
+    rec = _decide(plan, conf, 4, 8, hist, seed=7)
+    assert rec == _decide(plan, conf, 4, 8, hist, seed=7)  # deterministic from plan, losses, seed
+    assert rec["positions"] != _decide(plan, conf, 4, 8, hist, seed=8)["positions"]
     pos = np.asarray(rec["positions"])
     assert len(pos) == 18 and rec["item_ids"] == sorted(rec["item_ids"])
     assert (pos >= 4 * B * L).all() and (pos + ITEM_LEN <= 8 * B * L).all()  # steps 5..8 only
@@ -118,7 +139,7 @@ def test_additions_land_in_the_next_segment_without_overlap_and_verify():
 def test_saved_decisions_round_trip(tmp_path):
     conf = _conf(policy="spaced_repetition", margin=0.1)
     plan = _plan()
-    recs = [dynamic.decide(plan, conf, 0, 4, {0: {i: 1.0 for i in range(6)}}, seed=0)]
+    recs = [_decide(plan, conf, 0, 4, {0: {i: 1.0 for i in range(6)}}, seed=0)]
     dynamic.save_additions(tmp_path, recs[0])
     assert dynamic.load_additions(tmp_path) == recs
     (tmp_path / "dynamic" / "step4.json").write_text("{not json")
@@ -131,6 +152,8 @@ def test_saved_decisions_round_trip(tmp_path):
     ({"policy": "until_memorized", "treshold": 1}, "insertion.dynamic.treshold", "unknown option"),
     ({"policy": "until_memorized", "copies": 0}, "insertion.dynamic.copies", ">= 1"),
     ({"policy": "until_memorized", "controls": -2}, "insertion.dynamic.controls", ">= 0"),
+    ({"policy": "until_memorized", "controls": 0}, "insertion.dynamic.controls", "allow_no_controls=true"),
+    ({"policy": "until_memorized", "allow_no_controls": "yes"}, "insertion.dynamic.allow_no_controls", "true or"),
     ({"policy": "spaced_repetition", "margin": -1.0}, "insertion.dynamic.margin", ">= 0"),
     ({"policy": "until_memorized", "experiments": ["c"]}, r"insertion.dynamic.experiments\[0\]", "'c'"),
     ({"policy": "until_memorized", "task": "ppl"}, "insertion.dynamic.task", "not an insertion_loss"),

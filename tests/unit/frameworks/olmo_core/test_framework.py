@@ -282,7 +282,8 @@ def test_dynamic_additions_reach_the_next_segments_batches(tmp_path, monkeypatch
     monkeypatch.setattr(olmo_core_framework, "Insertions", Record)
     cfg = make_config(*RUN, "training.num_steps=4", "eval=[insertion_loss]", "eval.on_load=true",
                       "insertion.experiments.fictional_bios.repetitions=0",
-                      "insertion.dynamic={policy:until_memorized,threshold:0.0}", run_dir=tmp_path / "run")
+                      "insertion.dynamic={policy:until_memorized,threshold:0.0,controls:0,allow_no_controls:true}",
+                      run_dir=tmp_path / "run")
     exp = Experiment(cfg)
     exp.run()
     recs = load_additions(tmp_path / "run")
