@@ -11,58 +11,74 @@ from pretrain_exp.core.errors import PretrainExpError
 from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.report.cpdt import print_cpdt
 from pretrain_exp.report.sweep import column_name, write_report
-from pretrain_exp.report.text import fmt
+from pretrain_exp.report.text import SMALL_N_MARK, fmt, fmt_ci, fmt_items, fmt_p, method_label
 from pretrain_exp.report.wandb_log import log_report_wandb
 
 
 def print_report(rep: dict) -> None:
     """Print a report (:func:`~pretrain_exp.report.sweep.write_report`) with rich: the CPDT table of a CPDT run,
-    the report's table (compact headers; report.md has the CSV's) and failures, then the paths written."""
+    the report's table (compact headers; report.md has the CSV's) with each effect's interval and p, the effect
+    pooled over seeds, and failures, then the paths written. Items marked ``*``: fewer than
+    ``MIN_ITEMS_PER_GROUP`` per group; ``n/a``: no interval."""
     from rich.console import Console
     from rich.table import Table
+
+    from pretrain_exp.evals import stats
 
     if rep.get("cpdt") is not None:
         print_cpdt(rep["cpdt"])
 
-    console = Console(width=max(140, Console().width))
+    console = Console(width=max(180, Console().width))
     keys = rep["keys"]
     short = [k.rsplit(".", 1)[-1] for k in keys]  # a dotted override key by its last part where that is unique
     done = sum(1 for j in rep["jobs"] if j.results is not None)
+    level = f"{stats.LEVEL:.0%}"
     if rep["rows"]:
-        table = Table(title=f"{done} job(s): mean insertion loss by dup count (95% bootstrap CI); "
-                            "effect = loss(dup 0) - loss(dup)")
-        table.add_column("job", no_wrap=True)
+        rows = rep["rows"]
+        ci = method_label(r.get("ci_method") for r in rows) or "t"
+        eci = method_label(r.get("effect_ci_method") for r in rows) or "Welch t"
+        table = Table(title=f"{done} job(s): mean insertion loss by dup count; effect = loss(dup 0) - loss(dup)")
+        table.add_column("job", overflow="fold", min_width=8)
         names = [name if short.count(name) == 1 else k for k, name in zip(keys, short)]
         one = len(keys) > 2  # many swept keys: one "overrides" column of name=value pairs
         for name in ["overrides"] if one else names:
-            table.add_column(name, overflow="fold")
-        for c in ("seed", "ckpt step", "step", "experiment", "dup", "items", "mean loss", "95% CI", "effect"):
-            table.add_column(c, no_wrap=True, justify="left" if c == "experiment" else "right")
-        for r in rep["rows"]:
+            table.add_column(name, overflow="fold", min_width=8)
+        for c in ("seed", "ckpt step", "step", "experiment", "dup", "items", "mean loss", f"{level} CI ({ci})",
+                  "effect", f"{level} CI ({eci})", "p", "p adj."):
+            table.add_column(c, no_wrap=c != "experiment", overflow="fold",
+                             justify="left" if c == "experiment" else "right")
+        for r in rows:
             values = [fmt(r.get(column_name(k))) for k in keys]
             if one:
                 values = [" ".join(f"{n}={v}" for n, v in zip(names, values) if v not in ("", "-"))]
+            first = r["dup_count"] == 0
             table.add_row(str(r["job"]), *values, fmt(r["seed"]), fmt(r["checkpoint_step"]),
-                          fmt(r["step"]), r["experiment"], fmt(r["dup_count"]), fmt(r["n_items"]),
-                          fmt(r["mean_loss"]), f"[{fmt(r['ci_low'])}, {fmt(r['ci_high'])}]", fmt(r["effect"]))
+                          fmt(r["step"]), r["experiment"], fmt(r["dup_count"]), fmt_items(r["n_items"], r["small_n"]),
+                          fmt(r["mean_loss"]), fmt_ci(r["ci_low"], r["ci_high"], ".4f"), fmt(r["effect"]),
+                          "-" if first else fmt_ci(r.get("effect_ci_low"), r.get("effect_ci_high"), ".4f"),
+                          "-" if first else fmt_p(r.get("p_value")), "-" if first else fmt_p(r.get("p_adjusted")))
         console.print(table)
+        adjust = sorted({r.get("p_adjust_method") for r in rows} - {None})
+        console.print(f"p: randomization test of the dup labels (exact up to {stats.MAX_EXACT:,} relabellings); "
+                      f"p adj.: {'/'.join(adjust) or '-'} over each job's dup counts of an experiment")
+        if any(r["small_n"] for r in rows):
+            console.print(f"{SMALL_N_MARK} fewer than {stats.MIN_ITEMS_PER_GROUP} items per dup group: wide "
+                          "intervals, coarse exact p-values")
     else:
         console.print(f"{done} job(s) with results, no per-dup rows (no insertion experiment finished)")
     if rep.get("pooled"):
-        from pretrain_exp.report.pooled import MIN_ITEMS_FOR_CI
+        from pretrain_exp.report.sweep import pooled_note
 
-        pooled = Table(title="effect pooled over seeds: loss(dup 0) - loss(dup), nats/token (95% CI: bootstrap over "
-                             "seeds, then items within each seed)")
-        for c in ("group", "experiment", "dup", "seeds", "items/seed", "effect", "95% CI"):
+        pooled = Table(title="effect pooled over seeds: loss(dup 0) - loss(dup), nats/token")
+        for c in ("group", "experiment", "dup", "seeds", "items/seed", "effect", f"{level} CI (t over seeds)",
+                  "p (sign-flip)", "min p"):
             pooled.add_column(c, justify="left" if c in ("group", "experiment") else "right", overflow="fold")
         for r in rep["pooled"]:
-            pooled.add_row(r["group"] or "-", r["experiment"], fmt(r["dup_count"]), r["seeds"], fmt(r["n_items"]),
-                           fmt(r["effect"]), f"[{fmt(r['ci_low'])}, {fmt(r['ci_high'])}]")
+            pooled.add_row(r["group"], r["experiment"], fmt(r["dup_count"]), r["seeds"],
+                           fmt_items(r["n_items"], r.get("small_n")), fmt(r["effect"]),
+                           fmt_ci(r["ci_low"], r["ci_high"], ".4f"), fmt_p(r.get("p_value")), fmt_p(r.get("min_p")))
         console.print(pooled)
-        few = min(r["n_items"] for r in rep["pooled"])
-        if few < MIN_ITEMS_FOR_CI:
-            console.print(f"warning: {few} item(s) per dup group: CIs are unreliable below {MIN_ITEMS_FOR_CI} items "
-                          f"per group (num_items >= {MIN_ITEMS_FOR_CI} x the number of dup counts)")
+        console.print(pooled_note(rep["pooled"]))
     if rep["failed"]:
         failed = Table(title="failed")
         for c in ("job", "overrides", "reason"):

@@ -1,27 +1,79 @@
 """The report's figures (matplotlib, Agg backend), each written atomically as PNG: a run's loss vs dup count and
-loss vs step, a sweep's effect vs dup count and benchmark acc clean vs contaminated."""
+loss vs step, a sweep's effect vs dup count and benchmark acc clean vs contaminated.
+
+Every interval is drawn as given (:func:`draw_intervals`): from its ``ci_low`` to its ``ci_high``, whether or not it
+is centred on the point or crosses zero, never clipped; a point without an interval (fewer than 2 items, no spread,
+or seed variance not identified) is drawn hollow with no bar and a legend entry saying why; a missing value is not
+drawn at all. The axis label names the interval's level and method (``95% CI, t``). Each plot function returns its
+(closed) figure, whose artists hold what was drawn.
+"""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from pretrain_exp.core.io import atomic_path
-from pretrain_exp.report.text import fmt
+from pretrain_exp.report.text import NA, fmt, fmt_ci, method_label, missing, no_interval_reasons
+
+#: the ``gid`` of the line collections holding the interval bars (one per series) and of the hollow no-interval marks
+CI_GID, NO_CI_GID = "ci", "no-ci"
 
 
-def plot_per_dup(results: dict, path: Path) -> None:
-    """PNG of mean insertion loss vs dup count (95% CI bars) at the last evaluated step, one line per
+def ci_label(methods, level: float = 0.95) -> str:
+    """``"95% CI, t"`` for the methods of the plotted rows (:func:`~pretrain_exp.report.text.method_label`);
+    ``"95% CI"`` when no row has an interval."""
+    m = method_label(methods)
+    return f"{level:.0%} CI" + (f", {m}" if m else "")
+
+
+def draw_intervals(ax, x: Sequence[float], y: Sequence[Optional[float]], low: Sequence[Optional[float]],
+                   high: Sequence[Optional[float]], label: Optional[str] = None, **line_kw) -> Tuple[object, int]:
+    """Draw one series: a line with a marker per point with a value, a vertical bar from ``low[i]`` to ``high[i]``
+    exactly as given (no clipping, asymmetric or not containing the point) with caps, and a hollow marker (no bar)
+    where a bound is missing (``None``/``nan``). Points whose ``y`` is missing are not drawn.
+
+    :returns: ``(line, points without an interval)``.
+    """
+    pts = [(xi, yi, lo, hi) for xi, yi, lo, hi in zip(x, y, low, high) if not missing(yi)]
+    (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label, **line_kw)
+    color = line.get_color()
+    with_ci = [p for p in pts if not (missing(p[2]) or missing(p[3]))]
+    if with_ci:
+        bars = ax.vlines([p[0] for p in with_ci], [p[2] for p in with_ci], [p[3] for p in with_ci], color=color,
+                         alpha=line_kw.get("alpha", 1.0))
+        bars.set_gid(CI_GID)
+        for k in (2, 3):  # caps
+            ax.plot([p[0] for p in with_ci], [p[k] for p in with_ci], ls="none", marker="_", ms=8, color=color)
+    without = [p for p in pts if missing(p[2]) or missing(p[3])]
+    if without:
+        (hollow,) = ax.plot([p[0] for p in without], [p[1] for p in without], ls="none", marker="o", ms=7,
+                            mfc="white", mec=color, mew=1.5, zorder=3)
+        hollow.set_gid(NO_CI_GID)
+    return line, len(without)
+
+
+def no_interval_legend(ax, methods: Sequence[Optional[str]]) -> None:
+    """Add the legend entry of the hollow markers (``no interval (n < 2)``) when any plotted point has none."""
+    from matplotlib.lines import Line2D
+
+    why = no_interval_reasons(methods)
+    if why:
+        ax.add_line(Line2D([], [], ls="none", marker="o", mfc="white", mec="grey", label=f"no interval ({why})"))
+
+
+def plot_per_dup(results: dict, path: Path):
+    """PNG of mean insertion loss vs dup count (interval bars) at the last evaluated step, one line per
     experiment; written atomically."""
     rows = [dict(r, job=r["experiment"]) for r in results.get("per_dup", [])]
-    plot_effect_vs_dup(rows, {}, path, f"{results.get('run_name')} at step {results.get('step')}")
+    return plot_effect_vs_dup(rows, {}, path, f"{results.get('run_name')} at step {results.get('step')}")
 
 
 _LOSS_KEY = re.compile(r"^(?P<exp>.+)/dup(?P<dup>\d+)/mean_loss$")
 
 
-def plot_loss_vs_step(results: dict, path: Path) -> None:
+def plot_loss_vs_step(results: dict, path: Path):
     """PNG of mean insertion loss vs global step, one line per experiment and dup count, from every evaluated
     step (``results["by_step"]``): learning while an item is inserted, forgetting after its last insertion."""
     import matplotlib
@@ -34,7 +86,7 @@ def plot_loss_vs_step(results: dict, path: Path) -> None:
         for metrics in tasks.values():
             for key, value in metrics.items():
                 m = _LOSS_KEY.match(key)
-                if m and value is not None:
+                if m and not missing(value):
                     series.setdefault((m["exp"], int(m["dup"])), []).append((int(step), value))
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     multi = len({e for e, _ in series}) > 1
@@ -50,12 +102,14 @@ def plot_loss_vs_step(results: dict, path: Path) -> None:
     fig.tight_layout()
     save_png(fig, path)
     plt.close(fig)
+    return fig
 
 
-def plot_effect_vs_dup(rows: Sequence[dict], labels: Dict[str, str], path: Path, title: str) -> None:
-    """PNG of mean loss vs dup count (95% CI bars), one line per job (and experiment); written atomically. A point
-    whose group has items that also occur naturally in the window (``natural_items`` of the audit) is annotated
-    with their number and the group's mean effective dup count."""
+def plot_effect_vs_dup(rows: Sequence[dict], labels: Dict[str, str], path: Path, title: str):
+    """PNG of mean loss vs dup count with each row's interval (``ci_low``, ``ci_high``, ``ci_method``; module
+    docstring), one line per job (and experiment); written atomically. A point whose group has items that also occur
+    naturally in the window (``natural_items`` of the audit) is annotated with their number and the group's mean
+    effective dup count."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -66,23 +120,25 @@ def plot_effect_vs_dup(rows: Sequence[dict], labels: Dict[str, str], path: Path,
     for r in rows:
         series.setdefault((r["job"], r["experiment"]), []).append(r)
     experiments = {e for _, e in series}
+    shown = []
     for (job, exp), rs in series.items():
-        rs = sorted((r for r in rs if r["mean_loss"] is not None), key=lambda r: r["dup_count"])
-        y = [r["mean_loss"] for r in rs]
-        lo = [r["mean_loss"] - (r["ci_low"] if r["ci_low"] is not None else r["mean_loss"]) for r in rs]
-        hi = [(r["ci_high"] if r["ci_high"] is not None else r["mean_loss"]) - r["mean_loss"] for r in rs]
+        rs = sorted((r for r in rs if not missing(r.get("mean_loss"))), key=lambda r: r["dup_count"])
+        shown += rs
         label = labels.get(job, job)
         if len(experiments) > 1 and exp != label:
             label += f" / {exp}"
-        ax.errorbar([r["dup_count"] for r in rs], y, yerr=[lo, hi], marker="o", capsize=3, label=label, alpha=0.85)
+        draw_intervals(ax, [r["dup_count"] for r in rs], [r["mean_loss"] for r in rs],
+                       [r.get("ci_low") for r in rs], [r.get("ci_high") for r in rs], label=label, alpha=0.85)
         for r in rs:  # the natural-duplicate audit: groups whose items also occur in the window
             if r.get("natural_items"):
                 ax.annotate(f"{r['natural_items']} natural, eff. {r['effective_dup_mean']:.2f}",
                             (r["dup_count"], r["mean_loss"]), textcoords="offset points", xytext=(4, 4), fontsize=6,
                             color="crimson")
+    no_interval_legend(ax, [r.get("ci_method") for r in shown if missing(r.get("ci_low"))
+                            or missing(r.get("ci_high"))])
     ax.set_xscale("symlog", linthresh=1)
     ax.set_xlabel("dup count (0 = never-inserted control)")
-    ax.set_ylabel("mean loss per token (nats)")
+    ax.set_ylabel(f"mean loss per token (nats), {ci_label(r.get('ci_method') for r in shown)}")
     ax.set_title(title, fontsize=9)
     if series:
         ax.legend(fontsize=7, ncol=1 if len(series) <= 8 else 2)
@@ -90,11 +146,13 @@ def plot_effect_vs_dup(rows: Sequence[dict], labels: Dict[str, str], path: Path,
     fig.tight_layout()
     save_png(fig, path)
     plt.close(fig)
+    return fig
 
 
-def plot_benchmark(rows: Sequence[dict], labels: Dict[str, str], path: Path, title: str) -> None:
-    """PNG of benchmark acc, clean (dup 0) vs contaminated (dup > 0), one pair of bars per job and experiment,
-    with the contamination effect and its 95% CI written above; written atomically."""
+def plot_benchmark(rows: Sequence[dict], labels: Dict[str, str], path: Path, title: str):
+    """PNG of benchmark acc, clean (dup 0) vs contaminated (dup > 0, all their items pooled: the weighting of the
+    contamination effect), one pair of bars per job and experiment, with the contamination effect and its interval
+    (``effect_ci_method``) written above; a missing acc has no bar and reads ``n/a``; written atomically."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -102,11 +160,16 @@ def plot_benchmark(rows: Sequence[dict], labels: Dict[str, str], path: Path, tit
 
     fig, ax = plt.subplots(figsize=(max(4.5, 1.2 * len(rows) + 2), 3.8))
     x = list(range(len(rows)))
-    ax.bar([i - 0.2 for i in x], [r["acc_clean"] or 0 for r in rows], width=0.4, label="clean (dup 0)")
-    ax.bar([i + 0.2 for i in x], [r["acc_contaminated"] or 0 for r in rows], width=0.4, label="contaminated")
+    for key, dx, label in (("acc_clean", -0.2, "clean (dup 0)"), ("acc_contaminated", 0.2, "contaminated (dup > 0)")):
+        have = [(i, r[key]) for i, r in zip(x, rows) if not missing(r.get(key))]
+        ax.bar([i + dx for i, _ in have], [a for _, a in have], width=0.4, label=label)
+        for i, r in zip(x, rows):
+            if missing(r.get(key)):
+                ax.annotate(NA, (i + dx, 0), textcoords="offset points", xytext=(0, 2), ha="center", fontsize=7)
     for i, r in enumerate(rows):
-        top = max(r["acc_clean"] or 0, r["acc_contaminated"] or 0)
-        ax.annotate(f"{fmt(r['effect'], '+.3f')} [{fmt(r['ci_low'], '+.3f')}, {fmt(r['ci_high'], '+.3f')}]",
+        top = max([r[k] for k in ("acc_clean", "acc_contaminated") if not missing(r.get(k))] or [0])
+        method = f" ({r['effect_ci_method']})" if r.get("effect_ci_method") else ""
+        ax.annotate(f"{fmt(r['effect'], '+.3f')} {fmt_ci(r.get('ci_low'), r.get('ci_high'), '+.3f')}{method}",
                     (i, top), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
     ax.set_xticks(x, [f"{labels.get(r['job'], r['job'])}\n{r['experiment']}" for r in rows], fontsize=7)
     ax.set_ylabel("acc")
@@ -116,6 +179,7 @@ def plot_benchmark(rows: Sequence[dict], labels: Dict[str, str], path: Path, tit
     fig.tight_layout()
     save_png(fig, path)
     plt.close(fig)
+    return fig
 
 
 def save_png(fig, path: Path) -> None:

@@ -227,6 +227,7 @@ def _card_metadata(run: dict, facts: dict, repo_id: str, license_id: str, kind: 
         if base["base_model"]:
             meta.update(base_model=base["base_model"], base_model_revision=base["revision"])
         common.update(per_dup=res["per_dup"], memorization=res.get("memorization", []),
+                      effects=res.get("effects", []), statistics=res.get("statistics"),
                       audit=res.get("audit"), revisions=run.get("revisions", {}))
     else:
         meta.update(configs=[{"config_name": name, "data_files": [
@@ -280,23 +281,46 @@ def _audit_lines(audit: Optional[dict]) -> List[str]:
 
 
 def _eval_lines(res: dict) -> List[str]:
+    from pretrain_exp.evals.stats import LEVEL, MIN_ITEMS_PER_GROUP
+    from pretrain_exp.report.summary import exact_match_interval
+    from pretrain_exp.report.text import fmt_ci, fmt_items, method_label
+
     mem = {(r["experiment"], r["dup_count"]): r for r in res.get("memorization") or []}
     rows = []
     for r in res["per_dup"]:
         m = mem.get((r["experiment"], r["dup_count"]), {})
-        rows.append([r["experiment"], r["dup_count"], r["n_items"], _fmt(r["mean_loss"]),
-                     f"[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]", _fmt(m.get("exact_match_rate"), ".2f"),
-                     f"[{_fmt(m.get('ci_low'), '.2f')}, {_fmt(m.get('ci_high'), '.2f')}]" if m else "-",
-                     _fmt(r.get("effective_dup_mean"), ".2f")])
+        low, high, em_method = exact_match_interval(m) if m else (None, None, None)
+        small = r.get("small_n", r["n_items"] < MIN_ITEMS_PER_GROUP)
+        rows.append([r["experiment"], r["dup_count"], fmt_items(r["n_items"], small), _fmt(r["mean_loss"]),
+                     fmt_ci(r.get("ci_low"), r.get("ci_high")), r.get("ci_method") or "-",
+                     _fmt(m.get("exact_match_rate"), ".2f"), fmt_ci(low, high, ".2f") if m else "-",
+                     em_method or "-", _fmt(r.get("effective_dup_mean"), ".2f")])
+    level = f"{LEVEL:.0%}"
     lines = [f"## Evaluation at step {res['step']}", "",
-             "Mean per-token loss (nats) of the items by dup count with 95% bootstrap CIs over items, and verbatim "
-             "memorization (exact-match rate of the greedy continuation, 95% CI); `eff. dup` adds the natural "
-             "occurrences the audit found. Exact values: `pretrain_exp.per_dup` in this card's metadata.", ""]
+             f"Mean per-token loss (nats) of the items by dup count with {level} confidence intervals over items, and "
+             f"verbatim memorization (exact-match rate of the greedy continuation, {level} CI); the method of each "
+             f"interval is named beside it, `n/a` means no interval (fewer than 2 items or no spread), and `*` marks "
+             f"a group of fewer than {MIN_ITEMS_PER_GROUP} items (wide intervals, coarse exact p-values). `eff. dup` "
+             "adds the natural occurrences the audit found. Exact values, with each effect against the dup-0 "
+             "controls (interval, randomization p, adjusted p): `pretrain_exp.per_dup` and `pretrain_exp.effects` in "
+             "this card's metadata.", ""]
     if rows:
-        lines += [_md_table(["experiment", "dup count", "items", "mean loss", "95% CI", "exact match", "95% CI",
-                             "eff. dup"], rows)]
+        lines += [_md_table(["experiment", "dup count", "items", "mean loss", f"{level} CI", "CI method",
+                             "exact match", f"{level} CI", "CI method", "eff. dup"], rows)]
     else:
         lines.append("No insertion-loss eval in this run.")
+    effects = [e for e in res.get("effects") or [] if e.get("eval_type") == "insertion_loss"]
+    if effects:
+        ci = method_label(e.get("effect_ci_method") for e in effects)
+        lines += ["", f"Effects on the loss against the dup-0 controls, loss(dup 0) - loss(dup d) in nats/token "
+                      f"({level} CI: {ci or '-'}); the trend row is the primary endpoint (slope over "
+                      "log(1 + dup count), not adjusted):", "",
+                  _md_table(["experiment", "contrast", "effect", f"{level} CI", "p", "p method", "p adjusted"],
+                            [[e["experiment"], e["contrast"], _fmt(e.get("effect")),
+                              fmt_ci(e.get("effect_ci_low"), e.get("effect_ci_high")), _fmt(e.get("p_value"), ".3g"),
+                              e.get("p_method") or "-",
+                              f"{_fmt(e.get('p_adjusted'), '.3g')} ({e.get('p_adjust_method')})"]
+                             for e in effects])]
     by_step = res.get("by_step") or {}
     keys = sorted({k for tasks in by_step.values() for m in tasks.values() for k in m if k.endswith("/mean_loss")},
                   key=lambda k: [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", k)])

@@ -1,21 +1,52 @@
 """A run's own summary: the ``results.json`` content and the console table at the end of a run.
 
-``results.json`` holds ``per_dup``: one row ``{experiment, dup_count, n_items, mean_loss, ci_low, ci_high}``
-per experiment and dup count, from the ``insertion_loss`` eval of the last evaluated step (95% bootstrap CIs
-over items), plus the memorization rows, every eval's metrics by step, and the plan's size. With the
-natural-duplicate audit (``audit.json``, :mod:`pretrain_exp.insertion.audit`) every per-dup and memorization row
-also has ``natural_items`` (items of the group found in the training window: an exact occurrence or an n-gram
-hit), ``natural_exact`` (their exact occurrences, summed) and ``effective_dup_mean`` (mean of dup count + natural
-exact occurrences), and ``audit`` summarizes the audit (n, cost, the controls found in the window). Its figures are
-:func:`pretrain_exp.report.plots.plot_per_dup` and :func:`~pretrain_exp.report.plots.plot_loss_vs_step`.
+``results.json`` holds, from the evals of the last evaluated step:
+
+- ``per_dup``: one row ``{experiment, dup_count, n_items, mean_loss, ci_low, ci_high, ci_method, small_n}`` per
+  experiment and dup count (the ``insertion_loss`` eval: mean over items, t interval; ``small_n`` under
+  :data:`~pretrain_exp.evals.stats.MIN_ITEMS_PER_GROUP` items) and ``memorization``, its memorization rows;
+- ``effects``: every dup-``d``-vs-dup-0 contrast of ``insertion_loss`` and ``memorization`` (Welch or Newcombe
+  interval, randomization p, p adjusted within each eval's family) and each experiment's trend test, tagged with
+  their eval (``task``, ``eval_type``); ``primary``: the trend rows of ``insertion_loss``, the declared primary
+  endpoint of each experiment (the slope over ``log(1 + dup count)``, not adjusted);
+- ``did_effects`` when the initial checkpoint was evaluated (``eval.on_load``): the pre/post (difference-in-
+  differences) effect of each dup count, :func:`pre_post_effects` over each item's change since that step;
+- ``contamination`` for a ``benchmark`` eval: its per-dup accuracies and effects and, with ``eval.on_load``, each
+  group's accuracy change since the initial step (the clean items' change is the spillover of insertion onto
+  items never inserted) and its pre/post effects (:func:`contamination_summary`);
+- ``statistics``: the methods behind every interval and p-value (:func:`statistics_entry`);
+- every eval's metrics by step, and the plan's size.
+
+With the natural-duplicate audit (``audit.json``, :mod:`pretrain_exp.insertion.audit`) every per-dup and
+memorization row also has ``natural_items`` (items of the group found in the training window: an exact occurrence
+or an n-gram hit), ``natural_exact`` (their exact occurrences, summed) and ``effective_dup_mean`` (mean of dup
+count + natural exact occurrences), and ``audit`` summarizes the audit (n, cost, the controls found in the window).
+Missing values (no interval) are ``null``. Its figures are :func:`pretrain_exp.report.plots.plot_per_dup` and
+:func:`~pretrain_exp.report.plots.plot_loss_vs_step`.
 """
 
 from __future__ import annotations
 
+import math
+from collections import defaultdict
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from pretrain_exp.core.config import RunConfig
+from pretrain_exp.evals import stats
+from pretrain_exp.report.text import (
+    NA,
+    SMALL_N_MARK,
+    fmt_ci,
+    fmt_items,
+    fmt_p,
+    method_label,
+    missing,
+    no_interval_reasons,
+)
+
+#: what the effect of an ``insertion_loss`` row measures (positive: the inserted items' loss fell below the controls')
+LOSS_EFFECT = "loss(dup 0) - loss(dup d)"
 
 
 def _task_of_type(cfg: RunConfig, kind: str, records: Dict[str, dict]):
@@ -23,6 +54,183 @@ def _task_of_type(cfg: RunConfig, kind: str, records: Dict[str, dict]):
     again with other evals (``pretrain-exp-eval``) keeps its earlier tasks' tables."""
     return next((name for name, t in cfg.eval.tasks.items() if t.type == kind),
                 next((name for name, r in records.items() if r.get("type") == kind), None))
+
+
+def _tasks_of_type(kind: str, records: Dict[str, dict]) -> List[str]:
+    return [name for name, r in records.items() if r.get("type") == kind]
+
+
+def _flagged(rows: Sequence[dict]) -> List[dict]:
+    """Per-dup rows with ``small_n`` set from ``n_items`` where the eval record lacks it (a record written before
+    the flag existed)."""
+    return [r if "small_n" in r or r.get("n_items") is None
+            else dict(r, small_n=bool(r["n_items"] < stats.MIN_ITEMS_PER_GROUP)) for r in rows]
+
+
+def _eval_effects(task: Optional[str], rec: dict, cfg: RunConfig) -> List[dict]:
+    """The effect rows of one eval record, each with ``task`` and ``eval_type``. An ``insertion_loss`` record
+    without ``effects`` (written before effects existed) gets them from its per-item rows
+    (:func:`pretrain_exp.evals.stats.per_dup_effects`, effect = :data:`LOSS_EFFECT`)."""
+    if task is None or not rec:
+        return []
+    rows = rec.get("effects")
+    if rows is None and rec.get("type") == "insertion_loss" and rec.get("rows"):
+        permutations, adjust = _test_options(cfg)
+        rows = [dict(r, metric="loss") for r in stats.per_dup_effects(
+            rec["rows"], "loss", permutations=permutations, seed=cfg.seed, adjust_method=adjust, family=task,
+            sign=-1.0)]
+    return [dict(r, task=task, eval_type=rec.get("type")) for r in rows or []]
+
+
+def _test_options(cfg: RunConfig):
+    e = cfg.eval
+    return int(getattr(e, "permutations", stats.PERMUTATIONS)), str(getattr(e, "p_adjust", "holm"))
+
+
+def pre_post_effects(before: Sequence[dict], after: Sequence[dict], value_key: str, sign: float = -1.0,
+                     permutations: int = stats.PERMUTATIONS, seed: int = 0,
+                     adjust_method: str = "holm", family: Optional[str] = None,
+                     baseline_step: Optional[int] = None) -> List[dict]:
+    """Pre/post (difference-in-differences) effects of every dup count ``d > 0`` against the dup-0 controls.
+
+    Each item's change ``delta_i = value_i(after) - value_i(before)`` (rows matched on ``item_id``) removes its
+    own difficulty, which dominates the spread of the values themselves; the effect is ``sign * (mean delta(dup
+    d) - mean delta(dup 0))``, with its Welch t interval and randomization p-value over the changes
+    (:func:`pretrain_exp.evals.stats.effect`: dup counts are dealt at random, so the test is exact by design), the
+    p-values of one call adjusted together (:func:`pretrain_exp.evals.stats.adjust_rows`). For a loss use
+    ``sign=-1`` (effect = ``mean delta(dup 0) - mean delta(dup d)``: a drop relative to the controls is positive).
+
+    :param before: per-item rows ``{item_id, experiment, dup_count, <value_key>}`` at the baseline step (the
+        initial checkpoint); :param after: the same at the evaluated step.
+    :returns: ``{experiment, dup_count, contrast, primary (False), baseline_step, mean_change, mean_change_control,
+        effect, effect_ci_low, effect_ci_high, effect_ci_method, p_value, p_method, n_treated, n_control,
+        p_adjusted, p_adjust_method, family}`` per experiment and ``d > 0`` with controls, sorted; ``[]`` if no item
+        is in both.
+    """
+    first = {r["item_id"]: r for r in before if "item_id" in r}
+    groups: Dict[tuple, List[float]] = defaultdict(list)
+    for r in after:
+        b = first.get(r.get("item_id"))
+        if b is None or missing(_num(r.get(value_key))) or missing(_num(b.get(value_key))):
+            continue
+        groups[(r["experiment"], int(r["dup_count"]))].append(float(r[value_key]) - float(b[value_key]))
+    out = []
+    for (exp, d), changes in sorted(groups.items()):
+        control = groups.get((exp, 0))
+        if d == 0 or not control:
+            continue
+        t, c = (changes, control) if sign > 0 else (control, changes)
+        e = stats.effect(t, c, proportion=False, permutations=permutations, seed=seed)
+        e.update(n_treated=len(changes), n_control=len(control))
+        out.append({"experiment": exp, "dup_count": d, "contrast": f"dup {d} vs 0, change since step {baseline_step}",
+                    "primary": False, "baseline_step": baseline_step, "mean_change": sum(changes) / len(changes),
+                    "mean_change_control": sum(control) / len(control), **e})
+    return stats.adjust_rows(out, adjust_method, family or f"{value_key} change since step {baseline_step}: "
+                             "dup d vs 0")
+
+
+def _num(v):
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+
+def change_since(before: Sequence[dict], after: Sequence[dict], value_key: str,
+                 baseline_step: Optional[int] = None) -> List[dict]:
+    """Each group's change of ``value_key`` since the baseline step, paired by item: per item
+    ``value(after) - value(before)``, summarized with a t interval over the group's items
+    (:func:`pretrain_exp.evals.stats.interval`), per experiment and dup count and, for all inserted items
+    together, ``dup_count: "> 0"``. The dup-0 row of a benchmark is the spillover: the change of items never
+    inserted (the format and the domain learnt from the inserted ones, or plain drift of the model).
+
+    :returns: ``{experiment, dup_count, group ("clean" | "contaminated"), metric, baseline_step, n_items,
+        before, after, change, ci_low, ci_high, ci_method, small_n}`` rows; ``before`` / ``after`` are the group's
+        means over the paired items.
+    """
+    first = {r["item_id"]: r for r in before if "item_id" in r}
+    groups: Dict[tuple, List[tuple]] = defaultdict(list)
+    for r in after:
+        b = first.get(r.get("item_id"))
+        if b is None or missing(_num(r.get(value_key))) or missing(_num(b.get(value_key))):
+            continue
+        pair = (float(b[value_key]), float(r[value_key]))
+        groups[(r["experiment"], int(r["dup_count"]))].append(pair)
+        if int(r["dup_count"]) > 0:
+            groups[(r["experiment"], "> 0")].append(pair)
+    out = []
+    for (exp, d), pairs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] == "> 0",
+                                                                  kv[0][1] if kv[0][1] != "> 0" else 0)):
+        iv = stats.interval([a - b for b, a in pairs])
+        out.append({"experiment": exp, "dup_count": d, "group": "clean" if d == 0 else "contaminated",
+                    "metric": value_key, "baseline_step": baseline_step, "n_items": iv["n_items"],
+                    "before": sum(b for b, _ in pairs) / len(pairs), "after": sum(a for _, a in pairs) / len(pairs),
+                    "change": iv["mean"], "ci_low": iv["ci_low"], "ci_high": iv["ci_high"],
+                    "ci_method": iv["ci_method"], "small_n": iv["small_n"]})
+    return out
+
+
+def contamination_summary(task: str, rec: dict, baseline: Optional[dict], baseline_step: Optional[int],
+                          cfg: RunConfig) -> dict:
+    """The ``contamination`` entry of one ``benchmark`` eval (module docstring): ``{task, experiment, per_dup,
+    effects, pooled_effects, metrics, baseline_step, change_since_baseline, did_effects}``. ``pooled_effects``:
+    per metric (``acc``, ``acc_norm``) the effect of every dup > 0 item together against the clean ones (the eval's
+    ``dup > 0 vs 0`` row, else :func:`pretrain_exp.evals.stats.effect`: Newcombe interval, randomization p), the
+    weighting the sweep's bars use; the last three only with a baseline record (the initial checkpoint evaluated,
+    ``eval.on_load``), else ``None`` / ``[]``."""
+    rows = rec.get("rows") or []
+    permutations, adjust = _test_options(cfg)
+    out = {"task": task, "experiment": next((r["experiment"] for r in rows), None),
+           "per_dup": _flagged(rec.get("per_dup") or []), "effects": _eval_effects(task, rec, cfg),
+           "pooled_effects": {}, "metrics": {k: v for k, v in (rec.get("metrics") or {}).items()
+                                             if "contamination_effect" in k},
+           "baseline_step": None, "change_since_baseline": [], "did_effects": []}
+    for metric in ("acc", "acc_norm"):
+        given = [e for e in out["effects"] if e.get("contrast") == "dup > 0 vs 0" and e.get("metric") == metric]
+        hot = [r[metric] for r in rows if r.get("dup_count", 0) > 0 and not missing(_num(r.get(metric)))]
+        clean = [r[metric] for r in rows if r.get("dup_count") == 0 and not missing(_num(r.get(metric)))]
+        if given:  # the eval's own, adjusted with its family
+            out["pooled_effects"][metric] = given[0]
+        elif hot and clean:
+            out["pooled_effects"][metric] = dict(stats.effect(hot, clean, proportion=True, permutations=permutations,
+                                                              seed=cfg.seed), contrast="dup > 0 vs 0")
+    if baseline and baseline.get("rows") and rows:
+        out["baseline_step"] = baseline_step
+        for metric in ("acc", "acc_norm"):
+            if any(metric in r for r in rows):
+                out["change_since_baseline"] += change_since(baseline["rows"], rows, metric, baseline_step)
+                out["did_effects"] += pre_post_effects(
+                    baseline["rows"], rows, metric, sign=1.0, permutations=permutations, seed=cfg.seed,
+                    adjust_method=adjust, family=f"{task} {metric} change since step {baseline_step}: dup d vs 0",
+                    baseline_step=baseline_step)
+    return out
+
+
+def statistics_entry(cfg: RunConfig) -> dict:
+    """The ``statistics`` entry of ``results.json``: the level, interval methods, test, adjustment and minimum
+    group size behind every number of the run's tables (:mod:`pretrain_exp.evals.stats`)."""
+    permutations, adjust = _test_options(cfg)
+    return {"ci_level": stats.LEVEL,
+            "intervals": {"mean": "t", "difference of means": "Welch t", "proportion": "Wilson",
+                          "difference of proportions": "Newcombe", "auc": "Hanley-McNeil (logit)",
+                          "trend": "OLS t", "over seeds (sweep reports)": "t over seeds, S >= 3"},
+            "no_interval": "n < 2 or all values equal (null; printed n/a)",
+            "p_method": f"randomization test of the dup labels: exact when there are at most {stats.MAX_EXACT:,} "
+                        f"relabellings, else {permutations:,} random ones",
+            "permutations": permutations, "p_adjust": adjust,
+            "p_adjust_family": "each eval's dup d vs 0 contrasts at a step",
+            "primary_endpoint": "insertion_loss at the last step: slope over log(1 + dup count) per experiment, "
+                                "randomization p, not adjusted",
+            "min_items_per_group": stats.MIN_ITEMS_PER_GROUP}
+
+
+def _clean(obj):
+    """``obj`` with every non-finite float as ``None`` (what ``results.json`` holds, so the returned summary equals
+    the file read back)."""
+    if isinstance(obj, float):
+        return None if not math.isfinite(obj) else obj
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
 
 
 def summarize(cfg: RunConfig, plan, evaluated_now: Dict[int, dict], evaluated_all: Dict[int, dict],
@@ -37,10 +245,23 @@ def summarize(cfg: RunConfig, plan, evaluated_now: Dict[int, dict], evaluated_al
     at_last = evaluated_all.get(last, {})
     loss_task, mem_task = _task_of_type(cfg, "insertion_loss", at_last), _task_of_type(cfg, "memorization", at_last)
     window = [int(w) for w in plan.window]
-    per_dup = at_last.get(loss_task, {}).get("per_dup", []) if loss_task else []
-    memorization = at_last.get(mem_task, {}).get("per_dup", []) if mem_task else []
+    per_dup = _flagged(at_last.get(loss_task, {}).get("per_dup", []) if loss_task else [])
+    memorization = _flagged(at_last.get(mem_task, {}).get("per_dup", []) if mem_task else [])
     if audit is not None:
         per_dup, memorization = with_natural(per_dup, audit), with_natural(memorization, audit)
+    effects = (_eval_effects(loss_task, at_last.get(loss_task, {}), cfg)
+               + _eval_effects(mem_task, at_last.get(mem_task, {}), cfg))
+    base_step = int(cfg.model.checkpoint_step or 0)  # the initial checkpoint: evaluated with eval.on_load
+    at_base = evaluated_all.get(base_step, {}) if last is not None and base_step < last else {}
+    did: List[dict] = []
+    before, after = at_base.get(loss_task, {}).get("rows"), at_last.get(loss_task, {}).get("rows")
+    if loss_task and before and after:
+        permutations, adjust = _test_options(cfg)
+        did = pre_post_effects(before, after, "loss", sign=-1.0, permutations=permutations, seed=cfg.seed,
+                               adjust_method=adjust, baseline_step=base_step,
+                               family=f"{loss_task} change since step {base_step}: dup d vs 0")
+        for r in did:
+            r.update(task=loss_task, eval_type="insertion_loss")
     out = {
         "run_name": cfg.run_name,
         "run_dir": str(Path(cfg.run_dir).resolve()),
@@ -56,15 +277,23 @@ def summarize(cfg: RunConfig, plan, evaluated_now: Dict[int, dict], evaluated_al
                  "experiments": plan.experiments},
         "per_dup": per_dup,
         "memorization": memorization,
+        "effects": effects,
+        "primary": [r for r in effects if r.get("primary") and r["task"] == loss_task],
+        "did_effects": did,
+        "statistics": statistics_entry(cfg),
         "metrics": {task: rec.get("metrics", {}) for task, rec in at_last.items()},
         "by_step": {str(step): {task: rec.get("metrics", {}) for task, rec in tasks.items()}
                     for step, tasks in evaluated_all.items()},
         "steps_evaluated_now": sorted(evaluated_now),
         "wall_s": wall_s,
     }
+    bench = _tasks_of_type("benchmark", at_last)
+    if bench:
+        out["contamination"] = {t: contamination_summary(t, at_last[t], at_base.get(t), base_step, cfg)
+                                for t in bench}
     if audit is not None:
         out["audit"] = audit_summary(audit)
-    return out
+    return _clean(out)
 
 
 def with_natural(rows: List[dict], audit: dict) -> List[dict]:
@@ -101,31 +330,62 @@ def audit_summary(audit: dict) -> dict:
             "contaminated_controls": controls}
 
 
+def exact_match_interval(m: dict):
+    """``(low, high, method)`` of a memorization row's exact-match rate: the eval's own interval where the row has
+    one (``ci_low``, ``ci_high``, ``ci_method``), else (a row written before intervals named their method, whose
+    ``ci_*`` were those of the matched length) the Wilson interval of ``rate * n_items`` successes of
+    ``n_items``."""
+    if "exact_match_rate_ci_method" in m:
+        return m.get("exact_match_rate_ci_low"), m.get("exact_match_rate_ci_high"), m["exact_match_rate_ci_method"]
+    if "ci_method" in m:  # the row's own interval is the exact-match rate's
+        return m.get("ci_low"), m.get("ci_high"), m["ci_method"]
+    rate, n = m.get("exact_match_rate"), m.get("n_items")
+    if missing(rate) or not n:
+        return None, None, None
+    _, low, high, method = stats.wilson_interval(int(round(rate * n)), int(n))
+    return low, high, method
+
+
 def print_table(results: dict) -> None:
-    """Print the per-dup table (loss with CI, memorization) and the held-out perplexity with rich."""
+    """Print the run's tables with rich: per experiment and dup count the items (``*``: fewer than
+    ``MIN_ITEMS_PER_GROUP``), mean loss with its interval (``n/a``: none), exact match with its interval and the
+    matched tokens (memorization); then the effects against the dup-0 controls (interval, randomization p, adjusted
+    p), the primary endpoint and, with ``eval.on_load``, the pre/post effects; the audit, the held-out perplexity
+    and the closed-loop table."""
     from rich.console import Console
     from rich.table import Table
 
+    per_dup = results.get("per_dup", [])
     mem = {(r["experiment"], r["dup_count"]): r for r in results.get("memorization", [])}
-    table = Table(title=f"{results['run_name']}: insertion loss at step {results['step']} (95% bootstrap CI)")
-    audited = any("natural_items" in r for r in results.get("per_dup", []))
-    cols = ("experiment", "dup count", "items", "mean loss", "95% CI", "exact match", "matched tokens")
+    em_ci = {k: exact_match_interval(m) for k, m in mem.items()}
+    audited = any("natural_items" in r for r in per_dup)
+    loss_method = method_label(r.get("ci_method") for r in per_dup) or "t"
+    em_method = method_label(c[2] for c in em_ci.values()) or "Wilson"
+    level = f"{(results.get('statistics') or {}).get('ci_level', stats.LEVEL):.0%}"
+    table = Table(title=f"{results['run_name']}: insertion loss at step {results['step']}")
+    cols = ("experiment", "dup count", "items", "mean loss", f"{level} CI ({loss_method})", "exact match",
+            f"{level} CI ({em_method})", "matched tokens")
     for col in cols + (("natural", "eff. dup") if audited else ()):
         table.add_column(col, justify="left" if col == "experiment" else "right")
 
     def fmt(v, spec=".3f"):
-        return "-" if v is None else format(v, spec)
+        return "-" if v is None else NA if missing(v) else format(v, spec)
 
-    for r in results.get("per_dup", []):
+    for r in per_dup:
         m = mem.get((r["experiment"], r["dup_count"]), {})
-        cells = [r["experiment"], str(r["dup_count"]), str(r["n_items"]), fmt(r["mean_loss"]),
-                 f"[{fmt(r['ci_low'])}, {fmt(r['ci_high'])}]", fmt(m.get("exact_match_rate"), ".2f"),
+        low, high, _ = em_ci.get((r["experiment"], r["dup_count"]), (None, None, None))
+        cells = [r["experiment"], str(r["dup_count"]), fmt_items(r["n_items"], r.get("small_n")),
+                 fmt(r["mean_loss"]), fmt_ci(r.get("ci_low"), r.get("ci_high")),
+                 fmt(m.get("exact_match_rate"), ".2f"), fmt_ci(low, high, ".2f") if m else "-",
                  fmt(m.get("mean_matched_length"), ".1f")]
         if audited:
             cells += [f"{r.get('natural_items', 0)}/{r['n_items']}", fmt(r.get("effective_dup_mean"), ".2f")]
         table.add_row(*cells)
-    console = Console(width=max(130 if audited else 110, Console().width))
+    console = Console(width=max(140 if audited else 120, Console().width))
     console.print(table)
+    for line in _table_notes(per_dup, list(em_ci.values())):
+        console.print(line)
+    _print_effects(results, console, level)
     audit = results.get("audit")
     if audit:
         rate = audit.get("tokens_per_s")
@@ -139,39 +399,165 @@ def print_table(results: dict) -> None:
                           f"{c['natural_ngram_overlap']:.0%} of its n-grams; first at step {at.get('step')}, "
                           f"row {at.get('row')}, offset {at.get('offset')}")
     for task, metrics in results.get("metrics", {}).items():
-        if "held_out/perplexity" in metrics:
+        if not missing(metrics.get("held_out/perplexity")):
             console.print(f"held-out perplexity ({task}): {metrics['held_out/perplexity']:.2f} "
                           f"over {int(metrics.get('held_out/tokens', 0))} tokens")
     if results.get("dynamic"):
         print_dynamic_table(results["dynamic"], console)
 
 
+def _table_notes(per_dup: Sequence[dict], em_ci: Sequence[tuple]) -> List[str]:
+    """The footnotes of the per-dup table: what ``*`` and ``n/a`` mean, where they occur."""
+    notes = []
+    small = [r["n_items"] for r in per_dup if r.get("small_n")]
+    if small:
+        n = min(small)
+        notes.append(f"{SMALL_N_MARK} fewer than {stats.MIN_ITEMS_PER_GROUP} items per group: wide intervals, and an "
+                     f"exact test of {n} vs {n} items cannot give p below {2 / math.comb(2 * n, n):.2g}")
+    why = no_interval_reasons([r.get("ci_method") for r in per_dup if missing(r.get("ci_low"))]
+                              + [c[2] for c in em_ci if c[2] and missing(c[0])])
+    if why:
+        notes.append(f"{NA}: no interval ({why})")
+    return notes
+
+
+def _print_effects(results: dict, console, level: str) -> None:
+    """The effects table under the per-dup table: each dup-``d``-vs-0 contrast of ``insertion_loss`` (and its
+    pre/post version with ``eval.on_load``), then each experiment's primary endpoint."""
+    from rich.table import Table
+
+    pairs = [r for r in results.get("effects") or [] if r.get("eval_type") == "insertion_loss"
+             and r.get("contrast") != "trend" and not r.get("primary")]
+    did = results.get("did_effects") or []
+    if pairs or did:
+        rows = pairs + did
+        ci = method_label(r.get("effect_ci_method") for r in rows) or "Welch t"
+        p = method_label(r.get("p_method") for r in rows) or "randomization"
+        adjust = method_label(r.get("p_adjust_method") for r in rows) or "none"
+        name = _ADJUST_NAMES.get(adjust, adjust)
+        t = Table(title=f"effects vs dup-0 controls at step {results.get('step')}")
+        for col in ("experiment", "contrast", "items", "effect", f"{level} CI ({ci})", "p", f"p ({name})"):
+            t.add_column(col, justify="left" if col in ("experiment", "contrast") else "right")
+        sizes = {(r["experiment"], r["dup_count"]): r.get("n_items") for r in results.get("per_dup") or []}
+        for r in rows:
+            # items of dup d vs dup 0 (the group sizes, whichever way round the effect subtracts them)
+            n_d, n_0 = (r.get("n_treated"), r.get("n_control")) if r in did else (
+                sizes.get((r["experiment"], r["dup_count"]), r.get("n_treated")),
+                sizes.get((r["experiment"], 0), r.get("n_control")))
+            t.add_row(r["experiment"], r["contrast"], f"{n_d} vs {n_0}",
+                      NA if missing(r.get("effect")) else f"{r['effect']:.3f}",
+                      fmt_ci(r.get("effect_ci_low"), r.get("effect_ci_high")), fmt_p(r.get("p_value")),
+                      fmt_p(r.get("p_adjusted")))
+        console.print(t)
+        console.print(f"effect = {LOSS_EFFECT} (nats/token); p: {p} test, "
+                      + ("not adjusted" if adjust == "none" else f"{name}-adjusted per family"))
+        if did:
+            console.print(f"change since step {did[0].get('baseline_step')}: each item's loss change from the "
+                          "initial checkpoint (difference in differences: removes item difficulty)")
+    for r in results.get("primary") or []:
+        slope = NA if missing(r.get("effect")) else f"{r['effect']:.3f}"
+        console.print(f"primary endpoint ({r['experiment']}, {r.get('n_treated')} items): slope of {LOSS_EFFECT} "
+                      "over log(1 + dup count)")
+        console.print(f"  {slope} nats/token per unit {fmt_ci(r.get('effect_ci_low'), r.get('effect_ci_high'))} "
+                      f"({level} CI, {r.get('effect_ci_method')}), p = {fmt_p(r.get('p_value'))} "
+                      f"({r.get('p_method')}), not adjusted")
+
+
+#: how a ``p_adjust_method`` reads in a table title
+_ADJUST_NAMES = {"holm": "Holm", "bh": "BH", "none": "not adjusted"}
+
+
 def print_dynamic_table(dyn: dict, console=None) -> None:
-    """Print the closed-loop table of ``results.json``'s ``dynamic`` entry: per target item its static and dynamic
-    dup counts, the decision steps that inserted it, its final loss and the policy's columns (``until_memorized``:
-    the step it fell below the threshold and the dup count it needed; ``spaced_repetition``: re-insertions)."""
+    """Print the closed-loop tables of ``results.json``'s ``dynamic`` entry
+    (:func:`pretrain_exp.insertion.dynamic.summary`): per item its arm (target or control), static and dynamic dup
+    counts, the decision steps that inserted it, its first and final loss and the policy's columns
+    (``until_memorized``: the step it fell below the threshold, whether the next eval confirmed it, the dup count a
+    confirmed item needed; ``spaced_repetition``: re-insertions); then each arm's mean final loss (t interval) and
+    memorization counts, the intent-to-treat effect of targets vs controls (Welch interval, randomization p), and
+    the caveat that groups by realized dup count are outcome-selected (``realized_dup_groups_randomized``)."""
     from rich.console import Console
     from rich.table import Table
 
+    console = console or Console(width=120)
+    level = f"{stats.LEVEL:.0%}"
     memo = dyn["policy"] == "until_memorized"
     what = (f"until loss < {dyn['threshold']} nats/token" if memo
             else f"when loss rose > {dyn['margin']} nats/token since the last insertion")
-    table = Table(title=f"dynamic insertion ({dyn['policy']}: {dyn['copies']} copy/segment {what})")
-    cols = ["item", "experiment", "static dups", "dynamic dups", "added at steps", "final loss"]
-    cols += ["memorized at step", "dups needed"] if memo else ["repetitions"]
+    first, last = dyn.get("initial_step"), dyn.get("final_step")
+    names = list(dict.fromkeys(r["experiment"] for r in dyn["items"]))
+    one = len(names) == 1  # one target experiment: named in the titles instead of a column
+    of = f" of {names[0]}" if one else ""
+    table = Table(title=f"dynamic insertion{of} ({dyn['policy']}: {dyn['copies']} copy/segment {what})")
+    cols = ["item", "arm"] + ([] if one else ["experiment"]) + [
+        "static dups", "dynamic dups", "added at steps", "first loss" if first is None else f"loss at step {first}",
+        "final loss" if last is None else f"loss at step {last}"]
+    cols += ["memorized at step", "confirmed", "dups needed"] if memo else ["repetitions"]
     for col in cols:
-        table.add_column(col, justify="left" if col in ("experiment", "added at steps") else "right")
+        table.add_column(col, justify="left" if col in ("arm", "experiment", "added at steps") else "right")
+    loss = (lambda v: "-" if missing(v) else f"{v:.3f}")
     for r in dyn["items"]:
-        cells = [str(r["item_id"]), r["experiment"], str(r["static_dups"]), str(r["dynamic_dups"]),
-                 ",".join(map(str, r["added_at"])) or "-",
-                 "-" if r["final_loss"] is None else f"{r['final_loss']:.3f}"]
+        cells = [str(r["item_id"]), r.get("arm", "target")] + ([] if one else [r["experiment"]]) + [
+            str(r["static_dups"]), str(r["dynamic_dups"]), ",".join(map(str, r["added_at"])) or "-",
+            loss(r.get("initial_loss")), loss(r["final_loss"])]
         if memo:
-            cells += ["-" if r["memorized_at_step"] is None else str(r["memorized_at_step"]),
-                      "not reached" if r["dups_needed"] is None else str(r["dups_needed"])]
+            at, ok = r["memorized_at_step"], r.get("confirmed")
+            cells += ["-" if at is None else str(at),
+                      "-" if at is None else NA if "confirmed" not in r
+                      else {True: "yes", False: "no"}.get(ok, "no next eval"),
+                      str(r["dups_needed"]) if r["dups_needed"] is not None else "not reached" if at is None
+                      else "not confirmed" if ok is False else "unconfirmed"]
         else:
             cells.append(str(r["repetitions"]))
         table.add_row(*cells)
-    (console or Console(width=120)).print(table)
+    console.print(table)
+    arms = dyn.get("arms") or []
+    if arms:
+        ci = method_label(r.get("ci_method") for r in arms) or "t"
+        t = Table(title=f"arms{of} at step {last}: insertion loss (nats/token)")
+        cols = ([] if one else ["experiment"]) + ["arm", "randomized", "items", f"loss at step {first}",
+                                                  "mean loss", f"{level} CI ({ci})"]
+        cols += ["memorized", "fell back"] if memo else []
+        for col in cols:
+            t.add_column(col, justify="left" if col in ("experiment", "arm", "randomized") else "right")
+        for r in arms:
+            cells = ([] if one else [r["experiment"]]) + [
+                r["arm"], "yes" if r["randomized"] else "no (policy)", fmt_items(r["n_items"], r.get("small_n")),
+                loss(r.get("initial_mean")), loss(r.get("mean")), fmt_ci(r.get("ci_low"), r.get("ci_high"))]
+            if memo:
+                cells += [f"{r.get('confirmed')}/{r['n_items']}", str(r.get("fell_back"))]
+            t.add_row(*cells)
+        console.print(t)
+        if memo:
+            open_ = sum(r.get("unconfirmed") or 0 for r in arms if r["arm"] in ("targets", "controls"))
+            console.print(f"memorized: loss < {dyn['threshold']} at two consecutive evals; fell back: below at one "
+                          "eval, at or above at the next" + (f"; {open_} item(s) crossed at the last eval, unconfirmed"
+                                                             if open_ else ""))
+        if any(r.get("small_n") for r in arms):
+            console.print(f"{SMALL_N_MARK} fewer than {stats.MIN_ITEMS_PER_GROUP} items: wide intervals")
+    itt = dyn.get("itt") or []
+    if itt:
+        ci = method_label(r.get("effect_ci_method") for r in itt) or "Welch t"
+        p = method_label(r.get("p_method") for r in itt) or "randomization"
+        t = Table(title=f"intent to treat{of} at step {last}: every target vs every control")
+        cols = ([] if one else ["experiment"]) + ["measure", "items", "effect", f"{level} CI ({ci})", "p", "p (Holm)"]
+        for col in cols:
+            t.add_column(col, justify="left" if col in ("experiment", "measure") else "right")
+        for r in itt:
+            t.add_row(*([] if one else [r["experiment"]]), r["measure"] + (" (primary)" if r.get("primary") else ""),
+                      f"{r.get('n_treated')} vs {r.get('n_control')}",
+                      NA if missing(r.get("effect")) else f"{r['effect']:+.3f}",
+                      fmt_ci(r.get("effect_ci_low"), r.get("effect_ci_high")), fmt_p(r.get("p_value")),
+                      fmt_p(r.get("p_adjusted")) if "p_adjusted" in r else "-")
+        console.print(t)
+        console.print(f"effect = mean(control loss) - mean(target loss), nats/token (positive: targets' loss lower); "
+                      f"p: {p} test over the random draw of the controls; the primary row is not adjusted")
+    if not dyn.get("realized_dup_groups_randomized", False):
+        console.print("caveat: each target's dup count was chosen by the policy from its own losses, so tables by dup "
+                      "count compare outcome-selected groups (not randomized: harder items get more copies); "
+                      + ("the randomized comparison is targets vs controls (intent to treat)" if itt
+                         else "this run has no randomized controls to compare the targets with")
+                      + ("; 'memorized at step' is a first passage below a noisy threshold (early, and regresses "
+                         "to the mean): 'dups needed' counts only items still below at the next eval" if memo else ""))
 
 
 def _hub_commit(cfg) -> Optional[str]:

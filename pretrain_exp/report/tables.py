@@ -12,7 +12,8 @@ written with pyarrow by :func:`write_run_tables`.
 - :func:`load_sweep` returns one row per job of a sweep (or of one run dir): ``job``, ``path``, ``status``
   (``done`` / ``failed``), ``reason``, ``run_name``, ``seed``, ``checkpoint_step``, ``step``, one column per
   override of the job's command line (:data:`OVERRIDE_PREFIX` + key), one per metric of the last evaluated step
-  (``<eval>/<metric>``), and the ``per_dup`` and ``by_step`` records of its ``results.json``.
+  (``<eval>/<metric>``), and the ``per_dup``, ``by_step``, ``effects`` and ``contamination`` records of its
+  ``results.json``.
 
 The sweep report (:mod:`pretrain_exp.report.sweep`) is built on :func:`sweep_frame`.
 """
@@ -132,10 +133,12 @@ def sweep_frame(jobs: Sequence[Job]) -> pd.DataFrame:
             rec.update({f"{task}/{k}": v for k, v in metrics.items()})
         rec["per_dup"] = res.get("per_dup") or []
         rec["by_step"] = res.get("by_step") or {}
+        rec["effects"] = res.get("effects") or []
+        rec["contamination"] = res.get("contamination") or {}
         records.append(rec)
     if not records:
         return pd.DataFrame(columns=["job", "path", "status", "reason", "run_name", "seed", "checkpoint_step", "step",
-                                     "per_dup", "by_step"])
+                                     "per_dup", "by_step", "effects", "contamination"])
     df = pd.DataFrame(records)
     for c in ("seed", "checkpoint_step", "step"):  # integers, missing where a job has no results (nullable Int64)
         df[c] = df[c].astype("Int64")

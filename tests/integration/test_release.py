@@ -73,9 +73,9 @@ def check_bundle(run_dir: Path, out: Path, steps: list, repo: str | None = None)
     assert ours["per_dup"] == res["per_dup"] and ours["step"] == res["step"] == steps[-1]
     assert ours["plan"]["inserted_tokens"] == cfg["inserted_tokens"]
     assert ours["revisions"] == revisions
-    for r in res["per_dup"]:  # the body's eval table, with the CI
-        assert (f"| {r['experiment']} | {r['dup_count']} | {r['n_items']} | {r['mean_loss']:.3f} | "
-                f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}] |") in card.text
+    for r in res["per_dup"]:  # the body's eval table, with the CI, its method and the small-group flag
+        assert (f"| {r['experiment']} | {r['dup_count']} | {r['n_items']}{'*' if r['small_n'] else ''} | "
+                f"{r['mean_loss']:.3f} | [{r['ci_low']:.3f}, {r['ci_high']:.3f}] | {r['ci_method']} |") in card.text
     assert plan_sha in card.text and "## Natural-duplicate audit" in card.text and "pretrain-exp experiment=" \
         in card.text
 
