@@ -5,10 +5,10 @@ biographies, SmolLM2-135M); the model is the run's initial HF checkpoint, loaded
 
 - ``insertion_loss`` (:func:`pretrain_exp.evals.insertion_loss.insertion_loss`: mean loss of each item's tokens after
   its first) against ``HFLM.loglikelihood`` on ``(decode(item[:1]), decode(item[1:]))``;
-- ``memorization`` (:func:`pretrain_exp.evals.memorization.memorization`: greedy continuation of a
-  ``prefix_length``-token prefix, ``max_new_tokens`` tokens) against ``HFLM.generate_until`` on
-  ``decode(item[:prefix_length])`` with
-  ``max_gen_toks = max_new_tokens``, greedy (``do_sample=False``), no stop string (HFLM adds EOS).
+- ``memorization`` (:func:`pretrain_exp.evals.memorization.memorization`: greedy continuation of the leading EOS
+  and ``prefix_length`` text tokens, ``suffix_length`` tokens, items too short skipped) against
+  ``HFLM.generate_until`` on the decoded prompt of the same items with ``max_gen_toks = suffix_length``, greedy
+  (``do_sample=False``), no stop string (HFLM adds EOS).
 
 Both sides use the run's ``eval.batch_size`` and one torch thread; each is timed ``--reps`` times, interleaved
 (ours, theirs, ours, ...), and the fastest repeat counts, in wall and process CPU seconds (the figure other jobs on a
@@ -62,7 +62,7 @@ def main() -> None:
     from pretrain_exp.app.prefetch import compose_run_config
     from pretrain_exp.evals.base import EvalContext
     from pretrain_exp.evals.insertion_loss import InsertionLossConf, insertion_loss
-    from pretrain_exp.evals.memorization import MemorizationConf, memorization
+    from pretrain_exp.evals.memorization import MemorizationConf, eos_ids, extraction_items, memorization
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = compose_run_config(["wandb=disabled", f"run_dir={Path(tmp) / 'run'}", *args.overrides])
@@ -70,19 +70,19 @@ def main() -> None:
     plan, tok, bs = exp.plan, exp.tokenizer, cfg.eval.batch_size
     mem_task = cfg.eval.tasks.get("memorization")
     P = mem_task.prefix_length if mem_task is not None else MemorizationConf().prefix_length
-    new = mem_task.max_new_tokens if mem_task is not None else MemorizationConf().max_new_tokens
+    new = mem_task.suffix if mem_task is not None else MemorizationConf().suffix
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     model = AutoModelForCausalLM.from_pretrained(str(exp.model_dir), dtype=dtype).to(args.device).eval()
-    ctx = EvalContext(model, tok, plan, exp.held_out, 0, bs, 0, cfg.seed, cfg.cache_dir)
-    mem_cfg = MemorizationConf(prefix_length=P, max_new_tokens=new)
+    ctx = EvalContext(model, tok, plan, exp.held_out, 0, bs, cfg.seed, cfg.cache_dir)
+    mem_cfg = MemorizationConf(prefix_length=P, suffix_length=new)
     items = [plan.item_tokens(i).astype(int).tolist() for i in range(plan.num_items)]
-    mem_items = [t for t in items if len(t) > P + 1]
+    mem_items = [prompt.tolist() for prompt, _ in extraction_items(plan, P, new, eos_ids(ctx))[0].values()]
 
     lm = HFLM(pretrained=model, tokenizer=tok, batch_size=bs)
     ll_requests = [Instance("loglikelihood", {}, (tok.decode(t[:1]), tok.decode(t[1:])), i)
                    for i, t in enumerate(items)]
     greedy = {"until": [], "max_gen_toks": new, "do_sample": False}
-    gen_requests = [Instance("generate_until", {}, (tok.decode(t[:P]), dict(greedy)), i)
+    gen_requests = [Instance("generate_until", {}, (tok.decode(t), dict(greedy)), i)
                     for i, t in enumerate(mem_items)]
     reencoded = sum(len(lm.tok_encode(r.args[0])) + len(lm.tok_encode(r.args[1])) for r in ll_requests)
 
@@ -117,7 +117,7 @@ def main() -> None:
               f"{what} {n / res['theirs_cpu_s']:.2f} items/s CPU ({n / res['theirs_wall_s']:.2f} wall); ratio "
               f"{res['ratio_cpu']:.2f} CPU, {res['ratio_wall']:.2f} wall (goal >= 1.0)", flush=True)
     # HFLM stops a sequence at EOS (and at the stop strings); ours always decodes the continuation's length
-    ours_tokens = sum(min(new, len(t) - P) for t in mem_items)
+    ours_tokens = new * len(mem_items)
     theirs_tokens = sum(len(tok.encode(x, add_special_tokens=False)) for x in generated["texts"])
     out["memorization"].update(ours_generated_tokens=ours_tokens, theirs_generated_tokens_reencoded=theirs_tokens)
     m = out["memorization"]

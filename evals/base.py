@@ -51,12 +51,12 @@ class EvalContext:
     held_out: np.ndarray
     step: int
     batch_size: int
-    bootstrap_samples: int
     seed: int
     cache_dir: Optional[str] = None  #: the run's asset cache (None: ``$PRETRAIN_EXP_CACHE`` or ``~/.cache/...``)
     row_tokens: Optional[Callable[[int], np.ndarray]] = None  #: training-order row q -> its tokens as trained
     insertion: Any = None  #: the run's :class:`~pretrain_exp.insertion.schema.InsertionConf`, if known
-    permutations: int = 9999  #: Monte-Carlo relabellings of a randomization test that is not exact (``eval.permutations``)
+    #: Monte-Carlo relabellings of a randomization test that is not exact (``eval.permutations``)
+    permutations: int = 9999
     p_adjust: str = "holm"  #: multiplicity adjustment within an eval's effects at a step (``eval.p_adjust``)
 
 
@@ -67,6 +67,6 @@ class EvalResult:
     metrics: Dict[str, float] = field(default_factory=dict)  #: flat name -> value
     per_dup: List[Dict[str, Any]] = field(default_factory=list)  #: per (experiment, dup count) summary rows
     rows: List[Dict[str, Any]] = field(default_factory=list)  #: optional per-item rows
-    #: effect rows (:func:`pretrain_exp.evals.stats.per_dup_effects`): each dup-vs-control contrast with its
+    #: effect rows (:func:`pretrain_exp.core.stats.per_dup_effects`): each dup-vs-control contrast with its
     #: interval, randomization p and adjusted p, and the trend test (the primary endpoint)
     effects: List[Dict[str, Any]] = field(default_factory=list)

@@ -4,12 +4,18 @@ never-inserted (dup-0) items of the same benchmark sample.
 The items of a ``type: benchmark`` insertion experiment are benchmark questions rendered with their gold answer
 (:mod:`pretrain_exp.insertion.types.benchmark`). This eval rebuilds the questions of the experiment's items from the
 same ``(benchmark, num_items, seed)`` sample (item ``i`` of the experiment is doc ``i``; every item's tokens are
-checked against its rebuilt text, so a config that does not match the run's items fails instead of scoring the
-wrong docs) and scores them 0-shot with lm-eval (``lm_eval.simple_evaluate``, ``multiple_choice``: the choice with
-the highest summed log-likelihood of ``" " + choice`` after the context is the prediction; ``acc_norm`` divides
-each log-likelihood by the choice's length in characters). The contamination effect is the accuracy of the
-inserted items minus that of the controls, with a 95% percentile-bootstrap CI that resamples the two groups
-independently. Under ``eval.mode=distributed`` the ranks share the docs on lm-eval's data-parallel path
+checked against its rebuilt text, so a config that does not match the run's items fails instead of scoring the wrong
+docs) and scores them 0-shot with lm-eval (``lm_eval.simple_evaluate``, ``multiple_choice``: the choice with the
+highest summed log-likelihood of ``" " + choice`` after the context is the prediction; ``acc_norm`` divides each
+log-likelihood by the choice's length in characters). Per dup count, ``acc`` and ``acc_norm`` carry Wilson intervals
+(defined at 0 and at every item correct); each dup count ``d > 0`` is compared with the clean (dup-0) items, and the
+contamination effect pools every inserted item: ``acc(dup > 0) - acc(dup 0)`` (with one inserted dup count, that dup
+count's effect), each with a Newcombe interval and a randomization p-value (the inserted items are a seeded random
+draw of the sample, so the test is valid by design). The p-values of ``acc`` and ``acc_norm`` at every dup count and
+pooled are adjusted together (Holm by default, ``eval.p_adjust``); the trend of ``acc`` over ``log(1 + dup)`` is the
+primary endpoint (:mod:`pretrain_exp.evals.effects`). The per-item rows keep ``item_id``, ``dup_count``, ``acc`` and
+``acc_norm``, so a report can also compare each item with its own score before training (the step-0 eval of
+``eval.on_load``). Under ``eval.mode=distributed`` the ranks share the docs on lm-eval's data-parallel path
 (:func:`pretrain_exp.evals.shard.simple_evaluate`).
 """
 
@@ -27,9 +33,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.core.stats import effect, interval
 from pretrain_exp.evals.base import EvalContext, EvalResult, EvalTaskConf
+from pretrain_exp.evals.effects import EffectSpec, adjust_family, family_effects
 from pretrain_exp.evals.shard import simple_evaluate
-from pretrain_exp.evals.stats import bootstrap_ci, bootstrap_diff_ci
 from pretrain_exp.insertion.types.benchmark import (
     BenchmarkDoc,
     check_benchmark,
@@ -73,11 +80,17 @@ def benchmark(cfg: BenchmarkConf, ctx: EvalContext) -> EvalResult:
 
     :returns: ``rows``: one per item ``{item_id, experiment, dup_count, source, gold, acc, acc_norm,
         loglikelihoods}`` (``acc``/``acc_norm`` 0 or 1 as lm-eval scored the doc; ``loglikelihoods`` in nats per
-        choice); ``per_dup``: ``{experiment, dup_count, n_items, acc, acc_norm, ci_low, ci_high}`` (CI: 95%
-        percentile bootstrap of ``acc``); ``metrics``: ``{exp}/dup{d}/acc``, ``{exp}/dup{d}/acc_norm`` and, with
-        both controls and inserted items, ``{exp}/contamination_effect_acc`` = acc(dup > 0) - acc(dup 0) with
-        ``_ci_low``/``_ci_high`` (the same for ``acc_norm``). Bootstraps use ``ctx.bootstrap_samples`` and
-        ``ctx.seed``.
+        choice); ``per_dup``: ``{experiment, dup_count, n_items, acc, acc_norm, ci_low, ci_high, ci_method, small_n,
+        acc_norm_ci_low, acc_norm_ci_high, acc_norm_ci_method}`` (``ci_*``: the Wilson 95% interval of ``acc``);
+        ``effects``: per dup count ``d > 0`` (``contrast: "dup d vs 0"``) and, with two or more inserted dup counts,
+        pooled (``contrast: "dup > 0 vs 0"``) the effects on ``acc`` and ``acc_norm`` with Newcombe intervals and
+        randomization p-values
+        (``ctx.permutations``, ``ctx.seed``) adjusted together (``ctx.p_adjust``), and the trend rows (primary:
+        ``acc``); ``metrics``: ``{exp}/dup{d}/acc``, ``{exp}/dup{d}/acc_norm``, for ``d > 0`` with controls
+        ``{exp}/dup{d}/{m}_effect`` (+ ``_ci_low``, ``_ci_high``, ``_p_value``, ``_p_adjusted``) and, with both
+        controls and inserted items, ``{exp}/contamination_effect_acc`` = acc(dup > 0) - acc(dup 0) with
+        ``_ci_low``, ``_ci_high``, ``_p_value``, ``_p_adjusted`` (the same for ``acc_norm``; with one inserted dup
+        count, that dup count's effect).
     :raises ConfigError: if the plan has no such experiment or its items are not the configured sample.
     """
     plan, exp = ctx.plan, cfg.experiment
@@ -98,8 +111,8 @@ def benchmark(cfg: BenchmarkConf, ctx: EvalContext) -> EvalResult:
                                    ctx.batch_size, task_name=f"pretrain_exp_{exp}")
     rows = [{"item_id": int(i), "experiment": exp, "dup_count": int(plan.item_dup_count[i]), "source": d.source,
              "gold": d.gold, **s} for i, d, s in zip(items, docs, scores)]
-    per_dup, metrics = summarize(rows, exp, ctx.bootstrap_samples, ctx.seed)
-    return EvalResult(metrics=metrics, per_dup=per_dup, rows=rows)
+    per_dup, metrics, effects = summarize(rows, exp, ctx)
+    return EvalResult(metrics=metrics, per_dup=per_dup, rows=rows, effects=effects)
 
 
 def check_items(plan: Any, items: np.ndarray, docs: Sequence[BenchmarkDoc], fmt: str, tokenizer: Any,
@@ -175,25 +188,44 @@ def score_multiple_choice(model: Any, tokenizer: Any, questions: Sequence[Tuple[
              "loglikelihoods": [float(r[0]) for r in s["filtered_resps"]]} for s in samples]
 
 
-def summarize(rows: Sequence[Dict[str, Any]], exp: str, samples: int,
-              seed: int) -> Tuple[List[Dict[str, Any]], Dict[str, float]]:
-    """``(per_dup, metrics)`` of one experiment's per-item rows (see :func:`benchmark`)."""
+def summarize(rows: Sequence[Dict[str, Any]], exp: str,
+              ctx: Any) -> Tuple[List[Dict[str, Any]], Dict[str, float], List[Dict[str, Any]]]:
+    """``(per_dup, metrics, effects)`` of one experiment's per-item rows (see :func:`benchmark`).
+
+    :param ctx: the eval context (``permutations``, ``seed``, ``p_adjust``).
+    """
     per_dup, metrics = [], {}
     for d in sorted({r["dup_count"] for r in rows}):
         group = [r for r in rows if r["dup_count"] == d]
-        acc, low, high = bootstrap_ci(np.array([r["acc"] for r in group]), samples, seed)
-        acc_norm = float(np.mean([r["acc_norm"] for r in group]))
-        per_dup.append({"experiment": exp, "dup_count": d, "n_items": len(group), "acc": acc,
-                        "acc_norm": acc_norm, "ci_low": low, "ci_high": high})
-        metrics[f"{exp}/dup{d}/acc"] = acc
-        metrics[f"{exp}/dup{d}/acc_norm"] = acc_norm
+        acc, norm = interval([r["acc"] for r in group], True), interval([r["acc_norm"] for r in group], True)
+        per_dup.append({"experiment": exp, "dup_count": d, "n_items": acc["n_items"], "acc": acc["mean"],
+                        "acc_norm": norm["mean"], "ci_low": acc["ci_low"], "ci_high": acc["ci_high"],
+                        "ci_method": acc["ci_method"], "small_n": acc["small_n"], "acc_norm_ci_low": norm["ci_low"],
+                        "acc_norm_ci_high": norm["ci_high"], "acc_norm_ci_method": norm["ci_method"]})
+        metrics[f"{exp}/dup{d}/acc"] = acc["mean"]
+        metrics[f"{exp}/dup{d}/acc_norm"] = norm["mean"]
+    effects = family_effects([EffectSpec(rows, "acc", proportion=True, primary=True),
+                              EffectSpec(rows, "acc_norm", proportion=True)], ctx, "benchmark")
     clean = [r for r in rows if r["dup_count"] == 0]
     inserted = [r for r in rows if r["dup_count"] > 0]
-    if clean and inserted:
+    pooled = {}  # metric -> the row of the pooled contamination effect
+    if clean and len({r["dup_count"] for r in inserted}) >= 2:
         for metric in ("acc", "acc_norm"):
-            effect, low, high = bootstrap_diff_ci(np.array([r[metric] for r in inserted]),
-                                                  np.array([r[metric] for r in clean]), samples, seed)
-            metrics[f"{exp}/contamination_effect_{metric}"] = effect
-            metrics[f"{exp}/contamination_effect_{metric}_ci_low"] = low
-            metrics[f"{exp}/contamination_effect_{metric}_ci_high"] = high
-    return per_dup, metrics
+            pooled[metric] = {"experiment": exp, "dup_count": None, "contrast": "dup > 0 vs 0", "primary": False,
+                              **effect([r[metric] for r in inserted], [r[metric] for r in clean], True,
+                                       ctx.permutations, ctx.seed), "metric": metric}
+        effects += list(pooled.values())
+        adjust_family(effects, ctx, "benchmark")
+    elif clean and inserted:  # one inserted dup count: the pooled effect is that dup count's
+        pooled = {e["metric"]: e for e in effects if e["contrast"] != "trend"}
+
+    def record(key: str, e: Dict[str, Any]) -> None:
+        metrics.update({key: e["effect"], f"{key}_ci_low": e["effect_ci_low"], f"{key}_ci_high": e["effect_ci_high"],
+                        f"{key}_p_value": e["p_value"], f"{key}_p_adjusted": e["p_adjusted"]})
+
+    for e in effects:
+        if e["contrast"].startswith("dup ") and e["dup_count"] is not None:
+            record(f"{exp}/dup{e['dup_count']}/{e['metric']}_effect", e)
+    for metric, e in pooled.items():
+        record(f"{exp}/contamination_effect_{metric}", e)
+    return per_dup, metrics, effects

@@ -18,12 +18,15 @@ Per experiment and dup count ``d > 0``, every trained pattern ``i`` is scored on
 
     D_i = mean_{q in R_i} [ s(q, xi_i) - mean_c s(q, xi_c) ]
 
-``effect = mean_i D_i`` (negative = remembered) with a percentile-bootstrap 95% CI over the patterns, and a
-two-sided permutation p-value: under the null (the model is independent of every pattern) the patterns of the
-group and the controls are exchangeable, so the statistic is recomputed with the pattern labels of the pool
-(group + controls) permuted (:func:`~pretrain_exp.evals.stats.permutation_p_value`). With a handful of patterns per
-group the percentile bootstrap under-covers (it ignores the variation of the controls and of small samples); the
-permutation p-value is the test to read.
+``effect = mean_i D_i`` (negative = remembered) and a two-sided permutation p-value: under the null (the model is
+independent of every pattern) the patterns of the group and the controls are exchangeable, so the statistic is
+recomputed with the pattern labels of the pool (group + controls) permuted
+(:func:`~pretrain_exp.core.stats.permutation_p_value`, ``permutations`` random relabellings). The effect equals
+``mean_i own_i - mean_c ctrl_c``, where ``own_i`` is pattern ``i``'s mean score on its rows and ``ctrl_c`` control
+``c``'s mean score over the same rows (weighted as the ``D_i`` weight them), so its interval is the Welch t interval
+of those two groups of patterns (both the trained patterns' and the controls' variation count). The p-values of an
+experiment's dup counts, over all experiments, are adjusted together (Holm by default, ``eval.p_adjust``). Per dup
+count the mean score carries a Student t interval over patterns.
 """
 
 from __future__ import annotations
@@ -37,10 +40,11 @@ import torch
 import torch.nn.functional as F
 
 from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.core.stats import interval, permutation_p_value, welch_interval
 from pretrain_exp.evals.base import EvalContext, EvalResult, EvalTaskConf
+from pretrain_exp.evals.effects import adjust_family
 from pretrain_exp.evals.scoring import model_device
 from pretrain_exp.evals.shard import map_batches
-from pretrain_exp.evals.stats import bootstrap_ci, permutation_p_value
 from pretrain_exp.insertion.noise import make_noise
 
 log = logging.getLogger(__name__)
@@ -102,9 +106,12 @@ def gaussian(cfg: GaussianConf, ctx: EvalContext) -> EvalResult:
     :returns: ``rows``: one per pattern, ``{item_id, experiment, dup_count, score, n_rows}`` (``score``: mean
         ``s`` over the rows it was scored on: its own training rows for a trained pattern, all scored rows of
         the experiment for a control) plus ``paired_diff`` (``D_i``) for trained patterns; ``per_dup``:
-        ``{experiment, dup_count, n_items, mean_score, ci_low, ci_high}`` for every dup count and, for
-        ``d > 0``, ``effect, effect_ci_low, effect_ci_high, p_value, n_rows, n_controls``; ``metrics``:
-        ``{experiment}/dup{d}/score`` and, for ``d > 0``, ``{experiment}/dup{d}/effect`` and ``.../p_value``.
+        ``{experiment, dup_count, n_items, mean_score, ci_low, ci_high, ci_method, small_n}`` for every dup count
+        (Student t over patterns) and, for ``d > 0``, ``effect, effect_ci_low, effect_ci_high, effect_ci_method,
+        p_value, p_method, p_adjusted, n_rows, n_controls``; ``effects``: the same effects as effect rows
+        (``metric: "score"``), adjusted together with ``ctx.p_adjust``; ``metrics``: ``{experiment}/dup{d}/score``
+        and, for ``d > 0``, ``{experiment}/dup{d}/effect`` (+ ``_ci_low``, ``_ci_high``), ``.../p_value`` and
+        ``.../p_adjusted``.
         Experiments without controls or without trained rows (an evaluate-only run) yield nothing (logged).
     :raises ValueError: if ``ctx.row_tokens`` is missing (the training rows are needed).
     """
@@ -113,7 +120,7 @@ def gaussian(cfg: GaussianConf, ctx: EvalContext) -> EvalResult:
         return EvalResult()
     if ctx.row_tokens is None:
         raise ValueError("the gaussian eval needs the training rows (EvalContext.row_tokens)")
-    metrics, per_dup, rows_out = {}, [], []
+    metrics, per_dup, rows_out, effects = {}, [], [], []
     for exp, sigma in sorted(plan.noise_sigma.items()):
         e = plan.experiments.index(exp)
         items = np.flatnonzero(plan.item_experiment == e)
@@ -135,11 +142,11 @@ def gaussian(cfg: GaussianConf, ctx: EvalContext) -> EvalResult:
         for c in controls:
             rows_out.append({"item_id": int(c), "experiment": exp, "dup_count": 0,
                              "score": float(S[:, col[int(c)]].mean()), "n_rows": len(qs)})
-        ctrl_scores = np.array([r["score"] for r in rows_out[-controls.size:]])
-        mean, low, high = bootstrap_ci(ctrl_scores, ctx.bootstrap_samples, ctx.seed)
-        per_dup.append({"experiment": exp, "dup_count": 0, "n_items": int(controls.size), "mean_score": mean,
-                        "ci_low": low, "ci_high": high})
-        metrics[f"{exp}/dup0/score"] = mean
+        ctrl = interval([r["score"] for r in rows_out[-controls.size:]])
+        per_dup.append({"experiment": exp, "dup_count": 0, "n_items": int(controls.size), "mean_score": ctrl["mean"],
+                        "ci_low": ctrl["ci_low"], "ci_high": ctrl["ci_high"], "ci_method": ctrl["ci_method"],
+                        "small_n": ctrl["small_n"]})
+        metrics[f"{exp}/dup0/score"] = ctrl["mean"]
         for d in sorted(set(plan.item_dup_count[trained].tolist())):
             group = trained[plan.item_dup_count[trained] == d]
             sel = np.flatnonzero(np.isin(np.array(owner), group))
@@ -154,15 +161,31 @@ def gaussian(cfg: GaussianConf, ctx: EvalContext) -> EvalResult:
 
             diffs = paired(np.arange(sub.size))
             effect, p = permutation_p_value(lambda perm: paired(perm).mean(), sub.size, cfg.permutations, ctx.seed)
-            _, elow, ehigh = bootstrap_ci(diffs, ctx.bootstrap_samples, ctx.seed)
             own = np.bincount(k_of_row, Ssel[np.arange(k_of_row.size), sub[k_of_row]], minlength=group.size) / counts
+            # each control's score over the group's rows, weighted as D_i weights them: effect = mean(own) - mean(this)
+            ctrl_on_rows = np.stack([np.bincount(k_of_row, Ssel[:, c], minlength=group.size) / counts
+                                     for c in ctrl_cols], axis=1).mean(axis=0)
+            _, elow, ehigh, emethod = welch_interval(own, ctrl_on_rows)
             for k, i in enumerate(group):
                 rows_out.append({"item_id": int(i), "experiment": exp, "dup_count": int(d), "score": float(own[k]),
                                  "paired_diff": float(diffs[k]), "n_rows": int(counts[k])})
-            mean, low, high = bootstrap_ci(own, ctx.bootstrap_samples, ctx.seed)
-            per_dup.append({"experiment": exp, "dup_count": int(d), "n_items": int(group.size), "mean_score": mean,
-                            "ci_low": low, "ci_high": high, "effect": effect, "effect_ci_low": elow,
-                            "effect_ci_high": ehigh, "p_value": p, "n_rows": int(sel.size),
-                            "n_controls": int(controls.size)})
-            metrics |= {f"{exp}/dup{d}/score": mean, f"{exp}/dup{d}/effect": effect, f"{exp}/dup{d}/p_value": p}
-    return EvalResult(metrics=metrics, per_dup=per_dup, rows=rows_out)
+            g = interval(own)
+            per_dup.append({"experiment": exp, "dup_count": int(d), "n_items": int(group.size),
+                            "mean_score": g["mean"], "ci_low": g["ci_low"], "ci_high": g["ci_high"],
+                            "ci_method": g["ci_method"], "small_n": g["small_n"], "effect": effect,
+                            "effect_ci_low": elow, "effect_ci_high": ehigh, "effect_ci_method": emethod,
+                            "p_value": p, "p_method": f"randomization ({cfg.permutations:,})",
+                            "n_rows": int(sel.size), "n_controls": int(controls.size)})
+            effects.append({"experiment": exp, "dup_count": int(d), "contrast": f"dup {d} vs 0", "primary": False,
+                            "metric": "score", "effect": effect, "effect_ci_low": elow, "effect_ci_high": ehigh,
+                            "effect_ci_method": emethod, "p_value": p, "p_method": per_dup[-1]["p_method"],
+                            "n_treated": int(group.size), "n_control": int(controls.size)})
+            metrics |= {f"{exp}/dup{d}/score": g["mean"], f"{exp}/dup{d}/effect": effect,
+                        f"{exp}/dup{d}/effect_ci_low": elow, f"{exp}/dup{d}/effect_ci_high": ehigh,
+                        f"{exp}/dup{d}/p_value": p}
+    adjust_family(effects, ctx, "gaussian")
+    for e in effects:
+        row = next(r for r in per_dup if (r["experiment"], r["dup_count"]) == (e["experiment"], e["dup_count"]))
+        row["p_adjusted"] = e["p_adjusted"]
+        metrics[f"{e['experiment']}/dup{e['dup_count']}/p_adjusted"] = e["p_adjusted"]
+    return EvalResult(metrics=metrics, per_dup=per_dup, rows=rows_out, effects=effects)

@@ -17,9 +17,14 @@ Target tokens: ``tokens(probe + " " + value)`` after the tokens of ``probe`` whe
 for tokenizers that split before a space), else ``tokens(" " + value)``.
 
 A fact's dup count is the sum of its items' dup counts (in ``paraphrase`` mode each of its items is one
-paraphrase). Per fact and probe kind the probes' values are averaged; groups ``(experiment, dup count, probe
-kind)`` average over facts with a 95% percentile-bootstrap CI over facts; the effect of dup count ``d > 0`` is
-its mean minus the mean of the experiment's dup-0 control facts, with a bootstrap CI resampling both groups.
+paraphrase). Per fact and probe kind the probes' values are averaged, so the fact is the unit of every interval and
+test; groups ``(experiment, dup count, probe kind)`` average over facts with a Student t 95% interval (``greedy_acc``:
+a Wilson interval where every fact has one probe of the kind, so its value is 0 or 1; else t over the facts'
+fractions). The effect of dup count ``d > 0`` is its mean minus the mean of the experiment's dup-0 control facts,
+with a Welch interval (Newcombe for a 0/1 ``greedy_acc``) and a randomization p-value; the p-values of every value,
+probe kind, dup count and experiment of the eval at a step are adjusted together (Holm by default,
+``eval.p_adjust``), except the declared primary endpoint: per experiment, the trend of ``logp_mean`` on
+memorization probes over ``log(1 + dup)`` (:mod:`pretrain_exp.evals.effects`).
 """
 
 from __future__ import annotations
@@ -31,9 +36,10 @@ from typing import Any, Dict, List, Sequence, Tuple
 import numpy as np
 
 from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.core.stats import PERMUTATIONS, interval
 from pretrain_exp.evals.base import EvalContext, EvalResult, EvalTaskConf
+from pretrain_exp.evals.effects import EffectSpec, family_effects
 from pretrain_exp.evals.scoring import continuation_scores
-from pretrain_exp.evals.stats import bootstrap_ci, bootstrap_diff_ci
 from pretrain_exp.insertion.types.knowledge import (
     PROBE_KINDS,
     facts_by_item,
@@ -63,14 +69,16 @@ def knowledge(cfg: KnowledgeConf, ctx: EvalContext) -> EvalResult:
 
     :returns: ``rows``: one per (fact, probe) ``{experiment, repeat, fact, entity, attribute, value, dup_count,
         item_ids, probe, template, prompt, logp_sum, logp_mean, n_target_tokens, greedy_match}``; ``per_dup``:
-        one per ``(experiment, dup_count, probe)`` ``{experiment, repeat, dup_count, probe, n_facts, logp_sum,
-        logp_mean, greedy_acc, ci_low, ci_high}`` (CI of ``logp_sum``) plus ``logp_mean_ci_low/high``,
-        ``greedy_acc_ci_low/high`` and, for
-        ``d > 0`` with controls, ``{v}_effect``, ``{v}_effect_ci_low``, ``{v}_effect_ci_high`` for each
-        ``v`` in ``logp_sum, logp_mean, greedy_acc``; ``metrics``: ``{exp}/dup{d}/{probe}/{v}`` and
-        ``{exp}/dup{d}/{probe}/{v}_effect[_ci_low|_ci_high]``. Bootstraps use ``ctx.bootstrap_samples`` and
-        ``ctx.seed``. ``logp_mean`` (nats per target token) is the less noisy comparison when values differ in
-        length (years vs names).
+        one per ``(experiment, dup_count, probe)`` ``{experiment, repeat, dup_count, probe, n_facts, n_items,
+        logp_sum, logp_mean, greedy_acc, ci_low, ci_high, ci_method, small_n}`` (interval of ``logp_sum``;
+        ``n_items = n_facts``) plus ``logp_mean_ci_low/high/method``, ``greedy_acc_ci_low/high/method`` and, for
+        ``d > 0`` with controls, ``{v}_effect``, ``{v}_effect_ci_low``, ``{v}_effect_ci_high``,
+        ``{v}_effect_ci_method``, ``{v}_effect_p_value``, ``{v}_effect_p_adjusted`` for each ``v`` in ``logp_sum,
+        logp_mean, greedy_acc``; ``effects``: those effects and the trend rows (module docstring), with ``metric``
+        = ``v`` and ``probe``; ``metrics``: ``{exp}/dup{d}/{probe}/{v}`` and
+        ``{exp}/dup{d}/{probe}/{v}_effect[_ci_low|_ci_high|_p_value|_p_adjusted]``. Tests use
+        ``ctx.permutations``, ``ctx.seed`` and ``ctx.p_adjust``. ``logp_mean`` (nats per target token) is the less
+        noisy comparison when values differ in length (years vs names).
     :raises ConfigError: if the run has no such experiment, or the plan's items are not the configured facts.
     """
     if ctx.insertion is None:
@@ -82,8 +90,8 @@ def knowledge(cfg: KnowledgeConf, ctx: EvalContext) -> EvalResult:
             raise ConfigError(f"{KEY}.experiments", f"the plan has no experiment {n!r}; experiments: "
                               f"{list(ctx.plan.experiments)}")
     rows = [r for n in names for r in score_experiment(n, exps[n], ctx)]
-    per_dup, metrics = summarize(rows, ctx.bootstrap_samples, ctx.seed)
-    return EvalResult(metrics=metrics, per_dup=per_dup, rows=rows)
+    per_dup, metrics, effects = summarize(rows, ctx.permutations, ctx.seed, ctx.p_adjust)
+    return EvalResult(metrics=metrics, per_dup=per_dup, rows=rows, effects=effects)
 
 
 def check_experiments(key: str, cfg: KnowledgeConf, experiments: Dict[str, Any]) -> List[str]:
@@ -156,40 +164,68 @@ def score_experiment(name: str, exp: Any, ctx: EvalContext) -> List[Dict[str, An
             for m, (lp, greedy) in zip(meta, scores)]
 
 
-def summarize(rows: Sequence[Dict[str, Any]], samples: int,
-              seed: int) -> Tuple[List[Dict[str, Any]], Dict[str, float]]:
-    """``(per_dup, metrics)`` of per-probe rows (see :func:`knowledge`): probes averaged per fact and kind, then
-    facts per ``(experiment, dup_count, probe)`` with bootstrap CIs and effects against the dup-0 facts."""
+def summarize(rows: Sequence[Dict[str, Any]], permutations: int = PERMUTATIONS, seed: int = 0,
+              p_adjust: str = "holm") -> Tuple[List[Dict[str, Any]], Dict[str, float], List[Dict[str, Any]]]:
+    """``(per_dup, metrics, effects)`` of per-probe rows (see :func:`knowledge`): probes averaged per fact and kind,
+    then facts per ``(experiment, dup_count, probe)`` with intervals, and effects against the dup-0 facts.
+
+    :param permutations: random relabellings of a randomization test that is not exact; :param seed: their seed;
+    :param p_adjust: the multiplicity adjustment over the eval's tests (``holm``, ``bh``, ``none``).
+    """
     per_fact: Dict[Tuple[str, str, int], List[Dict[str, Any]]] = defaultdict(list)
     for r in rows:
         per_fact[(r["experiment"], r["probe"], r["fact"])].append(r)
-    groups: Dict[Tuple[str, int, str], Dict[str, List[float]]] = defaultdict(lambda: defaultdict(list))
+    facts: List[Dict[str, Any]] = []  # one row per (experiment, probe kind, fact)
     repeat = {}
-    for (exp, kind, _), rs in per_fact.items():
-        g = groups[(exp, rs[0]["dup_count"], kind)]
+    for (exp, kind, fact), rs in per_fact.items():
         repeat[exp] = rs[0]["repeat"]
-        g["logp_sum"].append(float(np.mean([r["logp_sum"] for r in rs])))
-        g["logp_mean"].append(float(np.mean([r["logp_mean"] for r in rs])))
-        g["greedy_acc"].append(float(np.mean([r["greedy_match"] for r in rs])))
-    per_dup, metrics = [], {}
+        facts.append({"experiment": exp, "probe": kind, "fact": fact, "dup_count": rs[0]["dup_count"],
+                      "n_probes": len(rs), "logp_sum": float(np.mean([r["logp_sum"] for r in rs])),
+                      "logp_mean": float(np.mean([r["logp_mean"] for r in rs])),
+                      "greedy_acc": float(np.mean([r["greedy_match"] for r in rs]))})
+    # greedy_acc is a 0/1 proportion where each fact has one probe of the kind (identical-mode memorization probes)
+    binary = {key: all(f["n_probes"] == 1 for f in facts if (f["experiment"], f["probe"]) == key)
+              for key in {(f["experiment"], f["probe"]) for f in facts}}
     order = {k: i for i, k in enumerate(PROBE_KINDS)}
-    for (exp, dup, kind) in sorted(groups, key=lambda g: (g[0], g[1], order[g[2]])):
-        g = groups[(exp, dup, kind)]
-        logp, low, high = bootstrap_ci(np.array(g["logp_sum"]), samples, seed)
-        mean, mean_low, mean_high = bootstrap_ci(np.array(g["logp_mean"]), samples, seed)
-        acc, acc_low, acc_high = bootstrap_ci(np.array(g["greedy_acc"]), samples, seed)
-        row = {"experiment": exp, "repeat": repeat[exp], "dup_count": dup, "probe": kind,
-               "n_facts": len(g["logp_sum"]), "logp_sum": logp, "logp_mean": mean, "greedy_acc": acc,
-               "ci_low": low, "ci_high": high, "logp_mean_ci_low": mean_low, "logp_mean_ci_high": mean_high,
-               "greedy_acc_ci_low": acc_low, "greedy_acc_ci_high": acc_high}
+    specs = [EffectSpec([f for f in facts if (f["experiment"], f["probe"]) == (exp, kind)], v,
+                        proportion=v == "greedy_acc" and binary[(exp, kind)],
+                        primary=v == "logp_mean" and kind == "memorization", labels={"probe": kind})
+             for exp, kind in sorted(binary, key=lambda k: (k[0], order[k[1]])) for v in VALUES]
+    effects = family_effects(specs, _Ctx(permutations, seed, p_adjust), "knowledge")
+    by_key = {(e["experiment"], e["dup_count"], e["probe"], e["metric"]): e for e in effects
+              if e["contrast"] != "trend"}
+    per_dup, metrics = [], {}
+    for exp, dup, kind in sorted({(f["experiment"], f["dup_count"], f["probe"]) for f in facts},
+                                 key=lambda g: (g[0], g[1], order[g[2]])):
+        group = [f for f in facts if (f["experiment"], f["dup_count"], f["probe"]) == (exp, dup, kind)]
+        s = {v: interval([f[v] for f in group], v == "greedy_acc" and binary[(exp, kind)]) for v in VALUES}
+        row = {"experiment": exp, "repeat": repeat[exp], "dup_count": dup, "probe": kind, "n_facts": len(group),
+               "n_items": len(group), "logp_sum": s["logp_sum"]["mean"], "logp_mean": s["logp_mean"]["mean"],
+               "greedy_acc": s["greedy_acc"]["mean"], "ci_low": s["logp_sum"]["ci_low"],
+               "ci_high": s["logp_sum"]["ci_high"], "ci_method": s["logp_sum"]["ci_method"],
+               "small_n": s["logp_sum"]["small_n"]}
+        for v in ("logp_mean", "greedy_acc"):
+            row.update({f"{v}_ci_low": s[v]["ci_low"], f"{v}_ci_high": s[v]["ci_high"],
+                        f"{v}_ci_method": s[v]["ci_method"]})
         key = f"{exp}/dup{dup}/{kind}"
         metrics.update({f"{key}/{v}": row[v] for v in VALUES})
-        control = groups.get((exp, 0, kind))
-        if dup > 0 and control:
-            for v in VALUES:
-                effect, e_low, e_high = bootstrap_diff_ci(np.array(g[v]), np.array(control[v]), samples, seed)
-                row.update({f"{v}_effect": effect, f"{v}_effect_ci_low": e_low, f"{v}_effect_ci_high": e_high})
-                metrics.update({f"{key}/{v}_effect": effect, f"{key}/{v}_effect_ci_low": e_low,
-                                f"{key}/{v}_effect_ci_high": e_high})
+        for v in VALUES:
+            e = by_key.get((exp, dup, kind, v))
+            if e is None:
+                continue
+            row.update({f"{v}_effect": e["effect"], f"{v}_effect_ci_low": e["effect_ci_low"],
+                        f"{v}_effect_ci_high": e["effect_ci_high"], f"{v}_effect_ci_method": e["effect_ci_method"],
+                        f"{v}_effect_p_value": e["p_value"], f"{v}_effect_p_adjusted": e["p_adjusted"]})
+            metrics.update({f"{key}/{v}_effect{x}": row[f"{v}_effect{x}"]
+                            for x in ("", "_ci_low", "_ci_high", "_p_value", "_p_adjusted")})
         per_dup.append(row)
-    return per_dup, metrics
+    return per_dup, metrics, effects
+
+
+@dataclass
+class _Ctx:
+    """The test settings :func:`~pretrain_exp.evals.effects.family_effects` reads from an eval context."""
+
+    permutations: int
+    seed: int
+    p_adjust: str

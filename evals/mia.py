@@ -18,7 +18,13 @@ the per-token losses ``l_t = -ln p(x[t+1] | x[:t+1])`` (nats) over the item's ``
   Language Models" (ICLR). ``min_k_percent = 100`` gives the ``loss`` score.
 
 Per experiment, each dup count ``d > 0`` (members) is compared with the experiment's dup-0 controls
-(non-members) by the ROC AUC of each score, with a percentile-bootstrap 95% CI.
+(non-members) by the ROC AUC of each score, with Newcombe's score interval built on the Hanley-McNeil variance
+(:func:`~pretrain_exp.core.stats.auc_interval`; it stays inside ``[0, 1]`` and does not collapse to ``[1, 1]``
+under perfect separation) and a randomization p-value of ``AUC = 0.5`` (the Mann-Whitney test, exact where the
+relabellings can be enumerated; :func:`~pretrain_exp.evals.effects.auc_randomization_test`). Every dup count and
+every score of an experiment is compared with the *same* controls, so its AUCs are correlated; their p-values are
+adjusted together, over experiments x dup counts x scores (Holm by default, ``eval.p_adjust``; valid under any
+dependence).
 """
 
 from __future__ import annotations
@@ -27,18 +33,19 @@ import logging
 import zlib
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional
 
 import numpy as np
 
 from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.core.stats import MIN_ITEMS_PER_GROUP
 from pretrain_exp.evals.base import EvalContext, EvalResult, EvalTaskConf
+from pretrain_exp.evals.effects import adjust_family, auc_effect
 from pretrain_exp.evals.scoring import plan_item_rows, token_losses
 
 log = logging.getLogger(__name__)
 
 SCORES = ("loss", "zlib", "min_k")
-_CHUNK_ELEMENTS = 1 << 22  #: resampled values ranked at once (bounds memory to a few x 32 MiB)
 
 
 @dataclass
@@ -103,41 +110,19 @@ def roc_auc(members: np.ndarray, nonmembers: np.ndarray) -> np.ndarray:
     return (ranks[..., :n1].sum(axis=-1) - n1 * (n1 + 1) / 2.0) / (n1 * n0)
 
 
-def bootstrap_auc(members: np.ndarray, nonmembers: np.ndarray, samples: int, seed: int,
-                  level: float = 0.95) -> Tuple[float, float, float]:
-    """:func:`roc_auc` and its percentile-bootstrap confidence interval.
-
-    Each resample draws ``n1`` members and ``n0`` non-members with replacement, independently
-    (``numpy.random.Generator(PCG64(seed))``; equal shapes and seeds give equal draws, so the scores of one
-    group are resampled identically). Vectorized, in chunks of about ``2**22`` ranked values.
-
-    :param members: scores, shape ``(n1,)``; :param nonmembers: shape ``(n0,)``; both non-empty.
-    :param samples: bootstrap resamples; ``0`` skips the interval.
-    :returns: ``(auc, low, high)`` floats; ``low, high`` are the ``(1 -+ level) / 2`` quantiles of the
-        resampled AUCs, ``nan`` when ``samples == 0``.
-    """
-    m, o = np.asarray(members, dtype=np.float64), np.asarray(nonmembers, dtype=np.float64)
-    auc = float(roc_auc(m, o))
-    if samples == 0:
-        return auc, float("nan"), float("nan")
-    rng = np.random.Generator(np.random.PCG64(seed))
-    chunk = max(1, _CHUNK_ELEMENTS // (m.size + o.size))
-    aucs = []
-    for s in range(0, samples, chunk):
-        b = min(chunk, samples - s)
-        aucs.append(roc_auc(m[rng.integers(0, m.size, (b, m.size))], o[rng.integers(0, o.size, (b, o.size))]))
-    low, high = np.percentile(np.concatenate(aucs), [50.0 * (1.0 - level), 50.0 * (1.0 + level)])
-    return auc, float(low), float(high)
-
-
 def mia(cfg: MiaConf, ctx: EvalContext) -> EvalResult:
     """Membership scores of every plan item and their AUCs, members (dup ``d > 0``) vs dup-0 controls.
 
     :returns: ``rows``: one per item with at least 2 tokens, ``{item_id, experiment, dup_count, loss, zlib,
         min_k}``; ``per_dup``: per experiment with controls, dup count ``d > 0`` and score, ``{experiment,
-        dup_count, n_members, n_nonmembers, score, auc, ci_low, ci_high}`` (CI: :func:`bootstrap_auc` with
-        ``ctx.bootstrap_samples`` and ``ctx.seed``); ``metrics``: ``{experiment}/dup{d}/{score}_auc``. An
-        experiment without dup-0 items yields no AUCs (logged).
+        dup_count, score, n_items, n_members, n_nonmembers, auc, ci_low, ci_high, ci_method, small_n, p_value,
+        p_adjusted}`` (``n_items = n_members``; ``small_n`` when either group has fewer than
+        :data:`~pretrain_exp.core.stats.MIN_ITEMS_PER_GROUP` items; the interval and test as in the module
+        docstring); ``effects``: the same comparisons as effect rows (``effect`` = the AUC, ``null`` = 0.5,
+        ``metric`` = ``"{score}_auc"``, ``score``), p-values adjusted over all of them with ``ctx.p_adjust``
+        (``ctx.permutations`` relabellings where the test is not exact, ``ctx.seed``); ``metrics``:
+        ``{experiment}/dup{d}/{score}_auc`` with ``_ci_low`` and ``_ci_high``. An experiment without dup-0 items
+        yields no AUCs (logged).
     """
     plan = ctx.plan
     tokens = [plan.item_tokens(i) for i in range(plan.num_items)]
@@ -147,7 +132,7 @@ def mia(cfg: MiaConf, ctx: EvalContext) -> EvalResult:
     groups = defaultdict(list)
     for r in rows:
         groups[(r["experiment"], r["dup_count"])].append(r)
-    per_dup, metrics = [], {}
+    effects = []
     for exp in sorted({e for e, _ in groups}):
         dups = sorted(d for e, d in groups if e == exp and d > 0)
         controls = groups.get((exp, 0))
@@ -157,10 +142,19 @@ def mia(cfg: MiaConf, ctx: EvalContext) -> EvalResult:
         for d in dups:
             members = groups[(exp, d)]
             for score in SCORES:
-                auc, low, high = bootstrap_auc([r[score] for r in members], [r[score] for r in controls],
-                                               ctx.bootstrap_samples, ctx.seed)
-                per_dup.append({"experiment": exp, "dup_count": d, "n_members": len(members),
-                                "n_nonmembers": len(controls), "score": score, "auc": auc, "ci_low": low,
-                                "ci_high": high})
-                metrics[f"{exp}/dup{d}/{score}_auc"] = auc
-    return EvalResult(metrics=metrics, per_dup=per_dup, rows=rows)
+                effects.append({"experiment": exp, "dup_count": d, "contrast": f"dup {d} vs 0", "primary": False,
+                                "metric": f"{score}_auc", "score": score,
+                                **auc_effect([r[score] for r in members], [r[score] for r in controls],
+                                             ctx.permutations, ctx.seed)})
+    adjust_family(effects, ctx, "mia")
+    per_dup, metrics = [], {}
+    for e in effects:
+        n1, n0 = e["n_treated"], e["n_control"]
+        per_dup.append({"experiment": e["experiment"], "dup_count": e["dup_count"], "score": e["score"],
+                        "n_items": n1, "n_members": n1, "n_nonmembers": n0, "auc": e["effect"],
+                        "ci_low": e["effect_ci_low"], "ci_high": e["effect_ci_high"],
+                        "ci_method": e["effect_ci_method"], "small_n": bool(min(n1, n0) < MIN_ITEMS_PER_GROUP),
+                        "p_value": e["p_value"], "p_adjusted": e["p_adjusted"]})
+        key = f"{e['experiment']}/dup{e['dup_count']}/{e['score']}_auc"
+        metrics.update({key: e["effect"], f"{key}_ci_low": e["effect_ci_low"], f"{key}_ci_high": e["effect_ci_high"]})
+    return EvalResult(metrics=metrics, per_dup=per_dup, rows=rows, effects=effects)

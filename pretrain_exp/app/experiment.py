@@ -305,7 +305,7 @@ class Experiment:
         """What an eval of the checkpoint at global step ``step`` reads besides ``model``."""
         e = self.cfg.eval
         return EvalContext(model, self.tokenizer, self.plan_for_step(step), self.held_out, step, e.batch_size,
-                           e.bootstrap_samples, self.cfg.seed, self.cfg.cache_dir, row_tokens=self.rows.row,
+                           self.cfg.seed, self.cfg.cache_dir, row_tokens=self.rows.row,
                            insertion=self.cfg.insertion, permutations=e.permutations, p_adjust=e.p_adjust)
 
     def _worker_config(self) -> Tuple[Path, bool]:

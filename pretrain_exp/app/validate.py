@@ -39,7 +39,7 @@ from pretrain_exp.core.capabilities import (
 from pretrain_exp.core.config import Cleanup, EvalMode, ExportHF
 from pretrain_exp.core.errors import ConfigError, PretrainExpError
 from pretrain_exp.core.rundir import RunDir
-from pretrain_exp.evals.stats import ADJUST_METHODS
+from pretrain_exp.core.stats import ADJUST_METHODS
 
 log = logging.getLogger(__name__)
 

@@ -164,8 +164,10 @@ class EvalConf:
     #: its evals in the run's own allocation (a job pending behind the run itself would never start)
     async_pending_wait_s: float = 60.0
     batch_size: int = 8  #: sequences per forward pass
-    bootstrap_samples: int = 1000  #: resamples of the item bootstraps that remain (CPDT's per-seed item replicates)
-    #: random relabellings of a randomization test with more than ``pretrain_exp.evals.stats.MAX_EXACT`` distinct
+    #: not used: intervals are t / Welch / Wilson / score intervals and tests are randomization tests
+    #: (:mod:`pretrain_exp.core.stats`); the key stays so that the configs of runs written before still load
+    bootstrap_samples: int = 1000
+    #: random relabellings of a randomization test with more than ``pretrain_exp.core.stats.MAX_EXACT`` distinct
     #: ones (smaller tests enumerate every relabelling: exact)
     permutations: int = 9999
     #: multiplicity adjustment of each eval's dup-vs-control p-values at a step: ``holm`` (family-wise error),

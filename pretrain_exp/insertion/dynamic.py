@@ -19,7 +19,7 @@ Since the static dup counts are themselves dealt by a seeded permutation, the co
 of the experiment's items, and targets vs controls is a randomized two-arm comparison. The dup count of a target
 is chosen by the policy from its own losses, so groups of realized dup counts are *not* randomized: the report
 (:func:`summary`) compares the arms by intent to treat (every target against every control, whatever copies the
-policy gave it; :func:`pretrain_exp.evals.stats.effect`) and flags the per-dup groups as outcome-selected.
+policy gave it; :func:`pretrain_exp.core.stats.effect`) and flags the per-dup groups as outcome-selected.
 
 A decision at segment boundary ``a`` (the start step of segment ``(a, b]``) reads the per-item losses of the
 ``insertion_loss`` eval ``task`` saved at step ``a`` (``evals/step<a>/<task>.json``; with ``eval.on_load`` the
@@ -43,11 +43,11 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from pretrain_exp.core import stats
 from pretrain_exp.core.capabilities import EMBEDDING_NOISE, has
 from pretrain_exp.core.errors import CheckpointError, ConfigError
 from pretrain_exp.core.io import write_json
 from pretrain_exp.core.rundir import RunDir
-from pretrain_exp.evals import stats
 from pretrain_exp.insertion.items import experiment_rng
 from pretrain_exp.insertion.placement import Occupancy, place_random
 from pretrain_exp.insertion.plan import Plan
@@ -477,13 +477,13 @@ def summary(plan, conf: DynamicConf, history: Dict[int, Losses], rows: List[dict
       did (``inserted by the policy``; ``below threshold at start`` for ``until_memorized``, ``never inserted by
       the policy`` otherwise; ``randomized: false``; listed when neither empty nor all targets):
       ``{experiment, arm, randomized, n_items, mean, ci_low, ci_high, ci_method, small_n, initial_mean}`` of the
-      final insertion loss (t interval, :func:`~pretrain_exp.evals.stats.interval`; ``initial_mean`` at
+      final insertion loss (t interval, :func:`~pretrain_exp.core.stats.interval`; ``initial_mean`` at
       ``initial_step``); for ``until_memorized`` also the arm's counts of items that ``crossed`` the threshold at
       some eval, were ``confirmed`` (still below at the next eval: memorized), ``fell_back`` (back at or above at
       the next eval), are ``unconfirmed`` (crossed at the last eval) and ``below_at_end``.
     - ``itt``: per experiment, the intent-to-treat effect of being a target: every target against every control,
-      whatever copies the policy gave it (:func:`~pretrain_exp.evals.stats.effect`: Welch t interval, randomization
-      p, exact up to :data:`~pretrain_exp.evals.stats.MAX_EXACT` relabellings), signed so that a positive effect
+      whatever copies the policy gave it (:func:`~pretrain_exp.core.stats.effect`: Welch t interval, randomization
+      p, exact up to :data:`~pretrain_exp.core.stats.MAX_EXACT` relabellings), signed so that a positive effect
       means a lower loss for the targets (``mean(control loss) - mean(target loss)``, nats/token). The final-loss row
       (``primary: true``) is the run's primary endpoint; when ``initial_step`` precedes every copy of these items
       (``eval.on_load``), a second row compares each item's change since then (a difference in differences, which

@@ -23,7 +23,7 @@ def print_report(rep: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from pretrain_exp.evals import stats
+    from pretrain_exp.core import stats
 
     if rep.get("cpdt") is not None:
         print_cpdt(rep["cpdt"])

@@ -12,23 +12,23 @@ Effect (each insertion type's ``effect``, :mod:`pretrain_exp.insertion.types`). 
 positive when inserted items are predicted better) for ``texts``/``tokens``/``corpus_chunks`` experiments,
 benchmark accuracy (``v`` = acc, ``sign = +1``: contaminated minus clean) for ``benchmark`` experiments.
 
-Statistics (:func:`interaction_rows`, functions of :mod:`pretrain_exp.evals.stats`):
+Statistics (:func:`interaction_rows`, functions of :mod:`pretrain_exp.core.stats`):
 
 - **Per seed**, the interaction ``I_s = Y_together - Y_alone`` equals ``sign * (mean_d D - mean_0 D)`` for the
   per-item paired differences ``D(j) = v_together(j) - v_alone(j)`` of the same items. Its 95% interval is the
-  Welch t interval of that difference of means (:func:`~pretrain_exp.evals.stats.welch_interval`), and so are the
+  Welch t interval of that difference of means (:func:`~pretrain_exp.core.stats.welch_interval`), and so are the
   intervals of ``Y_together`` and ``Y_alone``. These cover the sampling of items within one seed only.
 - **Pooled over the S seeds** (``seed: "all"``), each quantity is the mean of the per-seed values and its interval
-  the Student t interval over the per-seed values (``S - 1`` df, :func:`~pretrain_exp.evals.stats.seed_interval`):
+  the Student t interval over the per-seed values (``S - 1`` df, :func:`~pretrain_exp.core.stats.seed_interval`):
   the seeds re-draw data order, items and dup assignment, so they are the independent replicates, and the
   spread of ``I_s`` between seeds holds both the item noise and the seed-level perturbation that the other
   experiments cause. With ``S <= 2`` seed variance is not identified and no pooled interval is given.
 - **Test of an interaction**: the two-sided sign-flip test of the per-seed interactions
-  (:func:`~pretrain_exp.evals.stats.sign_flip_pvalue`; exact over ``2**S`` sign vectors, so its smallest
+  (:func:`~pretrain_exp.core.stats.sign_flip_pvalue`; exact over ``2**S`` sign vectors, so its smallest
   p-value is ``2 / 2**S``: ``S >= 6`` seeds are needed to reach 0.05), Holm-adjusted (Holm 1979) over the
-  experiment x dup count rows of the table (:func:`~pretrain_exp.evals.stats.adjust`).
+  experiment x dup count rows of the table (:func:`~pretrain_exp.core.stats.adjust`).
 - **Test of no interaction**: an equivalence test (two one-sided t tests over seeds, Schuirmann 1987;
-  :func:`~pretrain_exp.evals.stats.tost`) of ``|E[I]| < cpdt.margin``, a margin in the effect's unit declared
+  :func:`~pretrain_exp.core.stats.tost`) of ``|E[I]| < cpdt.margin``, a margin in the effect's unit declared
   before the run; Holm-adjusted over the rows as well. Without a margin (or with ``S <= 2``) no row can be
   concluded to have no interaction.
 - **Verdict** per pooled row at ``cpdt.alpha``: ``interaction (p=...)`` when the adjusted sign-flip p is
@@ -173,20 +173,20 @@ class ExperimentValues:
 
 def seeds_needed(alpha: float, n_tests: int = 1) -> int:
     """The fewest seeds ``S`` whose exact sign-flip test can reach ``alpha`` after Holm over ``n_tests`` tests:
-    the smallest ``S`` with ``n_tests * 2 / 2**S <= alpha`` (:func:`~pretrain_exp.evals.stats.min_sign_flip_p`);
+    the smallest ``S`` with ``n_tests * 2 / 2**S <= alpha`` (:func:`~pretrain_exp.core.stats.min_sign_flip_p`);
     6 for one test at 0.05, 7 for two."""
     return max(1, math.ceil(math.log2(2 * max(1, n_tests) / alpha) - 1e-12))
 
 
 def seeds_warning(n_seeds: int, alpha: float, n_tests: int = 1) -> Optional[str]:
     """Why ``n_seeds`` seeds cannot show an interaction at ``alpha`` (one sentence), or ``None`` when they can: the
-    exact sign-flip test's smallest p-value ``2 / 2**S`` (:func:`~pretrain_exp.evals.stats.min_sign_flip_p`),
+    exact sign-flip test's smallest p-value ``2 / 2**S`` (:func:`~pretrain_exp.core.stats.min_sign_flip_p`),
     times ``n_tests`` after Holm, must be ``<= alpha``. Shown above a CPDT table and logged as a warning when a run
     is set up (:func:`pretrain_exp.app.validate.validate_cpdt`).
 
     :param n_tests: the experiment x dup count rows tested (Holm multiplies the smallest p by up to this).
     """
-    from pretrain_exp.evals.stats import min_sign_flip_p
+    from pretrain_exp.core.stats import min_sign_flip_p
 
     low = min_sign_flip_p(n_seeds)
     if low > alpha:
@@ -223,11 +223,11 @@ def seed_rows(experiment: str, seed: int, values: SeedValues, sign: int, unit: s
     """The per-seed rows of one experiment: one per inserted dup count ``d``, with ``effect_together``,
     ``effect_alone`` and ``interaction`` (each ``sign * (mean_d - mean_0)``, in ``unit``) and their Welch t
     intervals over items (``ci_method``), ``n_treated``/``n_control`` and ``small_n`` (a group under
-    :data:`~pretrain_exp.evals.stats.MIN_ITEMS_PER_GROUP` items).
+    :data:`~pretrain_exp.core.stats.MIN_ITEMS_PER_GROUP` items).
 
     :raises ConfigError: if ``values`` has no dup-0 control item, naming the experiment's repetitions.
     """
-    from pretrain_exp.evals.stats import MIN_ITEMS_PER_GROUP, welch_interval
+    from pretrain_exp.core.stats import MIN_ITEMS_PER_GROUP, welch_interval
 
     dups = np.asarray(values.dup_counts).astype(np.int64)
     t = np.asarray(values.together, dtype=np.float64)
@@ -263,7 +263,7 @@ def pooled_row(per_seed: Sequence[dict], alpha: float = ALPHA, margin: Optional[
 
     :param permutations: random sign vectors when ``S > 16`` (exact enumeration below).
     """
-    from pretrain_exp.evals.stats import min_sign_flip_p, seed_interval, sign_flip_pvalue, tost
+    from pretrain_exp.core.stats import min_sign_flip_p, seed_interval, sign_flip_pvalue, tost
 
     first = per_seed[0]
     n_t = [r["n_treated"] for r in per_seed]
@@ -292,7 +292,7 @@ def conclude(pooled: List[dict], alpha: float = ALPHA, margin: Optional[float] =
     """Holm-adjust the pooled rows' sign-flip and TOST p-values over the rows (``p_adjusted``,
     ``tost_p_adjusted``, ``p_adjust_method``) and give each its ``verdict`` (module docstring); returns
     ``pooled``."""
-    from pretrain_exp.evals.stats import adjust
+    from pretrain_exp.core.stats import adjust
 
     nan = float("nan")
     for r, q in zip(pooled, adjust([r["p_value"] for r in pooled], P_ADJUST)):

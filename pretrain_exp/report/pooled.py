@@ -6,16 +6,16 @@ mean loss(dup d items)`` (nats/token) at its last evaluated step, from the per-i
 ``insertion_loss`` eval; the pooled effect is the mean over the group's seeds (:func:`pool_seeds`).
 
 Its interval is a t interval over the per-seed effects (``S - 1`` degrees of freedom,
-:func:`pretrain_exp.evals.stats.seed_interval`): the seeds are the independent replicates (each re-draws the
+:func:`pretrain_exp.core.stats.seed_interval`): the seeds are the independent replicates (each re-draws the
 generated items, the training order and the placement) and each per-seed effect already holds the noise of its
 items, so resampling the items again would count it twice. With ``S <= 2`` seeds the seed-to-seed variance is not
 identified and no interval is given (``ci_method`` says so, the tables print ``n/a``). In a simulation with a
 seed-level shift of the effect (sd 0.3, item sd 0.3, 16 items per group) this interval covers 0.95-0.96 at 3 and 5
 seeds, where a two-stage (seeds, then items) percentile bootstrap covers 0.85-0.91
 (``tests/unit/report/test_statistics_report.py``). The p-value is the exact two-sided sign-flip test over the per-seed
-effects (:func:`pretrain_exp.evals.stats.sign_flip_pvalue`; under no effect each seed's effect is symmetric about
+effects (:func:`pretrain_exp.core.stats.sign_flip_pvalue`; under no effect each seed's effect is symmetric about
 0); it cannot go below ``min_p = 2 / 2**S`` (0.5 at 2 seeds, 0.0625 at 5: 6 seeds are needed for 0.05). A group
-whose dup groups hold fewer than :data:`~pretrain_exp.evals.stats.MIN_ITEMS_PER_GROUP` items in some seed is flagged
+whose dup groups hold fewer than :data:`~pretrain_exp.core.stats.MIN_ITEMS_PER_GROUP` items in some seed is flagged
 ``small_n``.
 """
 
@@ -27,7 +27,7 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 import pandas as pd
 
-from pretrain_exp.evals import stats
+from pretrain_exp.core import stats
 
 #: the columns of ``effect_pooled.csv``
 POOLED_COLUMNS = ("group", "experiment", "dup_count", "n_seeds", "seeds", "n_items", "small_n", "effect", "ci_low",

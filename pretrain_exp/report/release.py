@@ -281,7 +281,7 @@ def _audit_lines(audit: Optional[dict]) -> List[str]:
 
 
 def _eval_lines(res: dict) -> List[str]:
-    from pretrain_exp.evals.stats import LEVEL, MIN_ITEMS_PER_GROUP
+    from pretrain_exp.core.stats import LEVEL, MIN_ITEMS_PER_GROUP
     from pretrain_exp.report.summary import exact_match_interval
     from pretrain_exp.report.text import fmt_ci, fmt_items, method_label
 

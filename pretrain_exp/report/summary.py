@@ -4,7 +4,7 @@
 
 - ``per_dup``: one row ``{experiment, dup_count, n_items, mean_loss, ci_low, ci_high, ci_method, small_n}`` per
   experiment and dup count (the ``insertion_loss`` eval: mean over items, t interval; ``small_n`` under
-  :data:`~pretrain_exp.evals.stats.MIN_ITEMS_PER_GROUP` items) and ``memorization``, its memorization rows;
+  :data:`~pretrain_exp.core.stats.MIN_ITEMS_PER_GROUP` items) and ``memorization``, its memorization rows;
 - ``effects``: every dup-``d``-vs-dup-0 contrast of ``insertion_loss`` and ``memorization`` (Welch or Newcombe
   interval, randomization p, p adjusted within each eval's family) and each experiment's trend test, tagged with
   their eval (``task``, ``eval_type``); ``primary``: the trend rows of ``insertion_loss``, the declared primary
@@ -32,8 +32,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from pretrain_exp.core import stats
 from pretrain_exp.core.config import RunConfig
-from pretrain_exp.evals import stats
 from pretrain_exp.report.text import (
     NA,
     SMALL_N_MARK,
@@ -70,7 +70,7 @@ def _flagged(rows: Sequence[dict]) -> List[dict]:
 def _eval_effects(task: Optional[str], rec: dict, cfg: RunConfig) -> List[dict]:
     """The effect rows of one eval record, each with ``task`` and ``eval_type``. An ``insertion_loss`` record
     without ``effects`` (written before effects existed) gets them from its per-item rows
-    (:func:`pretrain_exp.evals.stats.per_dup_effects`, effect = :data:`LOSS_EFFECT`)."""
+    (:func:`pretrain_exp.core.stats.per_dup_effects`, effect = :data:`LOSS_EFFECT`)."""
     if task is None or not rec:
         return []
     rows = rec.get("effects")
@@ -96,8 +96,8 @@ def pre_post_effects(before: Sequence[dict], after: Sequence[dict], value_key: s
     Each item's change ``delta_i = value_i(after) - value_i(before)`` (rows matched on ``item_id``) removes its
     own difficulty, which dominates the spread of the values themselves; the effect is ``sign * (mean delta(dup
     d) - mean delta(dup 0))``, with its Welch t interval and randomization p-value over the changes
-    (:func:`pretrain_exp.evals.stats.effect`: dup counts are dealt at random, so the test is exact by design), the
-    p-values of one call adjusted together (:func:`pretrain_exp.evals.stats.adjust_rows`). For a loss use
+    (:func:`pretrain_exp.core.stats.effect`: dup counts are dealt at random, so the test is exact by design), the
+    p-values of one call adjusted together (:func:`pretrain_exp.core.stats.adjust_rows`). For a loss use
     ``sign=-1`` (effect = ``mean delta(dup 0) - mean delta(dup d)``: a drop relative to the controls is positive).
 
     :param before: per-item rows ``{item_id, experiment, dup_count, <value_key>}`` at the baseline step (the
@@ -137,7 +137,7 @@ def change_since(before: Sequence[dict], after: Sequence[dict], value_key: str,
                  baseline_step: Optional[int] = None) -> List[dict]:
     """Each group's change of ``value_key`` since the baseline step, paired by item: per item
     ``value(after) - value(before)``, summarized with a t interval over the group's items
-    (:func:`pretrain_exp.evals.stats.interval`), per experiment and dup count and, for all inserted items
+    (:func:`pretrain_exp.core.stats.interval`), per experiment and dup count and, for all inserted items
     together, ``dup_count: "> 0"``. The dup-0 row of a benchmark is the spillover: the change of items never
     inserted (the format and the domain learnt from the inserted ones, or plain drift of the model).
 
@@ -172,7 +172,7 @@ def contamination_summary(task: str, rec: dict, baseline: Optional[dict], baseli
     """The ``contamination`` entry of one ``benchmark`` eval (module docstring): ``{task, experiment, per_dup,
     effects, pooled_effects, metrics, baseline_step, change_since_baseline, did_effects}``. ``pooled_effects``:
     per metric (``acc``, ``acc_norm``) the effect of every dup > 0 item together against the clean ones (the eval's
-    ``dup > 0 vs 0`` row, else :func:`pretrain_exp.evals.stats.effect`: Newcombe interval, randomization p), the
+    ``dup > 0 vs 0`` row, else :func:`pretrain_exp.core.stats.effect`: Newcombe interval, randomization p), the
     weighting the sweep's bars use; the last three only with a baseline record (the initial checkpoint evaluated,
     ``eval.on_load``), else ``None`` / ``[]``."""
     rows = rec.get("rows") or []
@@ -205,7 +205,7 @@ def contamination_summary(task: str, rec: dict, baseline: Optional[dict], baseli
 
 def statistics_entry(cfg: RunConfig) -> dict:
     """The ``statistics`` entry of ``results.json``: the level, interval methods, test, adjustment and minimum
-    group size behind every number of the run's tables (:mod:`pretrain_exp.evals.stats`)."""
+    group size behind every number of the run's tables (:mod:`pretrain_exp.core.stats`)."""
     permutations, adjust = _test_options(cfg)
     return {"ci_level": stats.LEVEL,
             "intervals": {"mean": "t", "difference of means": "Welch t", "proportion": "Wilson",

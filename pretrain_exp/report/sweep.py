@@ -23,9 +23,9 @@ from typing import Dict, List, Optional, Sequence
 
 import pandas as pd
 
+from pretrain_exp.core import stats
 from pretrain_exp.core.io import write_text
 from pretrain_exp.core.rundir import RunDir
-from pretrain_exp.evals import stats
 from pretrain_exp.report import cpdt
 from pretrain_exp.report.failures import collect
 from pretrain_exp.report.jobs import Job

@@ -1,6 +1,6 @@
 """Table cells as text: one way to show a value in the console, ``*.md`` and ``*.csv`` files of every report.
 
-Intervals and p-values follow :mod:`pretrain_exp.evals.stats`: a missing interval (``None`` in ``results.json``,
+Intervals and p-values follow :mod:`pretrain_exp.core.stats`: a missing interval (``None`` in ``results.json``,
 ``nan`` in memory: fewer than 2 items, or no spread) prints ``n/a``, never a zero-width ``[v, v]``; a group of
 fewer than ``MIN_ITEMS_PER_GROUP`` items prints its item count with a ``*``; every printed interval names its
 method (:func:`method_label`).

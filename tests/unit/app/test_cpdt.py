@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from pretrain_exp.core.errors import ConfigError, InsertionError
-from pretrain_exp.evals.stats import sign_flip_pvalue
+from pretrain_exp.core.stats import sign_flip_pvalue
 from pretrain_exp.insertion.items import ItemSet
 from pretrain_exp.insertion.plan import Plan, build_plan
 from pretrain_exp.insertion.types.tokens import TokensConf

@@ -141,10 +141,10 @@ def test_an_eval_reads_the_kept_export_else_a_temporary_one(tmp_path):
 
 
 def _evaluator(mode, tmp_path, plan, tracker, initial=None, start=0, end=0, **kw):
-    conf = EvalConf(mode=EvalMode[mode], tasks={"loss": InsertionLossConf()}, bootstrap_samples=50, **kw)
+    conf = EvalConf(mode=EvalMode[mode], tasks={"loss": InsertionLossConf()}, **kw)
 
     def context(model, step):
-        return EvalContext(model, None, plan, np.empty((0, 64), np.int64), step, 4, conf.bootstrap_samples, 0)
+        return EvalContext(model, None, plan, np.empty((0, 64), np.int64), step, 4, 0)
 
     return make_evaluator(conf, RunDir(tmp_path), HFExport(RunDir(tmp_path), ExportHF.none, end), context, tracker,
                           True, initial, start, end, worker_config=lambda: (tmp_path / "config.yaml", False),

@@ -1,4 +1,5 @@
-"""Tests of the evals (insertion loss, memorization, perplexity, bootstrap) on a tiny real Llama model."""
+"""Tests of the evals (insertion loss, memorization, perplexity, bootstrap) on a tiny real Llama model; the effects,
+intervals and tests of every eval are in ``test_effects.py``."""
 
 from __future__ import annotations
 
@@ -13,17 +14,17 @@ import pretrain_exp.evals.insertion_loss  # noqa: F401  (registration)
 import pretrain_exp.evals.memorization  # noqa: F401
 import pretrain_exp.evals.perplexity  # noqa: F401
 from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.core.stats import per_dup_summary
 from pretrain_exp.evals.base import EvalContext
 from pretrain_exp.evals.registry import EVALS, parse_task_configs, run_eval
 from pretrain_exp.evals.scoring import greedy_decode
-from pretrain_exp.evals.stats import bootstrap_ci, per_dup_summary
-from tests.conftest import EOS, TEXT_LEN, VOCAB, make_plan, random_item, tiny_model
+from tests.conftest import EOS, VOCAB, make_plan, random_item, tiny_model
 
 
-def ctx_for(model, plan=None, held_out=None, batch_size=3, samples=500) -> EvalContext:
+def ctx_for(model, plan=None, held_out=None, batch_size=3) -> EvalContext:
     return EvalContext(model=model, tokenizer=None, plan=plan,
                        held_out=np.empty((0, 8), np.int64) if held_out is None else held_out, step=0,
-                       batch_size=batch_size, bootstrap_samples=samples, seed=1234)
+                       batch_size=batch_size, seed=1234)
 
 
 def hand_loss(model, tokens) -> float:
@@ -43,11 +44,14 @@ def test_all_evals_registered_and_configs_parse():
     cfgs = parse_task_configs({"mem": {"type": "memorization", "prefix_length": 4},
                                "loss": {"type": "insertion_loss"}, "ppl": {"type": "perplexity"}})
     assert {"insertion_loss", "memorization", "perplexity"} <= set(EVALS)
-    assert cfgs["mem"].prefix_length == 4 and cfgs["mem"].max_new_tokens == 32
+    assert cfgs["mem"].prefix_length == 4 and cfgs["mem"].suffix_length == 32 and cfgs["mem"].suffix == 32
+    assert cfgs["mem"].max_new_tokens is None
+    # the older name of the suffix length still sets it
+    assert parse_task_configs({"mem": {"type": "memorization", "max_new_tokens": 5}})["mem"].suffix == 5
     assert cfgs["ppl"].type == "perplexity"
 
 
-@pytest.mark.parametrize("field", ["prefix_length", "max_new_tokens"])
+@pytest.mark.parametrize("field", ["prefix_length", "suffix_length", "max_new_tokens"])
 def test_memorization_conf_rejects_non_positive(field):
     with pytest.raises(ConfigError, match=f"eval.tasks.memorization.{field}"):
         EVALS["memorization"].config(**{field: 0}).validate("eval.tasks.memorization")
@@ -55,38 +59,18 @@ def test_memorization_conf_rejects_non_positive(field):
 
 # ------------------------------------------------------------ stats
 
-def test_bootstrap_ci_contains_mean_and_is_deterministic():
-    v = np.random.default_rng(3).normal(5.0, 2.0, size=200)
-    mean, low, high = bootstrap_ci(v, 2000, seed=7)
-    assert mean == pytest.approx(v.mean())
-    assert low < mean < high
-    # the 95% CI of a mean is about +-1.96 standard errors wide
-    se = v.std(ddof=1) / math.sqrt(v.size)
-    assert high - low == pytest.approx(2 * 1.96 * se, rel=0.15)
-    assert bootstrap_ci(v, 2000, seed=7) == (mean, low, high)
-    assert bootstrap_ci(v, 2000, seed=8) != (mean, low, high)
-    narrow = bootstrap_ci(v, 2000, seed=7, level=0.5)
-    assert low < narrow[1] < narrow[2] < high
-
-
-def test_bootstrap_ci_degenerate_cases():
-    assert bootstrap_ci(np.array([2.5]), 100, seed=0) == (2.5, 2.5, 2.5)
-    mean, low, high = bootstrap_ci(np.array([1.0, 3.0]), 0, seed=0)
-    assert mean == 2.0 and math.isnan(low) and math.isnan(high)
-    assert all(math.isnan(x) for x in bootstrap_ci(np.array([]), 100, seed=0))
-    assert bootstrap_ci(np.full(10, 4.0), 100, seed=0) == (4.0, 4.0, 4.0)
-    with pytest.raises(ValueError):
-        bootstrap_ci(np.ones(3), -1, seed=0)
-
-
 def test_per_dup_summary_groups_and_sorts():
     rows = [{"experiment": e, "dup_count": d, "x": x}
             for e, d, x in [("b", 4, 1.0), ("a", 16, 2.0), ("a", 0, 3.0), ("a", 16, 4.0), ("b", 4, 5.0)]]
-    out = per_dup_summary(rows, "x", 100, seed=0)
+    out = per_dup_summary(rows, "x")
     assert [(g["experiment"], g["dup_count"], g["n_items"], g["mean"]) for g in out] == [
         ("a", 0, 1, 3.0), ("a", 16, 2, 3.0), ("b", 4, 2, 3.0)]
-    assert out[0]["ci_low"] == out[0]["ci_high"] == 3.0
-    assert 2.0 <= out[1]["ci_low"] <= out[1]["ci_high"] <= 4.0
+    # one item: no interval (not a zero-width one), and the row says why
+    assert math.isnan(out[0]["ci_low"]) and math.isnan(out[0]["ci_high"]) and out[0]["ci_method"] == "none (n < 2)"
+    # two items: the t interval, 3 -+ t_{0.975, 1} * sd / sqrt(2)
+    half = 12.706204736174703 * math.sqrt(2.0) / math.sqrt(2)
+    assert (out[1]["ci_low"], out[1]["ci_high"]) == pytest.approx((3.0 - half, 3.0 + half))
+    assert out[1]["ci_method"] == "t" and all(g["small_n"] for g in out)
 
 
 # ------------------------------------------------------------ insertion loss
@@ -115,7 +99,10 @@ def test_insertion_loss_matches_unbatched_forward_with_padding():
     assert "b/loss_gap_max_vs_0" not in res.metrics  # b has controls only
     assert [(g["experiment"], g["dup_count"], g["n_items"]) for g in res.per_dup] == [
         ("a", 0, 2), ("a", 2, 2), ("b", 0, 1)]
-    assert set(res.per_dup[0]) == {"experiment", "dup_count", "n_items", "mean_loss", "ci_low", "ci_high"}
+    assert set(res.per_dup[0]) == {"experiment", "dup_count", "n_items", "mean_loss", "ci_low", "ci_high",
+                                   "ci_method", "small_n"}
+    assert [g["ci_method"] for g in res.per_dup] == ["t", "t", "none (n < 2)"]  # b's one control: no interval
+    assert math.isnan(res.per_dup[2]["ci_low"]) and all(g["small_n"] for g in res.per_dup)
 
 
 def test_insertion_loss_separates_trained_items_from_controls(trained):
@@ -132,14 +119,20 @@ def test_insertion_loss_separates_trained_items_from_controls(trained):
 
 def test_memorization_extracts_trained_items_only(trained):
     model, plan = trained
-    res = run_eval(EVALS["memorization"].config(prefix_length=4, max_new_tokens=32), ctx_for(model, plan))
+    res = run_eval(EVALS["memorization"].config(prefix_length=4, suffix_length=16), ctx_for(model, plan))
     by_dup = {g["dup_count"]: g for g in res.per_dup}
-    assert by_dup[4]["exact_match_rate"] == 1.0
+    assert by_dup[4]["exact_match_rate"] == 1.0 and by_dup[4]["fraction_matched"] == 1.0
     assert by_dup[0]["exact_match_rate"] < 1.0
-    assert by_dup[4]["mean_matched_length"] == TEXT_LEN + 2 - 4
-    assert by_dup[0]["mean_matched_length"] < by_dup[4]["mean_matched_length"]
+    assert by_dup[4]["mean_matched_length"] == 16
+    assert by_dup[0]["fraction_matched"] < 0.5 and by_dup[0]["mean_matched_length"] < 16
     assert res.metrics["bios/dup4/exact_match_rate"] == 1.0
-    assert all(r["continuation_length"] == TEXT_LEN + 2 - 4 for r in res.rows)
+    assert all(r["suffix_length"] == 16 and r["prefix_length"] == 4 for r in res.rows)
+    # the rate's interval is Wilson's: at 4 of 4 it is not [1, 1]
+    assert by_dup[4]["ci_method"] == "Wilson" and by_dup[4]["ci_low"] < 1.0 == by_dup[4]["ci_high"]
+    # 20 text tokens: k + c = 21 skips every item (counted), the leading and trailing EOS do not count
+    res = run_eval(EVALS["memorization"].config(prefix_length=5, suffix_length=16), ctx_for(model, plan))
+    assert res.rows == [] and [g["n_skipped_short"] for g in res.per_dup] == [4, 4]
+    assert res.metrics == {"bios/dup0/n_skipped_short": 4, "bios/dup4/n_skipped_short": 4}
 
 
 def naive_greedy(model, prompt, steps):
@@ -180,29 +173,33 @@ def test_greedy_decode_uses_the_current_cache_argument(caplog):
 
 
 def test_memorization_matched_length_and_skipping():
+    """k text tokens after the leading EOS prompt the model, the next c text tokens are compared (the trailing EOS
+    never), items with fewer than k + c text tokens are skipped and counted."""
     model = tiny_model(2)
-    P = 4
-    prefix = [EOS, 5, 9, 77]
-    g = naive_greedy(model, prefix, 8)
-    wrong = (g[3] + 1) % VOCAB
-    items = [(prefix + g[:8], 3, 0),                     # model reproduces all 8 -> exact
-             (prefix + g[:3] + [wrong] + g[4:8], 3, 0),  # first 3 match
-             (prefix + g[:6], 0, 0),                     # capped at max_new_tokens=5 -> exact
-             (prefix + g[:1], 0, 0),                     # P + 1 tokens: skipped
-             (prefix[:3], 0, 0)]                         # shorter than the prefix: skipped
+    k, c = 3, 5
+    prompt = [EOS, 5, 9, 77]  # the leading EOS and k = 3 text tokens
+    g = naive_greedy(model, prompt, 8)
+    wrong = (g[1] + 1) % VOCAB
+    items = [(prompt + g[:5] + [EOS], 3, 0),                  # all 5 reproduced: k-extractable
+             (prompt + [g[0], wrong] + g[2:5] + [EOS], 3, 0),  # miss at position 2: leading match 1, fraction 4/5
+             (prompt + g[:8] + [EOS], 0, 0),                  # longer: still c = 5 compared
+             (prompt + g[:4] + [EOS], 0, 0),                  # 7 text tokens < k + c: skipped
+             (prompt[1:] + g[:5], 0, 0)]                      # no EOS at all (eos policy none): prompt 5, 9, 77
     plan = make_plan(items)
     conf = EVALS["memorization"].config
-    res = run_eval(conf(prefix_length=P, max_new_tokens=5), ctx_for(model, plan, 2))
-    got = [(r["item_id"], r["exact_match"], r["matched_length"], r["continuation_length"]) for r in res.rows]
-    assert got == [(0, True, 5, 5), (1, False, 3, 5), (2, True, 5, 5)]
+    res = run_eval(conf(prefix_length=k, suffix_length=c), ctx_for(model, plan, 2))
+    got = [(r["item_id"], r["exact_match"], r["matched_length"], r["fraction_matched"]) for r in res.rows]
+    assert got[:3] == [(0, True, 5, 1.0), (1, False, 1, 0.8), (2, True, 5, 1.0)]
+    assert got[3][0] == 4 and all(r["suffix_length"] == c for r in res.rows)
+    assert got[3][1:] == tuple((lambda h: (bool(h.all()), int(np.cumprod(h).sum()), float(h.mean())))(
+        np.array(naive_greedy(model, [5, 9, 77], c)) == np.array(g[:5])))
     by_dup = {g["dup_count"]: g for g in res.per_dup}
-    assert by_dup[3]["n_items"] == 2 and by_dup[3]["exact_match_rate"] == 0.5
-    assert by_dup[3]["mean_matched_length"] == 4.0 and by_dup[0]["n_items"] == 1
-    assert res.metrics["bios/dup3/mean_matched_length"] == 4.0
-    # continuation shorter than max_new_tokens is compared on its own length
-    res = run_eval(conf(prefix_length=P, max_new_tokens=32), ctx_for(model, plan, 2))
-    assert [(r["item_id"], r["continuation_length"], r["exact_match"]) for r in res.rows] == [
-        (0, 8, True), (1, 8, False), (2, 6, True)]
+    assert by_dup[3]["n_items"] == 2 and by_dup[3]["exact_match_rate"] == 0.5 and by_dup[3]["n_skipped_short"] == 0
+    assert by_dup[3]["mean_matched_length"] == 3.0 and by_dup[3]["fraction_matched"] == pytest.approx(0.9)
+    assert by_dup[0]["n_items"] == 2 and by_dup[0]["n_skipped_short"] == 1
+    assert res.metrics["bios/dup0/n_skipped_short"] == 1 and res.metrics["bios/dup3/mean_matched_length"] == 3.0
+    # the older key sets c the same way
+    assert run_eval(conf(prefix_length=k, max_new_tokens=c), ctx_for(model, plan, 2)).rows == res.rows
 
 
 # ------------------------------------------------------------ perplexity

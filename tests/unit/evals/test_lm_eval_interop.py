@@ -53,7 +53,7 @@ def test_stock_tasks_run_on_local_data(tiny_model_dir, one_torch_thread):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)).eval()
-    ctx = EvalContext(model, AutoTokenizer.from_pretrained(str(tiny_model_dir)), None, None, 0, 8, 10, 0,
+    ctx = EvalContext(model, AutoTokenizer.from_pretrained(str(tiny_model_dir)), None, None, 0, 8, 0,
                       str(CACHE_DIR))
     # winogrande: a stock config with !function doc_to_text / doc_to_choice helpers
     res = lm_eval_tasks(LmEvalConf(tasks=["winogrande", "mmlu_anatomy"], limit=4), ctx)

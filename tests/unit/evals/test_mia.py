@@ -1,9 +1,9 @@
-"""Tests of the membership-inference eval (scores, AUC, bootstrap, config) on a tiny real Llama model."""
+"""Tests of the membership-inference eval (scores, AUC, its interval and test, config) on a tiny real Llama
+model."""
 
 from __future__ import annotations
 
 import logging
-import math
 import zlib
 
 import numpy as np
@@ -12,14 +12,14 @@ from sklearn.metrics import roc_auc_score
 
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.evals.base import EvalContext
-from pretrain_exp.evals.mia import MiaConf, bootstrap_auc, item_bytes, membership_scores, roc_auc
+from pretrain_exp.evals.mia import MiaConf, item_bytes, membership_scores, roc_auc
 from pretrain_exp.evals.registry import EVALS, parse_task_configs, run_eval
 from tests.conftest import EOS, make_config, make_plan, random_item, tiny_model
 
 
-def ctx_for(model, plan, tokenizer=None, samples=500) -> EvalContext:
+def ctx_for(model, plan, tokenizer=None) -> EvalContext:
     return EvalContext(model=model, tokenizer=tokenizer, plan=plan, held_out=np.empty((0, 8), np.int64), step=0,
-                       batch_size=3, bootstrap_samples=samples, seed=1234)
+                       batch_size=3, seed=1234)
 
 
 class StubTokenizer:
@@ -32,7 +32,7 @@ class StubTokenizer:
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-# ------------------------------------------------------------ AUC and bootstrap
+# ------------------------------------------------------------ AUC
 
 def pairwise_auc(members, nonmembers) -> float:
     m, o = np.asarray(members)[:, None], np.asarray(nonmembers)[None, :]
@@ -55,23 +55,6 @@ def test_roc_auc_extremes():
     assert float(roc_auc([1.0, 2.0], [5.0, 6.0, 7.0])) == 0.0
     assert float(roc_auc(np.full(4, 3.0), np.full(6, 3.0))) == 0.5
     assert float(roc_auc([1.0], [1.0])) == 0.5
-
-
-def test_bootstrap_auc_ci_and_determinism():
-    rng = np.random.default_rng(0)
-    m, o = rng.normal(1.0, 1.0, size=40), rng.normal(0.0, 1.0, size=50)
-    auc, low, high = bootstrap_auc(m, o, 1000, seed=3)
-    assert auc == pytest.approx(pairwise_auc(m, o))
-    assert 0.0 <= low < auc < high <= 1.0
-    # standard error of the AUC (Hanley & McNeil 1982) sets the CI width roughly
-    q1, q2 = auc / (2 - auc), 2 * auc ** 2 / (1 + auc)
-    se = math.sqrt((auc * (1 - auc) + 39 * (q1 - auc ** 2) + 49 * (q2 - auc ** 2)) / (40 * 50))
-    assert high - low == pytest.approx(2 * 1.96 * se, rel=0.25)
-    assert bootstrap_auc(m, o, 1000, seed=3) == (auc, low, high)
-    assert bootstrap_auc(m, o, 1000, seed=4) != (auc, low, high)
-    assert bootstrap_auc([3.0, 4.0], [1.0, 2.0], 200, seed=0) == (1.0, 1.0, 1.0)
-    a, lo, hi = bootstrap_auc(m, o, 0, seed=0)
-    assert a == auc and math.isnan(lo) and math.isnan(hi)
 
 
 # ------------------------------------------------------------ scores
@@ -110,7 +93,8 @@ def test_mia_separates_trained_items_from_controls(trained):
         assert res.metrics[f"bios/dup4/{g['score']}_auc"] == g["auc"]
     assert by_score["loss"]["auc"] == 1.0
     assert by_score["min_k"]["auc"] >= 0.9
-    assert set(res.metrics) == {"bios/dup4/loss_auc", "bios/dup4/zlib_auc", "bios/dup4/min_k_auc"}
+    assert set(res.metrics) == {f"bios/dup4/{s}_auc{x}" for s in ("loss", "zlib", "min_k")
+                                for x in ("", "_ci_low", "_ci_high")}
     # the loss score is minus the insertion-loss eval's mean loss
     ins = run_eval(EVALS["insertion_loss"].config(), ctx_for(model, plan))
     np.testing.assert_allclose([r["loss"] for r in res.rows], [-r["loss"] for r in ins.rows], atol=1e-6)
@@ -125,13 +109,17 @@ def test_mia_zlib_uses_decoded_text_and_skips_experiments_without_controls(caplo
              (random_item(rng, 7), 4, 1), (random_item(rng, 11), 16, 1), ([EOS], 0, 0)]  # last: no loss
     plan = make_plan(items, experiments=("a", "b"))
     with caplog.at_level(logging.WARNING, logger="pretrain_exp.evals.mia"):
-        res = run_eval(MiaConf(), ctx_for(tiny_model(1), plan, tokenizer=StubTokenizer(), samples=50))
+        res = run_eval(MiaConf(), ctx_for(tiny_model(1), plan, tokenizer=StubTokenizer()))
     assert [r["item_id"] for r in res.rows] == [0, 1, 2, 3, 4]
     for r, (tokens, _, _) in zip(res.rows, items):
         text = StubTokenizer().decode(tokens, skip_special_tokens=True).encode()
         assert r["zlib"] == pytest.approx(r["loss"] / len(zlib.compress(text)), rel=1e-12)
     assert {(g["experiment"], g["dup_count"]) for g in res.per_dup} == {("a", 2)}
     assert all(g["n_members"] == 2 and g["n_nonmembers"] == 1 for g in res.per_dup)
+    # one control: no interval (never a zero-width one), the exact test over the 3 ways to pick the control
+    assert all(np.isnan(g["ci_low"]) and g["ci_method"] == "none (n < 2)" and g["small_n"] for g in res.per_dup)
+    assert all(e["p_method"] == "exact randomization" and e["p_value"] in (pytest.approx(2 / 3), 1.0)
+               for e in res.effects)
     assert not any(k.startswith("b/") for k in res.metrics)
     assert any("'b'" in rec.getMessage() and "no dup-0 controls" in rec.getMessage() for rec in caplog.records)
 

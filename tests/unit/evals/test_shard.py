@@ -56,7 +56,7 @@ def _contexts(model_dir: str) -> dict:
     kplan, _ = plan_of(facts, tokenizer, steps=16)
 
     def ctx(p, **kw):
-        return EvalContext(model, tokenizer, p, kw.pop("held_out", np.empty((0, 24), np.int64)), 1, 3, 200, 7, **kw)
+        return EvalContext(model, tokenizer, p, kw.pop("held_out", np.empty((0, 24), np.int64)), 1, 3, 7, **kw)
 
     return {"insertion_loss": ctx(plan), "memorization": ctx(plan), "mia": ctx(plan),
             "perplexity": ctx(plan, held_out=held_out),

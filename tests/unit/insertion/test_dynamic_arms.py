@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from pretrain_exp.core import stats
 from pretrain_exp.core.errors import ConfigError
-from pretrain_exp.evals import stats
 from pretrain_exp.insertion import dynamic
 from pretrain_exp.insertion.items import assign_dup_counts, experiment_rng
 from pretrain_exp.insertion.plan import Plan

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pretrain_exp.evals.stats import adjust, sign_flip_pvalue, welch_interval
+from pretrain_exp.core.stats import adjust, sign_flip_pvalue, welch_interval
 from pretrain_exp.report.cpdt import (
     ExperimentValues,
     SeedValues,

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
+from pretrain_exp.core import stats
 from pretrain_exp.core.io import write_json
 from pretrain_exp.core.rundir import RunDir
-from pretrain_exp.evals import stats
 from pretrain_exp.evals.insertion_loss import InsertionLossConf, insertion_loss
 from pretrain_exp.report.jobs import Job
 from pretrain_exp.report.plots import CI_GID, NO_CI_GID, plot_benchmark, plot_effect_vs_dup

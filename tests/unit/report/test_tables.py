@@ -22,7 +22,7 @@ from tests.conftest import make_plan, random_item, tiny_model
 def _evaluate(run_dir, model, plan, step):
     """What the experiment loop writes for one eval at one step (``evals/step<N>/<task>.json``)."""
     ctx = EvalContext(model=model, tokenizer=None, plan=plan, held_out=np.empty((0, 8), np.int64), step=step,
-                      batch_size=5, bootstrap_samples=50, seed=0)
+                      batch_size=5, seed=0)
     res = run_eval(EVALS["insertion_loss"].config(), ctx)
     write_json(run_dir / "evals" / f"step{step}" / "loss.json",
                {"task": "loss", "type": "insertion_loss", "step": step, **asdict(res), "seconds": 0.1})

@@ -3,7 +3,6 @@ their seeded sample and dup split, config errors, and the lm-eval ``benchmark`` 
 
 from __future__ import annotations
 
-import math
 import shutil
 import zipfile
 
@@ -15,7 +14,7 @@ import torch
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.data.assets import fetch
 from pretrain_exp.evals.base import EvalContext
-from pretrain_exp.evals.benchmark import BenchmarkConf, bootstrap_diff_ci
+from pretrain_exp.evals.benchmark import BenchmarkConf
 from pretrain_exp.evals.registry import parse_task_configs, run_eval
 from pretrain_exp.insertion.plan import build_plan
 from pretrain_exp.insertion.schema import EosPolicy
@@ -164,18 +163,6 @@ def test_contamination_demo_composes_and_fits(tmp_path, tokenizer, cache_dir):
     assert plan.num_insertions == 32 * 8
 
 
-def test_bootstrap_diff_ci():
-    rng = np.random.default_rng(0)
-    a, b = rng.normal(1.0, 1.0, 300), rng.normal(0.0, 1.0, 200)
-    diff, low, high = bootstrap_diff_ci(a, b, 2000, seed=3)
-    assert diff == pytest.approx(a.mean() - b.mean()) and low < diff < high
-    se = math.sqrt(a.var(ddof=1) / a.size + b.var(ddof=1) / b.size)
-    assert high - low == pytest.approx(2 * 1.96 * se, rel=0.15)
-    assert bootstrap_diff_ci(a, b, 2000, seed=3) == (diff, low, high)
-    assert all(math.isnan(x) for x in bootstrap_diff_ci(a, [], 100, seed=0))
-    assert math.isnan(bootstrap_diff_ci(a, b, 0, seed=0)[1])
-
-
 # ------------------------------------------------------------ the eval (lm-eval on the tiny model)
 
 @pytest.fixture(scope="module")
@@ -190,7 +177,7 @@ def tiny(tiny_model_dir, tokenizer, cache_dir):
 
 def ctx_of(model, tokenizer, plan) -> EvalContext:
     return EvalContext(model=model, tokenizer=tokenizer, plan=plan, held_out=np.empty((0, L), np.int64), step=0,
-                       batch_size=4, bootstrap_samples=500, seed=0, cache_dir=str(CACHE_DIR))
+                       batch_size=4, seed=0, cache_dir=str(CACHE_DIR))
 
 
 @torch.no_grad()
@@ -218,12 +205,18 @@ def test_benchmark_eval_on_tiny_model(tiny, tokenizer, cache_dir):
         assert 0.0 <= g["acc"] <= 1.0 and g["acc"] == pytest.approx(np.mean([r["acc"] for r in group]))
         assert g["acc_norm"] == pytest.approx(np.mean([r["acc_norm"] for r in group]))
         assert res.metrics[f"arc/dup{g['dup_count']}/acc"] == g["acc"]
-        assert g["ci_low"] <= g["acc"] <= g["ci_high"]
+        assert g["ci_low"] <= g["acc"] <= g["ci_high"] and g["ci_method"] == "Wilson" and g["small_n"]
+        assert g["acc_norm_ci_low"] <= g["acc_norm"] <= g["acc_norm_ci_high"]
     for m in ("acc", "acc_norm"):
         effect = res.metrics[f"arc/contamination_effect_{m}"]
         assert effect == pytest.approx(res.metrics[f"arc/dup4/{m}"] - res.metrics[f"arc/dup0/{m}"])
         assert res.metrics[f"arc/contamination_effect_{m}_ci_low"] <= effect
         assert effect <= res.metrics[f"arc/contamination_effect_{m}_ci_high"]
+        assert 0 < res.metrics[f"arc/contamination_effect_{m}_p_value"] <= 1
+        assert res.metrics[f"arc/dup4/{m}_effect"] == effect  # one inserted dup count: the pooled effect
+    # one inserted dup count: its effect is the pooled one, and the trend of acc (the primary endpoint)
+    assert {(e["contrast"], e["metric"]) for e in res.effects} == {
+        ("dup 4 vs 0", "acc"), ("dup 4 vs 0", "acc_norm"), ("trend", "acc")}
     # lm-eval's per-doc scores agree with a hand computation on the model
     docs = sample_docs("arc_easy", num_items=8, seed=0, cache_dir=cache_dir)
     assert [r["source"] for r in res.rows] == [d.source for d in docs]

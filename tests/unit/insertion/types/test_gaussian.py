@@ -9,15 +9,17 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from scipy import stats as sps
 
 import pretrain_exp.frameworks.hf.framework as hf
 from pretrain_exp.app.experiment import Experiment
 from pretrain_exp.core.capabilities import APPLIES_EMBEDDING_NOISE
 from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.core.stats import permutation_p_value
 from pretrain_exp.evals.base import EvalContext
-from pretrain_exp.evals.gaussian import GaussianConf
+from pretrain_exp.evals.gaussian import GaussianConf, embedding_gradients
 from pretrain_exp.evals.gaussian import gaussian as gaussian_eval
-from pretrain_exp.evals.stats import permutation_p_value
+from pretrain_exp.evals.gaussian import pattern_scores
 from pretrain_exp.insertion.noise import EmbeddingNoise, NoiseSpec, make_noise, noise_seed
 from pretrain_exp.insertion.plan import Plan, build_plan
 from pretrain_exp.insertion.schema import (
@@ -244,7 +246,7 @@ def test_eval_tells_trained_noise_from_fresh_noise(one_torch_thread):
     assert noise.rows_noised == 2 * 32
 
     def run(m):
-        ctx = EvalContext(m.eval(), None, plan, np.empty((0, seq_len), np.int64), 16, 8, 200, 0,
+        ctx = EvalContext(m.eval(), None, plan, np.empty((0, seq_len), np.int64), 16, 8, 0,
                           row_tokens=lambda q: data[q])
         return gaussian_eval(GaussianConf(max_rows_per_item=4, permutations=500), ctx)
 
@@ -252,10 +254,49 @@ def test_eval_tells_trained_noise_from_fresh_noise(one_torch_thread):
     g = next(r for r in res.per_dup if r["dup_count"] == 8)
     assert g["n_items"] == 4 and g["n_rows"] == 16 and g["n_controls"] == 6
     assert g["effect"] < -1.0 and g["effect_ci_high"] < 0 and g["p_value"] < 0.05, g
+    assert g["effect_ci_method"] == "Welch t" and g["ci_method"] == "t" and g["small_n"]
+    assert g["p_adjusted"] == g["p_value"]  # the only test of the family
     assert res.metrics["g/dup8/effect"] == g["effect"]
+    assert [e["effect"] for e in res.effects] == [g["effect"]]
     assert len(res.rows) == 10
     null = next(r for r in run(untrained).per_dup if r["dup_count"] == 8)
     assert null["p_value"] > 0.05 and abs(null["effect"]) < abs(g["effect"]) / 4, null
+
+
+def test_eval_intervals_and_holm_over_dup_counts(one_torch_thread):
+    """Two dup counts (3 patterns at dup 2, one at dup 3) against 4 controls on an untrained model: every row names
+    its interval, the one-pattern group has none, the effect's Welch interval is that of the patterns' own scores
+    against the controls' scores on the same rows, and the two p-values are Holm-adjusted together."""
+    rng = np.random.default_rng(1)
+    seq_len, n_rows = 16, 12
+    data = rng.integers(1, 128, size=(n_rows, seq_len))
+    dups = [2, 2, 2, 3, 0, 0, 0, 0]
+    rows_of = [[0, 1], [2, 3], [4, 5], [6, 7, 8], [], [], [], []]
+    plan = _noise_plan(dups, rows_of, 0.1, seq_len, n_rows)
+    ctx = EvalContext(tiny_model(3), None, plan, np.empty((0, seq_len), np.int64), 0, 4, 0,
+                      row_tokens=lambda q: data[q], p_adjust="holm")
+    res = gaussian_eval(GaussianConf(max_rows_per_item=4, permutations=199), ctx)
+    by = {g["dup_count"]: g for g in res.per_dup}
+    assert [by[d]["ci_method"] for d in (0, 2, 3)] == ["t", "t", "none (n < 2)"]
+    assert all(g["small_n"] for g in res.per_dup) and np.isnan(by[3]["ci_low"])
+    assert by[3]["effect_ci_method"] == "none (n < 2)" and by[2]["effect_ci_method"] == "Welch t"
+    assert by[2]["effect_ci_low"] < by[2]["effect"] < by[2]["effect_ci_high"]
+    own = [r["score"] for r in res.rows if r["dup_count"] == 2]
+    assert by[2]["effect"] == pytest.approx(np.mean([r["paired_diff"] for r in res.rows if r["dup_count"] == 2]))
+    assert by[2]["mean_score"] == pytest.approx(np.mean(own))
+    grads = embedding_gradients(ctx.model, [data[q] for q in range(6)], 4)  # the dup-2 patterns' rows 0..5
+    S = pattern_scores(grads, plan.item_noise_seed[4:], 0.1)  # (6 rows, 4 controls)
+    ctrl = S.reshape(3, 2, 4).mean(axis=1).mean(axis=0)  # each control over the rows of each pattern, then patterns
+    ci = sps.ttest_ind(own, ctrl, equal_var=False).confidence_interval(0.95)
+    assert (by[2]["effect_ci_low"], by[2]["effect_ci_high"]) == pytest.approx((ci.low, ci.high), rel=1e-5)
+    p = [by[2]["p_value"], by[3]["p_value"]]
+    lo, hi = sorted(range(2), key=lambda i: p[i])
+    want = [0.0, 0.0]
+    want[lo] = min(1.0, 2 * p[lo])
+    want[hi] = max(want[lo], p[hi])
+    assert [by[2]["p_adjusted"], by[3]["p_adjusted"]] == pytest.approx(want)
+    assert [e["p_adjusted"] for e in res.effects] == pytest.approx(want)
+    assert res.metrics["g/dup2/p_adjusted"] == by[2]["p_adjusted"]
 
 
 def test_permutation_p_value():

@@ -213,7 +213,7 @@ def test_summary_effects_and_fact_averaging():
         for v in vals:
             rows.append({"experiment": "k", "repeat": "paraphrase", "fact": fact, "dup_count": dup,
                          "probe": "memorization", "logp_sum": v, "logp_mean": v / 2, "greedy_match": v > -2.5})
-    per_dup, metrics = summarize(rows, 200, 0)
+    per_dup, metrics, effects = summarize(rows)
     assert [(g["dup_count"], g["n_facts"]) for g in per_dup] == [(0, 2), (4, 2)]
     assert metrics["k/dup0/memorization/logp_sum"] == -5.5  # per fact first: (-5 + -6) / 2
     assert metrics["k/dup4/memorization/logp_sum"] == -2.0
@@ -223,6 +223,9 @@ def test_summary_effects_and_fact_averaging():
     assert metrics["k/dup4/memorization/logp_sum_effect_ci_low"] <= 3.5 <= \
         metrics["k/dup4/memorization/logp_sum_effect_ci_high"]
     assert "k/dup0/memorization/logp_sum_effect" not in metrics
+    assert per_dup[1]["logp_sum_effect_ci_method"] == "Welch t" and per_dup[0]["small_n"]
+    # fact 0 has two memorization probes: greedy_acc is a fraction per fact, so a t interval, not Wilson
+    assert per_dup[1]["greedy_acc_ci_method"] == "t"
 
 
 def test_eval_rejects_a_mismatched_config(tokenizer):
@@ -232,7 +235,7 @@ def test_eval_rejects_a_mismatched_config(tokenizer):
 
     def ctx(experiments, seed=0):
         return EvalContext(model=model, tokenizer=tokenizer, plan=plan, held_out=np.empty((0, L), np.int64),
-                           step=0, batch_size=4, bootstrap_samples=10, seed=0,
+                           step=0, batch_size=4, seed=0,
                            insertion=InsertionConf(seed=seed, experiments=experiments))
 
     with pytest.raises(ConfigError, match=r"insertion\.experiments\.facts: plan item 0 is not knowledge:1:facts"):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from pretrain_exp.evals import stats
+from pretrain_exp.core import stats
 
 
 def test_t_interval_equals_scipy_and_has_no_interval_without_spread():

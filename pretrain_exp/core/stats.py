@@ -17,7 +17,7 @@ mean over seeds of per-seed effects       Student t over seeds, ``S >= 3`` (:fun
 ========================================  ==============================================================
 
 The percentile bootstrap these replace covers 48-87% at 2-8 items per group (a nominal 95% interval);
-``tests/unit/evals/test_calibration.py`` holds every interval above to 0.92-0.98 at 4, 8 and 16 items.
+``tests/unit/core/test_calibration.py`` holds every interval above to 0.92-0.98 at 4, 8 and 16 items.
 No interval is given for fewer than 2 values, or where every value is equal (``nan``, shown as "n/a"),
 and a group of fewer than :data:`MIN_ITEMS_PER_GROUP` items is flagged ``small_n``.
 
@@ -162,19 +162,38 @@ def randomization_test(treated, control, permutations: int = PERMUTATIONS, seed:
     t, c = _finite(treated), _finite(control)
     if t.size == 0 or c.size == 0:
         return NAN, "none (no items)"
-    if min(t.size, c.size) == 1:  # scipy needs 2 items per group: enumerate the n relabellings (which item is alone)
-        x = np.concatenate([t, c])
-        rest = (x.sum() - x) / max(1, x.size - 1)
-        null, obs = (x - rest, 0) if t.size == 1 else (rest - x, x.size - 1)
-        gamma = abs(null[obs]) * 1e-14  # scipy's tolerance for ties
-        p = 2 * min(np.mean(null <= null[obs] + gamma), np.mean(null >= null[obs] - gamma))
-        return float(min(1.0, p)), "exact randomization"
+    if min(t.size, c.size) == 1:  # scipy's permutation_test needs 2 items per group
+        return exact_randomization_test(t, c)
     exact = math.comb(t.size + c.size, t.size) <= MAX_EXACT
     res = stats.permutation_test((t, c), lambda a, b, axis: a.mean(axis=axis) - b.mean(axis=axis),
                                  permutation_type="independent", vectorized=True, alternative="two-sided",
                                  n_resamples=MAX_EXACT if exact else permutations,
                                  random_state=np.random.Generator(np.random.PCG64(seed)))
     return float(min(1.0, res.pvalue)), "exact randomization" if exact else f"randomization ({permutations:,})"
+
+
+def exact_randomization_test(treated, control) -> Tuple[float, str]:
+    """The exact two-sided randomization test of :func:`randomization_test` by enumerating every split of the pooled
+    values into groups of the two sizes (for a group of one item, which ``scipy.stats.permutation_test`` does not
+    take): ``p = min(1, 2 min(P(T* >= T), P(T* <= T)))`` over the splits, ``T = mean(treated) - mean(control)``
+    (scipy's two-sided convention; ties within ``1e-12`` relative count as extreme).
+
+    :returns: ``(p, "exact randomization")``; ``(nan, "none (no items)")`` for an empty group.
+    :raises ValueError: for more than :data:`MAX_EXACT` splits.
+    """
+    import itertools
+
+    t, c = _finite(treated), _finite(control)
+    if t.size == 0 or c.size == 0:
+        return NAN, "none (no items)"
+    x, n = np.concatenate([t, c]), t.size
+    if math.comb(x.size, n) > MAX_EXACT:
+        raise ValueError(f"{math.comb(x.size, n)} splits are more than MAX_EXACT = {MAX_EXACT}")
+    sums = np.array([x[list(idx)].sum() for idx in itertools.combinations(range(x.size), n)])
+    null = sums / n - (x.sum() - sums) / c.size
+    obs = t.mean() - c.mean()
+    tol = 1e-12 * max(1.0, abs(obs))
+    return float(min(1.0, 2 * min(np.mean(null >= obs - tol), np.mean(null <= obs + tol)))), "exact randomization"
 
 
 def effect(treated, control, proportion: bool = False, permutations: int = PERMUTATIONS, seed: int = 0,
@@ -380,19 +399,18 @@ def signed(row: Dict[str, Any], sign: float) -> Dict[str, Any]:
     return dict(row, effect=-row["effect"], effect_ci_low=-row["effect_ci_high"], effect_ci_high=-row["effect_ci_low"])
 
 
-def per_dup_effects(rows: Sequence[Dict[str, Any]], value_key: str, proportion: bool = False,
-                    permutations: int = PERMUTATIONS, seed: int = 0, adjust_method: str = "holm",
-                    family: Optional[str] = None, sign: float = 1.0) -> List[Dict[str, Any]]:
-    """Every dup-``d``-vs-dup-0 effect of per-item rows and each experiment's trend test (:func:`effect`,
-    :func:`trend_test`), the effects adjusted together (:func:`adjust_rows`, one family per call).
+def dup_contrasts(rows: Sequence[Dict[str, Any]], value_key: str, proportion: bool = False,
+                  permutations: int = PERMUTATIONS, seed: int = 0, sign: float = 1.0) -> List[Dict[str, Any]]:
+    """Every dup-``d``-vs-dup-0 effect of per-item rows (:func:`effect`) and each experiment's trend test
+    (:func:`trend_test`), not adjusted.
 
     :param rows: per-item dicts with ``experiment``, ``dup_count`` and ``value_key``.
     :param sign: ``1``: effect = ``mean(dup d) - mean(dup 0)``; ``-1``: ``mean(dup 0) - mean(dup d)`` (a loss,
-        where a drop is the effect).
-    :returns: ``{experiment, dup_count, contrast, ...effect keys..., p_adjusted, p_adjust_method, family}`` per
-        experiment and ``d > 0`` with controls (``contrast: "dup d vs 0"``), then one ``contrast: "trend"`` row
-        per experiment (its ``effect`` is the slope over ``log(1 + dup)``, signed likewise; not adjusted: it is
-        the declared primary endpoint, ``primary: true``).
+        where a drop is the effect); ``n_treated`` is always dup ``d``'s item count.
+    :returns: ``{experiment, dup_count, contrast ("dup d vs 0"), primary: False, ...effect keys}`` per experiment and
+        ``d > 0`` with controls, then one ``{..., dup_count: None, contrast: "trend", primary: True}`` row per
+        experiment with two or more dup counts (its ``effect`` is the slope over ``log(1 + dup)``, signed likewise;
+        ``n_treated``: all its items).
     """
     groups: Dict[Tuple[str, int], List[float]] = defaultdict(list)
     for r in rows:
@@ -401,59 +419,36 @@ def per_dup_effects(rows: Sequence[Dict[str, Any]], value_key: str, proportion: 
     for exp in sorted({e for e, _ in groups}):
         control = groups.get((exp, 0))
         dups = sorted(d for e, d in groups if e == exp and d > 0)
-        if control:
-            for d in dups:
-                pairs.append({"experiment": exp, "dup_count": d, "contrast": f"dup {d} vs 0", "primary": False,
-                              **signed(effect(groups[(exp, d)], control, proportion, permutations, seed), sign)})
+        for d in dups if control else ():
+            pairs.append({"experiment": exp, "dup_count": d, "contrast": f"dup {d} vs 0", "primary": False,
+                          **signed(effect(groups[(exp, d)], control, proportion, permutations, seed), sign)})
         if len(dups) + bool(control) >= 2:
-            vals = [v for d in sorted(d for e, d in groups if e == exp) for v in groups[(exp, d)]]
-            ds = [d for d in sorted(d for e, d in groups if e == exp) for _ in groups[(exp, d)]]
-            tr = trend_test(sign * np.asarray(vals), ds, permutations, seed)
+            ds = sorted(d for e, d in groups if e == exp)
+            tr = trend_test(sign * np.asarray([v for d in ds for v in groups[(exp, d)]]),
+                            [d for d in ds for _ in groups[(exp, d)]], permutations, seed)
             trends.append({"experiment": exp, "dup_count": None, "contrast": "trend", "primary": True,
                            "effect": tr["slope"], "effect_ci_low": tr["slope_ci_low"],
                            "effect_ci_high": tr["slope_ci_high"], "effect_ci_method": tr["slope_ci_method"],
                            "p_value": tr["p_value"], "p_method": tr["p_method"], "n_treated": tr["n_items"],
-                           "n_control": len(control or ()), "p_adjusted": tr["p_value"], "p_adjust_method": "none",
-                           "family": "primary endpoint"})
-    adjust_rows(pairs, adjust_method, family or f"{value_key}: dup d vs 0")
+                           "n_control": len(control or ())})
     return pairs + trends
 
 
-def bootstrap_ci(values: np.ndarray, samples: int, seed: int,
-                 level: float = 0.95) -> Tuple[float, float, float]:
-    """Mean of ``values`` and its percentile-bootstrap confidence interval.
+def per_dup_effects(rows: Sequence[Dict[str, Any]], value_key: str, proportion: bool = False,
+                    permutations: int = PERMUTATIONS, seed: int = 0, adjust_method: str = "holm",
+                    family: Optional[str] = None, sign: float = 1.0) -> List[Dict[str, Any]]:
+    """:func:`dup_contrasts` with the pairwise contrasts adjusted together (:func:`adjust_rows`, one family per
+    call, named ``family`` or ``"<value_key>: dup d vs 0"``); each trend row, the declared primary endpoint, is not
+    adjusted (``p_adjusted = p_value``, ``p_adjust_method: "none"``, ``family: "primary endpoint"``).
 
-    Percentile bootstrap of the mean (Efron & Tibshirani 1993, *An Introduction to the Bootstrap*, ch. 13):
-    draw ``samples`` resamples of the ``n`` values with replacement (``numpy.random.Generator(PCG64(seed))``),
-    take each resample's mean, and report the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of those
-    means. Vectorized, in chunks of at most ``2**22`` drawn indices.
-
-    :param values: the per-item statistic, any real dtype, shape ``(n,)`` (flattened otherwise).
-    :param samples: number of bootstrap resamples; ``0`` skips the interval.
-    :param seed: seed of the resampling generator (equal seeds give equal intervals).
-    :param level: coverage of the interval, in ``(0, 1)``.
-    :returns: ``(mean, low, high)`` as Python floats, in the units of ``values``. ``n == 1`` gives
-        ``(v, v, v)``; ``samples == 0`` gives ``(mean, nan, nan)``; ``n == 0`` gives ``(nan, nan, nan)``.
+    :returns: the adjusted contrast rows, then the trend rows.
     """
-    if samples < 0:
-        raise ValueError(f"bootstrap samples must be >= 0, got {samples}")
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"bootstrap level must be in (0, 1), got {level}")
-    v = np.asarray(values, dtype=np.float64).ravel()
-    n = v.size
-    if n == 0:
-        return float("nan"), float("nan"), float("nan")
-    mean = float(v.mean())
-    if n == 1:
-        return mean, mean, mean
-    if samples == 0:
-        return mean, float("nan"), float("nan")
-    rng = np.random.Generator(np.random.PCG64(seed))
-    chunk = max(1, _CHUNK_ELEMENTS // n)
-    means = np.concatenate([v[rng.integers(0, n, size=(min(chunk, samples - s), n))].mean(axis=1)
-                            for s in range(0, samples, chunk)])
-    low, high = np.percentile(means, [50.0 * (1.0 - level), 50.0 * (1.0 + level)])
-    return mean, float(low), float(high)
+    out = dup_contrasts(rows, value_key, proportion, permutations, seed, sign)
+    adjust_rows([r for r in out if not r["primary"]], adjust_method, family or f"{value_key}: dup d vs 0")
+    for r in out:
+        if r["primary"]:
+            r.update(p_adjusted=r["p_value"], p_adjust_method="none", family="primary endpoint")
+    return out
 
 
 def permutation_p_value(statistic: Callable[[np.ndarray], float], n: int, permutations: int,
@@ -480,67 +475,6 @@ def permutation_p_value(statistic: Callable[[np.ndarray], float], n: int, permut
     null = np.array([statistic(rng.permutation(n)) for _ in range(permutations)], dtype=np.float64)
     tol = 1e-12 * max(1.0, abs(observed))  # ties up to floating-point noise count as extreme
     return observed, float((1 + np.count_nonzero(np.abs(null) >= abs(observed) - tol)) / (1 + permutations))
-
-
-def bootstrap_diff_ci(treated: np.ndarray, control: np.ndarray, samples: int, seed: int,
-                      level: float = 0.95) -> Tuple[float, float, float]:
-    """``mean(treated) - mean(control)`` and its percentile-bootstrap CI, resampling each group independently
-    with replacement (``samples`` resamples, ``PCG64(seed)``; :func:`contrast_replicates`).
-
-    :returns: ``(difference, low, high)``; ``nan`` for an empty group; ``(difference, nan, nan)`` if
-        ``samples == 0``.
-    """
-    t = np.asarray(treated, dtype=np.float64).ravel()
-    c = np.asarray(control, dtype=np.float64).ravel()
-    if t.size == 0 or c.size == 0:
-        return float("nan"), float("nan"), float("nan")
-    if samples == 0:
-        return float(t.mean() - c.mean()), float("nan"), float("nan")
-    diff, replicates = contrast_replicates(t, c, samples, np.random.Generator(np.random.PCG64(seed)))
-    return (diff, *percentile_interval(replicates, level))
-
-
-def resampled_means(values: np.ndarray, samples: int, rng: np.random.Generator) -> np.ndarray:
-    """Means of ``samples`` bootstrap resamples of ``values`` (each ``n`` draws with replacement, Efron &
-    Tibshirani 1993): ``float64`` array of shape ``(samples,)``; drawn in chunks of at most ``2**22`` indices.
-
-    :param values: shape ``(n,)``, ``n >= 1``, any real dtype.
-    """
-    v = np.asarray(values, dtype=np.float64).ravel()
-    chunk = max(1, _CHUNK_ELEMENTS // v.size)
-    return np.concatenate([v[rng.integers(0, v.size, size=(min(chunk, samples - s), v.size))].mean(axis=1)
-                           for s in range(0, samples, chunk)]) if samples else np.empty(0)
-
-
-def contrast_replicates(treated: np.ndarray, control: np.ndarray, samples: int,
-                        rng: np.random.Generator) -> Tuple[float, np.ndarray]:
-    """``mean(treated) - mean(control)`` and ``samples`` bootstrap replicates of it, resampling each group
-    independently with replacement (the stratified bootstrap of a two-sample difference of means, Efron &
-    Tibshirani 1993, ch. 8).
-
-    Used paired across arms by the CPDT interaction (:mod:`pretrain_exp.report.cpdt`): there ``treated`` and ``control``
-    hold per-item differences ``v_together(i) - v_alone(i)`` of the same items, so an item's two measurements stay
-    together in every resample.
-
-    :param treated: shape ``(n_t,)``, ``n_t >= 1``; ``control``: shape ``(n_c,)``, ``n_c >= 1``.
-    :returns: ``(difference, replicates)`` with ``replicates`` of shape ``(samples,)``, ``float64``.
-    :raises ValueError: for an empty group.
-    """
-    t = np.asarray(treated, dtype=np.float64).ravel()
-    c = np.asarray(control, dtype=np.float64).ravel()
-    if t.size == 0 or c.size == 0:
-        raise ValueError(f"a contrast needs items in both groups, got {t.size} and {c.size}")
-    return float(t.mean() - c.mean()), resampled_means(t, samples, rng) - resampled_means(c, samples, rng)
-
-
-def percentile_interval(replicates: np.ndarray, level: float = 0.95) -> Tuple[float, float]:
-    """The ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of bootstrap ``replicates`` (percentile
-    interval); ``(nan, nan)`` for no replicates."""
-    r = np.asarray(replicates, dtype=np.float64)
-    if r.size == 0:
-        return float("nan"), float("nan")
-    low, high = np.percentile(r, [50.0 * (1.0 - level), 50.0 * (1.0 + level)])
-    return float(low), float(high)
 
 
 def sign_flip_pvalue(values: np.ndarray, samples: int = 10000, seed: int = 0,

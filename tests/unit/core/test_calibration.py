@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from pretrain_exp.evals import stats
+from pretrain_exp.core import stats
 
 REPS = 2000
 SIZES = (4, 8, 16)
