@@ -3,7 +3,7 @@
 ``eval.mode=distributed`` runs every eval on every rank. The evals cut their inputs into batches exactly as in one
 process (same composition, same order) and hand them to :func:`map_batches`: inside :func:`sharded`, batch ``k`` is
 scored on rank ``k % W`` and the per-batch results are all-gathered, so every rank holds the full list in batch
-order and every reduction (means, bootstrap CIs, per-dup tables) runs on identical inputs: the numbers equal those
+order and every reduction (means, intervals, tests, per-dup tables) runs on identical inputs: the numbers equal those
 of one process (given the same torch thread count, since CPU kernels may reduce in a thread-dependent order).
 Outside :func:`sharded` (``inline``) :func:`map_batches` is a plain loop. The lm-eval-scored evals go through
 :func:`simple_evaluate` instead, which inside :func:`sharded` puts lm-eval on its own data-parallel path.
