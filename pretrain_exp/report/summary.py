@@ -102,10 +102,10 @@ def pre_post_effects(before: Sequence[dict], after: Sequence[dict], value_key: s
 
     :param before: per-item rows ``{item_id, experiment, dup_count, <value_key>}`` at the baseline step (the
         initial checkpoint); :param after: the same at the evaluated step.
-    :returns: ``{experiment, dup_count, contrast, primary (False), baseline_step, mean_change, mean_change_control,
-        effect, effect_ci_low, effect_ci_high, effect_ci_method, p_value, p_method, n_treated, n_control,
-        p_adjusted, p_adjust_method, family}`` per experiment and ``d > 0`` with controls, sorted; ``[]`` if no item
-        is in both.
+    :returns: ``{experiment, dup_count, contrast, primary (False), metric, baseline_step, mean_change,
+        mean_change_control, effect, effect_ci_low, effect_ci_high, effect_ci_method, p_value, p_method,
+        n_treated, n_control, p_adjusted, p_adjust_method, family}`` per experiment and ``d > 0`` with controls,
+        sorted; ``[]`` if no item is in both.
     """
     first = {r["item_id"]: r for r in before if "item_id" in r}
     groups: Dict[tuple, List[float]] = defaultdict(list)
@@ -119,11 +119,10 @@ def pre_post_effects(before: Sequence[dict], after: Sequence[dict], value_key: s
         control = groups.get((exp, 0))
         if d == 0 or not control:
             continue
-        t, c = (changes, control) if sign > 0 else (control, changes)
-        e = stats.effect(t, c, proportion=False, permutations=permutations, seed=seed)
-        e.update(n_treated=len(changes), n_control=len(control))
+        e = stats.signed(stats.effect(changes, control, proportion=False, permutations=permutations, seed=seed), sign)
         out.append({"experiment": exp, "dup_count": d, "contrast": f"dup {d} vs 0, change since step {baseline_step}",
-                    "primary": False, "baseline_step": baseline_step, "mean_change": sum(changes) / len(changes),
+                    "primary": False, "metric": value_key, "baseline_step": baseline_step,
+                    "mean_change": sum(changes) / len(changes),
                     "mean_change_control": sum(control) / len(control), **e})
     return stats.adjust_rows(out, adjust_method, family or f"{value_key} change since step {baseline_step}: "
                              "dup d vs 0")
@@ -189,8 +188,9 @@ def contamination_summary(task: str, rec: dict, baseline: Optional[dict], baseli
         if given:  # the eval's own, adjusted with its family
             out["pooled_effects"][metric] = given[0]
         elif hot and clean:
-            out["pooled_effects"][metric] = dict(stats.effect(hot, clean, proportion=True, permutations=permutations,
-                                                              seed=cfg.seed), contrast="dup > 0 vs 0")
+            e = stats.effect(hot, clean, proportion=True, permutations=permutations, seed=cfg.seed)
+            out["pooled_effects"][metric] = dict(e, contrast="dup > 0 vs 0", metric=metric, p_adjusted=e["p_value"],
+                                                 p_adjust_method="none")
     if baseline and baseline.get("rows") and rows:
         out["baseline_step"] = baseline_step
         for metric in ("acc", "acc_norm"):
@@ -386,6 +386,8 @@ def print_table(results: dict) -> None:
     for line in _table_notes(per_dup, list(em_ci.values())):
         console.print(line)
     _print_effects(results, console, level)
+    for entry in (results.get("contamination") or {}).values():
+        _print_contamination(entry, console, level)
     audit = results.get("audit")
     if audit:
         rate = audit.get("tokens_per_s")
@@ -428,6 +430,7 @@ def _print_effects(results: dict, console, level: str) -> None:
 
     pairs = [r for r in results.get("effects") or [] if r.get("eval_type") == "insertion_loss"
              and r.get("contrast") != "trend" and not r.get("primary")]
+    randomized = (results.get("dynamic") or {}).get("realized_dup_groups_randomized", True)
     did = results.get("did_effects") or []
     if pairs or did:
         rows = pairs + did
@@ -435,7 +438,8 @@ def _print_effects(results: dict, console, level: str) -> None:
         p = method_label(r.get("p_method") for r in rows) or "randomization"
         adjust = method_label(r.get("p_adjust_method") for r in rows) or "none"
         name = _ADJUST_NAMES.get(adjust, adjust)
-        t = Table(title=f"effects vs dup-0 controls at step {results.get('step')}")
+        t = Table(title=f"effects vs dup-0 controls at step {results.get('step')}"
+                  + ("" if randomized else " (NOT randomized: dup counts chosen by the closed loop)"))
         for col in ("experiment", "contrast", "items", "effect", f"{level} CI ({ci})", "p", f"p ({name})"):
             t.add_column(col, justify="left" if col in ("experiment", "contrast") else "right")
         sizes = {(r["experiment"], r["dup_count"]): r.get("n_items") for r in results.get("per_dup") or []}
@@ -454,13 +458,60 @@ def _print_effects(results: dict, console, level: str) -> None:
         if did:
             console.print(f"change since step {did[0].get('baseline_step')}: each item's loss change from the "
                           "initial checkpoint (difference in differences: removes item difficulty)")
-    for r in results.get("primary") or []:
+        if not randomized:
+            console.print("the closed loop chose these dup counts from the items' losses: the groups differ before "
+                          "training and these p-values do not test an insertion effect; read targets vs controls "
+                          "(intent to treat) below")
+    for r in results.get("primary") or [] if randomized else ():
         slope = NA if missing(r.get("effect")) else f"{r['effect']:.3f}"
         console.print(f"primary endpoint ({r['experiment']}, {r.get('n_treated')} items): slope of {LOSS_EFFECT} "
                       "over log(1 + dup count)")
         console.print(f"  {slope} nats/token per unit {fmt_ci(r.get('effect_ci_low'), r.get('effect_ci_high'))} "
                       f"({level} CI, {r.get('effect_ci_method')}), p = {fmt_p(r.get('p_value'))} "
                       f"({r.get('p_method')}), not adjusted")
+
+
+def _print_contamination(entry: dict, console, level: str) -> None:
+    """The ``contamination`` entry of one ``benchmark`` eval (:func:`contamination_summary`): per dup count the
+    items, ``acc`` and ``acc_norm`` with their intervals and, with a baseline, the change of ``acc`` since it (the
+    clean items' change is the spillover); then the pooled and per-dup effects with interval, p and adjusted p."""
+    from rich.table import Table
+
+    base = entry.get("baseline_step")
+    change = {r["dup_count"]: r for r in entry.get("change_since_baseline") or [] if r.get("metric") == "acc"}
+    per_dup = entry.get("per_dup") or []
+    t = Table(title=f"benchmark contamination ({entry.get('task')}, experiment {entry.get('experiment')})")
+    acc_method = method_label(r.get("ci_method") for r in per_dup) or "Wilson"
+    cols = ["dup count", "items", "acc", f"{level} CI ({acc_method})", "acc_norm", f"{level} CI"]
+    if base is not None:
+        cols += [f"acc change since step {base}", f"{level} CI (t)"]
+    for col in cols:
+        t.add_column(col, justify="right")
+    for r in per_dup:
+        cells = [str(r["dup_count"]), fmt_items(r["n_items"], r.get("small_n")), f"{r['acc']:.3f}",
+                 fmt_ci(r.get("ci_low"), r.get("ci_high")), f"{r['acc_norm']:.3f}",
+                 fmt_ci(r.get("acc_norm_ci_low"), r.get("acc_norm_ci_high"))]
+        if base is not None:
+            c = change.get(r["dup_count"], {})
+            cells += [NA if missing(c.get("change")) else f"{c['change']:+.3f}",
+                      fmt_ci(c.get("ci_low"), c.get("ci_high"))]
+        t.add_row(*cells)
+    console.print(t)
+    pooled = len({r["dup_count"] for r in per_dup if r["dup_count"] != 0}) > 1  # else it repeats that dup count
+    rows = [e for e in entry.get("effects") or [] if e.get("contrast") not in ("trend", "dup > 0 vs 0")]
+    if pooled:
+        rows += [e for m, e in sorted((entry.get("pooled_effects") or {}).items())]
+    rows += entry.get("did_effects") or []
+    for e in rows:
+        console.print(f"  {e.get('metric', 'acc')} {e['contrast']}: {e['effect']:+.3f} "
+                      f"{fmt_ci(e.get('effect_ci_low'), e.get('effect_ci_high'))} ({level} CI, "
+                      f"{e.get('effect_ci_method')}), p = {fmt_p(e.get('p_value'))} ({e.get('p_method')}), "
+                      f"{_ADJUST_NAMES.get(e.get('p_adjust_method'), e.get('p_adjust_method'))} "
+                      f"{fmt_p(e.get('p_adjusted'))}")
+    if base is not None and 0 in change:
+        console.print(f"  spillover: the clean items' acc changed by {change[0]['change']:+.3f} "
+                      f"{fmt_ci(change[0].get('ci_low'), change[0].get('ci_high'))} since step {base}; the base "
+                      "model's own pretraining contamination is not audited (the effect is on top of it)")
 
 
 #: how a ``p_adjust_method`` reads in a table title

@@ -259,6 +259,37 @@ def test_contamination_change_since_step0_spillover_and_item_weighted_bars(tmp_p
     assert row["clean_change"] == pytest.approx(diffs.mean()) and row["n_contaminated"] == 8
 
 
+def test_console_prints_contamination_with_spillover_and_marks_closed_loop_effects(tmp_path, capsys):
+    """The run's console shows the benchmark's per-dup accuracies with their Wilson intervals, the effects with
+    interval and p, and the clean items' change since step 0 (spillover); a closed loop's per-dup effects are
+    marked as not randomized and its trend is not offered as the primary endpoint."""
+    cfg = make_config("experiment=tiny", "wandb=disabled", run_dir=tmp_path)
+    dups = [0] * 6 + [1] * 2 + [4] * 6
+    before = _bench_rows([0, 0, 1, 0, 1, 0, 0, 1, 0, 0, 1, 0, 1, 0], dups)
+    after = _bench_rows([1, 0, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1], dups)
+    per_dup = []
+    for d in (0, 1, 4):
+        acc = [r["acc"] for r in after if r["dup_count"] == d]
+        iv = stats.interval(acc, proportion=True)
+        per_dup.append({"experiment": "arc", "dup_count": d, "n_items": len(acc), "acc": iv["mean"],
+                        "acc_norm": iv["mean"], "ci_low": iv["ci_low"], "ci_high": iv["ci_high"],
+                        "ci_method": iv["ci_method"], "small_n": iv["small_n"], "acc_norm_ci_low": iv["ci_low"],
+                        "acc_norm_ci_high": iv["ci_high"]})
+    entry = contamination_summary("benchmark", {"type": "benchmark", "rows": after, "per_dup": per_dup,
+                                                "effects": []}, {"rows": before}, 0, cfg)
+    results = dict(_results({0: [3.5, 3.7, 3.6, 3.9], 4: [2.0, 2.2, 1.9, 2.1]}), contamination={"benchmark": entry})
+    print_table(results)
+    out = capsys.readouterr().out
+    assert "benchmark contamination (benchmark, experiment arc)" in out and "95% CI (Wilson)" in out
+    assert "acc dup > 0 vs 0: +" in out and "(95% CI, Newcombe)" in out  # two inserted dup counts: pooled too
+    spill = next(line for line in out.splitlines() if "spillover" in line)
+    assert f"{entry['change_since_baseline'][0]['change']:+.3f}" in spill
+    print_table(dict(results, dynamic={"realized_dup_groups_randomized": False, "items": [], "copies": 1,
+                                       "policy": "spaced_repetition", "margin": 0.1}))
+    out = capsys.readouterr().out
+    assert "NOT randomized" in out and "primary endpoint" not in out
+
+
 def test_release_card_rows_show_items_method_and_flag():
     from pretrain_exp.report.release import _eval_lines
 
