@@ -107,13 +107,9 @@ def pre_post_effects(before: Sequence[dict], after: Sequence[dict], value_key: s
         n_treated, n_control, p_adjusted, p_adjust_method, family}`` per experiment and ``d > 0`` with controls,
         sorted; ``[]`` if no item is in both.
     """
-    first = {r["item_id"]: r for r in before if "item_id" in r}
     groups: Dict[tuple, List[float]] = defaultdict(list)
-    for r in after:
-        b = first.get(r.get("item_id"))
-        if b is None or missing(_num(r.get(value_key))) or missing(_num(b.get(value_key))):
-            continue
-        groups[(r["experiment"], int(r["dup_count"]))].append(float(r[value_key]) - float(b[value_key]))
+    for r, b, a in _paired(before, after, value_key):
+        groups[(r["experiment"], int(r["dup_count"]))].append(a - b)
     out = []
     for (exp, d), changes in sorted(groups.items()):
         control = groups.get((exp, 0))
@@ -132,6 +128,16 @@ def _num(v):
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
 
 
+def _paired(before: Sequence[dict], after: Sequence[dict], value_key: str):
+    """``(row after, value before, value after)`` of every item in both, matched on ``item_id``, whose two values
+    are numbers."""
+    first = {r["item_id"]: r for r in before if "item_id" in r}
+    for r in after:
+        b = first.get(r.get("item_id"))
+        if b is not None and not missing(_num(r.get(value_key))) and not missing(_num(b.get(value_key))):
+            yield r, float(b[value_key]), float(r[value_key])
+
+
 def change_since(before: Sequence[dict], after: Sequence[dict], value_key: str,
                  baseline_step: Optional[int] = None) -> List[dict]:
     """Each group's change of ``value_key`` since the baseline step, paired by item: per item
@@ -144,13 +150,8 @@ def change_since(before: Sequence[dict], after: Sequence[dict], value_key: str,
         before, after, change, ci_low, ci_high, ci_method, small_n}`` rows; ``before`` / ``after`` are the group's
         means over the paired items.
     """
-    first = {r["item_id"]: r for r in before if "item_id" in r}
     groups: Dict[tuple, List[tuple]] = defaultdict(list)
-    for r in after:
-        b = first.get(r.get("item_id"))
-        if b is None or missing(_num(r.get(value_key))) or missing(_num(b.get(value_key))):
-            continue
-        pair = (float(b[value_key]), float(r[value_key]))
+    for r, *pair in _paired(before, after, value_key):
         groups[(r["experiment"], int(r["dup_count"]))].append(pair)
         if int(r["dup_count"]) > 0:
             groups[(r["experiment"], "> 0")].append(pair)
