@@ -32,7 +32,8 @@ class CpdtConf:
     #: the seeds cannot reach it (the smallest sign-flip p over S seeds is 2 / 2**S: S >= 6 at 0.05)
     alpha: float = 0.05
     #: equivalence margin in the effects' units (nats/token for loss gaps, acc for benchmarks), declared before the
-    #: run: "no interaction" is concluded only when a TOST over seeds puts |interaction| below it; None: no such claim
+    #: run: "no interaction" is concluded only when a TOST over seeds puts the absolute interaction below it; None:
+    #: no such claim
     margin: Optional[float] = None
 
 
