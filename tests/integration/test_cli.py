@@ -57,9 +57,10 @@ def test_tiny_run_writes_everything_and_resumes(tmp_path, tiny_model_dir):
     rows = res["per_dup"]
     assert [r["dup_count"] for r in rows] == [0, 1, 4, 16]
     for r in rows:
-        assert set(r) == {"experiment", "dup_count", "n_items", "mean_loss", "ci_low", "ci_high", "natural_items",
-                          "natural_exact", "effective_dup_mean"}
+        assert set(r) == {"experiment", "dup_count", "n_items", "mean_loss", "ci_low", "ci_high", "ci_method",
+                          "small_n", "natural_items", "natural_exact", "effective_dup_mean"}
         assert r["ci_low"] <= r["mean_loss"] <= r["ci_high"] and r["n_items"] == 4
+        assert r["ci_method"] == "t" and r["small_n"]  # 4 items per group: flagged
         assert r["natural_items"] == r["natural_exact"] == 0 and r["effective_dup_mean"] == r["dup_count"]
     assert res["audit"]["ngram"] == 13 and res["audit"]["window_tokens"] == 12 * 8 * 128
     assert res["audit"]["contaminated_controls"] == [] and "natural-duplicate audit (13-grams" in proc.stdout

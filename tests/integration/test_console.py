@@ -30,11 +30,12 @@ def _step_lines(lines: list) -> list:
 
 @pytest.mark.slow
 def test_olmo_core_console_is_one_line_per_step_and_the_log_file_holds_the_engine(tmp_path):
-    """``framework=olmo_core training=tiny`` (12 steps in 3 segments, 3 evals): 769 console lines on the engines'
-    defaults (OLMo-core's model repr at every HF export, its parameter groups, callback order and multi-line metric
-    blocks), 39 here."""
+    """``framework=olmo_core training=tiny insertion=fictional_bios_small`` (12 steps in 3 segments, 3 evals): 769
+    console lines on the engines' defaults (OLMo-core's model repr at every HF export, its parameter groups, callback
+    order and multi-line metric blocks), 39 here."""
     runs = tmp_path / "runs"
-    proc = cli("framework=olmo_core", "training=tiny", "wandb=disabled", "training.num_threads=1", runs=runs)
+    proc = cli("framework=olmo_core", "training=tiny", "insertion=fictional_bios_small", "wandb=disabled",
+               "training.num_threads=1", runs=runs)
     lines = _console(proc)
     assert len(lines) <= 50, "\n".join(lines)
     assert not [line for line in lines if ENGINE_NOISE.search(line)], "\n".join(lines)

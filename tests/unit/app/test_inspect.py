@@ -85,7 +85,7 @@ def test_cli_html_and_errors(run_dir, tmp_path, capsys):
     page = out.read_text()
     assert page.startswith("<!DOCTYPE html>") and "tokens:0" in page
     assert main([str(run_dir), "step=99"]) == 2
-    assert "step: step 99 is outside the run's steps [1, 12]" in capsys.readouterr().err
+    assert "step: step 99 is outside the run's steps [1, 24]" in capsys.readouterr().err  # the demo's 24 steps
     assert main([str(run_dir), "item=nope:3"]) == 2
     assert main([str(tmp_path), "step=1"]) == 2
     assert "not a run dir" in capsys.readouterr().err
