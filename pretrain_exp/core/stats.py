@@ -17,7 +17,8 @@ mean over seeds of per-seed effects       Student t over seeds, ``S >= 3`` (:fun
 ========================================  ==============================================================
 
 The percentile bootstrap these replace covers 48-87% at 2-8 items per group (a nominal 95% interval);
-``tests/unit/core/test_calibration.py`` holds every interval above to 0.92-0.98 at 4, 8 and 16 items.
+``tests/unit/core/test_calibration.py`` holds every interval above to 0.92-0.98 at 4, 8 and 16 items for normal
+data (the t interval of a mean to at least 0.90 for skewed, gamma(2), data).
 No interval is given for fewer than 2 values, or where every value is equal (``nan``, shown as "n/a"),
 and a group of fewer than :data:`MIN_ITEMS_PER_GROUP` items is flagged ``small_n``.
 
@@ -39,7 +40,7 @@ _CHUNK_ELEMENTS = 1 << 22  #: resampled indices drawn at once (bounds memory to 
 
 LEVEL = 0.95  #: confidence level of every printed interval
 #: fewer items than this in a group and its row carries ``small_n: true`` (and tables mark it); 8 per group gives
-#: a two-sided exact randomization p down to 2 / C(16, 8) = 1.6e-4 and a t quantile within 14% of the normal one
+#: a two-sided exact randomization p down to 2 / C(16, 8) = 1.6e-4 (4 per group: 0.029)
 MIN_ITEMS_PER_GROUP = 8
 #: a randomization test enumerates every relabelling when there are at most this many, else draws
 #: ``permutations`` of them at random
