@@ -1,4 +1,5 @@
-"""What every eval gets and returns (DESIGN.md section 7): :class:`EvalContext` in, :class:`EvalResult` out."""
+"""What every eval gets and returns (docs/development/contributing.md): :class:`EvalContext` in,
+:class:`EvalResult` out."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Each eval is one module of :mod:`pretrain_exp.evals` with a config dataclass (it
 ``schema/eval/<type>``) and a function ``fn(cfg, ctx: EvalContext) -> EvalResult`` (:mod:`pretrain_exp.evals.base`). A
 new eval is that module, one line in :data:`EVALS`, one YAML and its tests. Looking up a name imports only that eval.
 
-Contract (DESIGN.md section 7): an eval takes a loaded HF causal LM plus its config node and returns a flat
+Contract (docs/development/contributing.md): an eval takes a loaded HF causal LM plus its config node and returns a flat
 dict of float metrics and optional per-item rows. Evals that score insertion experiments also return
 ``per_dup`` rows ``{experiment, dup_count, n_items, mean_loss, ci_low, ci_high}``.
 """

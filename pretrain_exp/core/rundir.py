@@ -2,7 +2,7 @@
 the plain-data ones; nothing else in the project spells a run-dir file name or parses ``step<N>``
 (``tests/unit/core/test_rundir.py`` checks the source).
 
-A run dir (one Hydra job; DESIGN.md §1)::
+A run dir (one Hydra job; docs/reference/run-dir.md)::
 
     config.resolved.yaml          the resolved config (credentials redacted); re-runs compare with it
     .hydra/{config,hydra,overrides}.yaml   Hydra's files, written by the app
