@@ -76,15 +76,21 @@ def _eval_effects(task: Optional[str], rec: dict, cfg: RunConfig) -> List[dict]:
     rows = rec.get("effects")
     if rows is None and rec.get("type") == "insertion_loss" and rec.get("rows"):
         permutations, adjust = _test_options(cfg)
-        rows = [dict(r, metric="loss") for r in stats.per_dup_effects(
-            rec["rows"], "loss", permutations=permutations, seed=cfg.seed, adjust_method=adjust, family=task,
-            sign=-1.0)]
+        rows = loss_effects(rec["rows"], permutations, cfg.seed, adjust, family=task)
     return [dict(r, task=task, eval_type=rec.get("type")) for r in rows or []]
 
 
+def loss_effects(rows: Sequence[dict], permutations: int = stats.PERMUTATIONS, seed: int = 0,
+                 adjust_method: str = "holm", family: str = "insertion_loss") -> List[dict]:
+    """The ``insertion_loss`` effect rows of per-item loss rows (``experiment, dup_count, loss``), for a record
+    written before evals returned ``effects``: :func:`pretrain_exp.core.stats.per_dup_effects` with effect =
+    :data:`LOSS_EFFECT` and ``metric: "loss"``."""
+    return [dict(r, metric="loss") for r in stats.per_dup_effects(
+        rows, "loss", permutations=permutations, seed=seed, adjust_method=adjust_method, family=family, sign=-1.0)]
+
+
 def _test_options(cfg: RunConfig):
-    e = cfg.eval
-    return int(getattr(e, "permutations", stats.PERMUTATIONS)), str(getattr(e, "p_adjust", "holm"))
+    return int(cfg.eval.permutations), str(cfg.eval.p_adjust)
 
 
 def pre_post_effects(before: Sequence[dict], after: Sequence[dict], value_key: str, sign: float = -1.0,

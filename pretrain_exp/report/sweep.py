@@ -31,6 +31,7 @@ from pretrain_exp.report.failures import collect
 from pretrain_exp.report.jobs import Job
 from pretrain_exp.report.plots import plot_benchmark, plot_effect_vs_dup, plot_loss_vs_step
 from pretrain_exp.report.pooled import POOLED_COLUMNS, job_losses, plot_pooled, pooled_effects
+from pretrain_exp.report.summary import loss_effects
 from pretrain_exp.report.tables import OVERRIDE_PREFIX, py, sweep_frame
 from pretrain_exp.report.text import NA, csv_text, md_cell, method_label, missing
 
@@ -78,9 +79,7 @@ def _loss_effects(job: dict) -> Dict[tuple, dict]:
     if not rows and job.get("path"):
         losses = job_losses(Path(job["path"]))
         if len(losses):
-            rows = [r for r in stats.per_dup_effects(losses.to_dict("records"), "loss", sign=-1.0,
-                                                     family="insertion_loss: dup d vs 0")
-                    if r["contrast"] != "trend"]
+            rows = [r for r in loss_effects(losses.to_dict("records")) if r["contrast"] != "trend"]
     return {(r["experiment"], r["dup_count"]): r for r in rows}
 
 
