@@ -74,7 +74,7 @@ from pretrain_exp.data.prefetch import prefetch_rows, prefetch_window, resolve_p
 from pretrain_exp.data.rows import TrainingRows
 from pretrain_exp.data.stream import WindowStream
 from pretrain_exp.data.token_files import TokenFiles, dtype_for_vocab
-from pretrain_exp.data.tokenize import load_tokenizer, tokenize_source
+from pretrain_exp.data.tokenize import load_tokenizer, tokenize_sources
 from pretrain_exp.evals.base import EvalContext
 from pretrain_exp.frameworks.base import Checkpoint
 from pretrain_exp.frameworks.registry import get_framework_class
@@ -556,7 +556,7 @@ def run_data(cfg: ExperimentConfig, progress: bool = True):
     with PHASES.phase("corpus", tokenized=not d.paths):
         paths = d.paths or (tokenize_dataset(d.dataset, tokenizer, d.token_dir, d.split, d.subset, d.text_key,
                                              d.num_proc, progress=progress) if d.dataset else
-                            tokenize_source(d.text, tokenizer, d.token_dir, cfg.cache_dir, d.text_key))
+                            tokenize_sources(d.text, tokenizer, d.token_dir, cfg.cache_dir, d.text_key))
     # one token-file dtype for the order, the plan and the framework's reader: the data config's (an OLMo
     # checkpoint's data.memmap_dtype / dataset.dtype), else the vocabulary's
     with PHASES.phase("size index", files=len(paths)) as rec:

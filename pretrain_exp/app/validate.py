@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from typing import Optional, Tuple
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -34,9 +35,10 @@ from pretrain_exp.core.capabilities import (
     READS_PLAN_PER_SEGMENT,
     SAVES_ASYNC,
     SUPPORTS_RANDOM_INIT,
+    TRAINS_FP8,
     has,
 )
-from pretrain_exp.core.config import Cleanup, EvalMode, ExportHF
+from pretrain_exp.core.config import Cleanup, EvalMode, ExportHF, Precision, text_sources
 from pretrain_exp.core.errors import ConfigError, PretrainExpError
 from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.core.stats import ADJUST_METHODS
@@ -46,6 +48,12 @@ log = logging.getLogger(__name__)
 MODEL_INITS = ("checkpoint", "random")  #: ``model.init``
 DATA_PARALLEL = ("auto", "fsdp", "hsdp", "ddp")  #: ``training.data_parallel``
 ATTENTION = ("sdpa", "flash")  #: ``training.attention`` (olmo_core)
+#: the lowest CUDA compute capability with float8 tensor cores (Ada Lovelace 8.9; Hopper 9.0, Blackwell 10.0 too),
+#: which ``training.precision=fp8`` needs (torchao's float8 matmuls are ``torch._scaled_mm``)
+FP8_MIN_CAPABILITY = (8, 9)
+#: the torchao that ``training.precision=fp8`` needs, by torch version: torchao's float8 training (OLMo-core's
+#: ``Float8Config`` imports ``torchao.float8``); torchao 0.16.0 is built for torch 2.10, 0.17.0 on need torch >= 2.11
+FP8_TORCHAO = "torchao (0.17.0 for torch 2.11, 0.16.0 for torch 2.10)"
 
 
 def derive(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -107,6 +115,11 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     if not cfg.data.paths and not cfg.data.text and not cfg.data.dataset:
         raise ConfigError("data", "set data.paths (token files), data.text (a text source to tokenize) or "
                           "data.dataset (a datasets corpus to tokenize)")
+    if cfg.data.text is not None:
+        sources = text_sources(cfg.data.text)
+        if not sources or not all(isinstance(x, str) and x for x in sources):
+            raise ConfigError("data.text", f"give a text source or a list of them (non-empty strings), "
+                              f"got {cfg.data.text!r}")
     if cfg.data.dataset and (cfg.data.paths or cfg.data.text):
         raise ConfigError("data.dataset", "set either data.dataset or data.paths / data.text, not both")
     if cfg.data.num_proc < 1:
@@ -196,6 +209,9 @@ def check_plugins(cfg: ExperimentConfig, framework: type) -> None:
                        f"it logs to {RunDir.METRICS} and W&B only; set training.report_to=none")
             raise ConfigError(f"training.report_to[{i}]", f"{logger!r} is not a logger of framework {name!r}; "
                               f"{allowed}")
+    if t.precision == Precision.fp8 and not has(framework, TRAINS_FP8):
+        raise ConfigError("training.precision", f"fp8 is OLMo-core's float8 training (framework=olmo_core or "
+                          f"framework=olmo2); framework {name!r} trains in auto, bf16 or fp32")
     if t.checkpoint_async and not has(framework, SAVES_ASYNC):
         raise ConfigError("training.checkpoint_async", f"framework {name!r} saves checkpoints "
                           "synchronously (its engine has no asynchronous save); set it to null or false")
@@ -223,6 +239,50 @@ def check_plugins(cfg: ExperimentConfig, framework: type) -> None:
                               "eval.mode=inline or eval.mode=distributed")
     if cfg.release.push_to_hub:
         validate_release(cfg, framework)
+
+
+def fp8_refusal(capability: Optional[Tuple[int, int]], torchao_error: Optional[str] = None,
+                torch_version: str = "") -> Optional[str]:
+    """Why ``training.precision=fp8`` cannot train on a machine whose CUDA device has compute capability
+    ``capability`` (``(major, minor)``; ``None``: no CUDA device) and where ``import torchao.float8`` failed with
+    ``torchao_error`` (``None``: it imports), or ``None`` if it can. Checked in this order: a CUDA device, its
+    capability (>= :data:`FP8_MIN_CAPABILITY`), torchao (:data:`FP8_TORCHAO`)."""
+    if capability is None:
+        return ("fp8 needs a CUDA GPU with float8 tensor cores (compute capability >= 8.9: H100, H200, L4, L40S, "
+                "B200, ...) and this machine has no CUDA device; use training.precision=bf16 or fp32")
+    if tuple(capability) < FP8_MIN_CAPABILITY:
+        return (f"fp8 needs a GPU of compute capability >= 8.9 (float8 tensor cores: Ada, Hopper, Blackwell) and "
+                f"this one is {capability[0]}.{capability[1]}; use training.precision=bf16")
+    if torchao_error is not None:
+        return (f"fp8 trains with OLMo-core's float8 support, which needs the torchao package, and "
+                f"'import torchao.float8' fails here ({torchao_error}); install {FP8_TORCHAO}"
+                f"{f' (torch here: {torch_version})' if torch_version else ''}")
+    return None
+
+
+def check_machine(cfg: ExperimentConfig) -> None:
+    """Check ``cfg`` against the machine this job trains on: ``training.precision=fp8`` needs a CUDA GPU of compute
+    capability >= 8.9 and an importable torchao (:func:`fp8_refusal`, on the first visible device). Called by the
+    job before anything starts (:func:`pretrain_exp.app.launch.check_allocation`), not by :func:`validate`: a config
+    is also validated where nothing trains (a login node submitting a SLURM sweep, ``pretrain-exp-inspect``, an
+    eval worker).
+
+    :raises ConfigError: naming ``training.precision``, with the reason.
+    """
+    if cfg.training.precision != Precision.fp8:
+        return
+    import torch
+
+    capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+    error = None
+    if capability is not None and tuple(capability) >= FP8_MIN_CAPABILITY:
+        try:
+            import torchao.float8  # noqa: F401  (OLMo-core's Float8Config converts the model with it)
+        except Exception as e:  # not installed, or built for another torch
+            error = f"{type(e).__name__}: {e}"
+    why = fp8_refusal(capability, error, torch.__version__)
+    if why is not None:
+        raise ConfigError("training.precision", why)
 
 
 def validate_release(cfg: ExperimentConfig, framework: type) -> None:

@@ -23,11 +23,14 @@ from pretrain_exp.core.errors import ConfigError
 
 
 class Precision(str, Enum):
-    """Training precision: ``bf16`` autocast, ``fp32``, or ``auto`` (bf16 where the device supports it)."""
+    """Training precision: ``bf16`` autocast, ``fp32``, ``auto`` (bf16 where the device supports it), or ``fp8``
+    (olmo_core/olmo2 only: bf16 autocast plus OLMo-core's float8 training of the linear layers through torchao;
+    a CUDA GPU of compute capability 8.9 or higher)."""
 
     auto = "auto"
     bf16 = "bf16"
     fp32 = "fp32"
+    fp8 = "fp8"
 
 
 class WandbMode(str, Enum):
@@ -116,18 +119,29 @@ class ModelConf:
 DEFAULT_HELD_OUT_ROWS = 16  #: held-out rows when ``data.held_out_rows`` is null (and they fit)
 
 
+def text_sources(text) -> list:
+    """The sources of ``data.text``: ``[text]`` for one source (a string), else the list's items in order."""
+    if isinstance(text, str):
+        return [text]
+    try:
+        return list(text)
+    except TypeError:
+        return [text]
+
+
 @dataclass
 class DataConf:
     """The training corpus and its order (``data=`` option).
 
     Either ``paths`` lists OLMo token files, or ``text`` names a text source (a registry asset such as
-    ``shakespeare``, a folder of ``.txt`` files, or a ``.jsonl`` file with ``text_key``), or ``dataset`` a
+    ``shakespeare``, a folder of ``.txt`` files, or a ``.jsonl`` file with ``text_key``) or a list of them (their
+    documents one after another, e.g. ``[shakespeare, kjv]``), or ``dataset`` a
     ``datasets`` corpus (:mod:`pretrain_exp.data.hf_dataset`); the last two are tokenized with the model's
     tokenizer into token files under ``token_dir``.
     """
 
     name: str = MISSING
-    text: Optional[str] = None
+    text: Any = None  #: a text source, or a list of them (str or list of str)
     text_key: str = "text"  #: the document text's key (``.jsonl`` of ``text``) or column (``dataset``)
     dataset: Optional[str] = None  #: a ``datasets`` corpus: Hub id, data file(s) or folder (``data=hf_dataset``)
     subset: Optional[str] = None  #: the ``dataset``'s config name on the Hub (``load_dataset(id, subset)``)
@@ -193,7 +207,10 @@ class TrainingConf:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95
     max_grad_norm: float = 1.0
-    precision: Precision = Precision.auto
+    precision: Precision = Precision.auto  #: ``auto`` (bf16 autocast where the device supports it), ``bf16``,
+    #: ``fp32``, or ``fp8``: olmo_core/olmo2 only, bf16 autocast plus OLMo-core's float8 training (``Float8Config``:
+    #: torchao's float8 matmuls in every linear layer but the output layer), on a CUDA GPU of compute capability
+    #: >= 8.9 (H100, L4, ...) with ``torchao`` installed
     num_threads: int = 0  #: torch intra-op threads (0 = torch's default)
     max_retries: int = 2  #: retries of a failed training segment (exponential backoff with jitter)
     retry_base_delay_s: float = 5.0

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import List
 
 from pretrain_exp.core.commands import prog
+from pretrain_exp.core.config import text_sources
 from pretrain_exp.core.errors import DataError, PretrainExpError
 from pretrain_exp.core.io import default_mode, file_lock
 from pretrain_exp.core.logs import phase_progress
@@ -91,6 +92,17 @@ def _source_identity(source: str) -> str:
     p = Path(source)
     files = sorted(p.glob("*.txt")) if p.is_dir() else [p]
     return ";".join(f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files if f.exists())
+
+
+def tokenize_sources(text, tokenizer, out_root: str | Path, cache_dir: str | Path, text_key: str = "text",
+                     progress: bool = True) -> List[Path]:
+    """Token files of every source of ``text`` (:func:`pretrain_exp.core.config.text_sources`), each tokenized
+    and cached on its own (:func:`tokenize_source`), concatenated in the order given.
+
+    :raises DataError: as :func:`tokenize_source`, for the first bad source.
+    """
+    return [p for source in text_sources(text)
+            for p in tokenize_source(str(source), tokenizer, out_root, cache_dir, text_key, progress)]
 
 
 def tokenize_source(source: str, tokenizer, out_root: str | Path, cache_dir: str | Path,

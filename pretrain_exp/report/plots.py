@@ -54,6 +54,21 @@ def draw_intervals(ax, x: Sequence[float], y: Sequence[Optional[float]], low: Se
     return line, len(without)
 
 
+def dup_axis(ax, dups: Sequence[float], label: str = "dup count (0 = never-inserted control)") -> None:
+    """A symlog x axis (linear below 1, so dup 0 is drawn) whose ticks are the plotted dup counts themselves
+    (``0 1 4 16 64``, not powers of ten), with a small margin on both sides and ``label``."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    ticks = sorted({int(d) for d in dups if not missing(d)})
+    ax.set_xscale("symlog", linthresh=1, linscale=0.5)
+    if ticks:
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
+        ax.set_xticklabels([str(t) for t in ticks])
+        ax.set_xlim(-0.25 if ticks[0] == 0 else ticks[0] * 0.8, max(ticks) * 1.25 + 0.25)
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel(label)
+
+
 def no_interval_legend(ax, methods: Sequence[Optional[str]]) -> None:
     """Add the legend entry of the hollow markers (``no interval (n < 2)``) when any plotted point has none."""
     from matplotlib.lines import Line2D
@@ -136,8 +151,7 @@ def plot_effect_vs_dup(rows: Sequence[dict], labels: Dict[str, str], path: Path,
                             color="crimson")
     no_interval_legend(ax, [r.get("ci_method") for r in shown if missing(r.get("ci_low"))
                             or missing(r.get("ci_high"))])
-    ax.set_xscale("symlog", linthresh=1)
-    ax.set_xlabel("dup count (0 = never-inserted control)")
+    dup_axis(ax, [r["dup_count"] for r in shown])
     ax.set_ylabel(f"mean loss per token (nats), {ci_label(r.get('ci_method') for r in shown)}")
     ax.set_title(title, fontsize=9)
     if series:

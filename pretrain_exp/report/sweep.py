@@ -30,7 +30,9 @@ from pretrain_exp.report import cpdt
 from pretrain_exp.report.failures import collect
 from pretrain_exp.report.jobs import Job
 from pretrain_exp.report.plots import plot_benchmark, plot_effect_vs_dup, plot_loss_vs_step
-from pretrain_exp.report.pooled import POOLED_COLUMNS, job_losses, plot_pooled, pooled_effects
+from pretrain_exp.report.pooled import (
+    EXACT_MATCH_COLUMNS, POOLED_COLUMNS, TREND_COLUMNS, job_losses, plot_exact_match, plot_pooled, pooled_effects,
+    pooled_exact_match, pooled_trend)
 from pretrain_exp.report.summary import loss_effects
 from pretrain_exp.report.tables import OVERRIDE_PREFIX, py, sweep_frame
 from pretrain_exp.report.text import NA, csv_text, md_cell, method_label, missing
@@ -290,14 +292,28 @@ def write_report(root: Path, out_dir: Optional[Path] = None) -> dict:
         return " ".join([f"{k}={j.overrides.get(k, '')}" for k in keys]
                         + ([f"model.checkpoint_step={step}"] if len(steps) > 1 else []))
 
-    pooled = pooled_effects([{"group": group(j), "seed": int(j.config.get("seed", 0)), "path": j.path}
-                             for j in done])
+    members = [{"group": group(j), "seed": int(j.config.get("seed", 0)), "path": j.path} for j in done]
+    pooled = pooled_effects(members)
+    trend = pooled_trend(members) if pooled else []
+    exact = pooled_exact_match(members)
     if pooled:
-        paths |= {"pooled_csv": out_dir / "effect_pooled.csv", "pooled_png": out_dir / "effect_vs_dup.png"}
+        paths |= {"pooled_csv": out_dir / "effect_pooled.csv", "pooled_png": out_dir / "effect_vs_dup.png",
+                  "trend_csv": out_dir / "trend_pooled.csv"}
         write_text(paths["pooled_csv"], csv_text(pooled, POOLED_COLUMNS))
-        plot_pooled(pooled, paths["pooled_png"], f"{root.name}: insertion effect pooled over seeds")
+        write_text(paths["trend_csv"], csv_text(trend, TREND_COLUMNS))
+        plot_pooled(pooled, paths["pooled_png"], f"{root.name}: insertion effect pooled over seeds",
+                    trend=[t for t in trend if len({r["group"] for r in pooled}) == 1
+                           and len({r["experiment"] for r in pooled}) == 1])
+    if exact:
+        paths |= {"exact_match_csv": out_dir / "exact_match_pooled.csv",
+                  "exact_match_png": out_dir / "exact_match_vs_dup.png"}
+        write_text(paths["exact_match_csv"], csv_text(exact, EXACT_MATCH_COLUMNS))
+        plot_exact_match(exact, paths["exact_match_png"], f"{root.name}: memorization (k-extractable) pooled over "
+                         "seeds")
+    if pooled or exact:
         write_text(paths["md"], report_markdown(title, rows, columns, failed, bench, bench_dup)
-                   + pooled_markdown(pooled))
+                   + (pooled_markdown(pooled) + trend_markdown(trend) if pooled else "")
+                   + exact_match_markdown(exact))
     if bench:
         paths |= {"benchmark_csv": out_dir / "benchmark.csv", "benchmark_png": out_dir / "benchmark.png"}
         write_text(paths["benchmark_csv"], csv_text(bench, BENCHMARK_COLUMNS))
@@ -314,7 +330,7 @@ def write_report(root: Path, out_dir: Optional[Path] = None) -> dict:
         table = cpdt.write_cpdt_report(root, out_dir=out_dir)
         paths |= {f"cpdt_{k}": Path(v) for k, v in table["paths"].items()}
     return {"jobs": jobs, "frame": frame, "keys": keys, "rows": rows, "columns": columns, "failed": failed,
-            "paths": paths, "cpdt": table, "pooled": pooled}
+            "paths": paths, "cpdt": table, "pooled": pooled, "trend": trend, "exact_match": exact}
 
 
 def pooled_markdown(rows: Sequence[dict]) -> str:
@@ -322,6 +338,34 @@ def pooled_markdown(rows: Sequence[dict]) -> str:
     out = ["", "## Effect pooled over seeds", "", pooled_note(rows), ""]
     out += _md_table(rows, POOLED_COLUMNS, set(POOLED_COLUMNS) - {"group", "experiment", "seeds", "ci_method",
                                                                   "p_method"})
+    return "\n".join(out) + "\n"
+
+
+def trend_markdown(rows: Sequence[dict]) -> str:
+    """The ``## Dose response pooled over seeds`` section of ``report.md``
+    (:func:`~pretrain_exp.report.pooled.pooled_trend`)."""
+    if not rows:
+        return ""
+    out = ["", "## Dose response pooled over seeds", "",
+           "slope = OLS slope of the per-item insertion loss on log(1 + dup count), all items of an experiment "
+           "(controls included), per seed; mean over seeds in nats/token per unit of log(1 + dup); "
+           f"{stats.LEVEL:.0%} CI: t over the per-seed slopes (S >= 3); p: exact sign-flip test over seeds", ""]
+    out += _md_table(rows, TREND_COLUMNS, set(TREND_COLUMNS) - {"group", "experiment", "seeds", "ci_method",
+                                                                "p_method", "seed_slopes"})
+    return "\n".join(out) + "\n"
+
+
+def exact_match_markdown(rows: Sequence[dict]) -> str:
+    """The ``## Memorization pooled over seeds`` section of ``report.md``
+    (:func:`~pretrain_exp.report.pooled.pooled_exact_match`)."""
+    if not rows:
+        return ""
+    out = ["", "## Memorization pooled over seeds", "",
+           "rate = k-extractable items (greedy continuation of the item's first k text tokens reproduces its next c "
+           f"tokens exactly) over the items of all seeds; {stats.LEVEL:.0%} CI: Wilson over those items, treated as "
+           "independent; seed_rates: each seed's rate", ""]
+    out += _md_table(rows, EXACT_MATCH_COLUMNS, set(EXACT_MATCH_COLUMNS) - {"group", "experiment", "seeds",
+                                                                            "ci_method", "seed_rates"})
     return "\n".join(out) + "\n"
 
 

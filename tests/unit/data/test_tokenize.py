@@ -302,3 +302,27 @@ def test_fictional_bios_are_novel_to_shakespeare(shakespeare_docs):
     assert not [n for n in names if n in corpus]
     assert not [b for b in bios if b in corpus]
     assert not [p for n in names for p in n.split() if p.lower() in words]  # not even a first or last name
+
+
+def test_a_list_of_sources_is_each_source_in_order(tokenizer, txt_folder, jsonl_file, tmp_path):
+    """``data.text: [a, b]`` (conf/data/shakespeare_kjv.yaml): each source tokenized and cached on its own, the
+    token files of ``a`` then those of ``b``; validation names ``data.text`` for an empty list or a non-string."""
+    from pretrain_exp.app.validate import validate
+    from pretrain_exp.core.errors import ConfigError
+    from pretrain_exp.data.tokenize import tokenize_sources
+
+    out, cache = tmp_path / "tokens", tmp_path / "cache"
+    both = tokenize_sources([str(txt_folder), str(jsonl_file)], tokenizer, out, cache, text_key="body",
+                            progress=False)
+    first = tokenize_source(str(txt_folder), tokenizer, out, cache, text_key="body", progress=False)
+    second = tokenize_source(str(jsonl_file), tokenizer, out, cache, text_key="body", progress=False)
+    assert both == first + second and first[0].parent != second[0].parent
+    check_token_files(second, JSONL_DOCS, tokenizer)
+    assert tokenize_sources(str(jsonl_file), tokenizer, out, cache, text_key="body", progress=False) == second
+    from tests.conftest import make_config
+
+    cfg = make_config("data=shakespeare_kjv", run_dir=tmp_path / "run")
+    assert list(cfg.data.text) == ["shakespeare", "kjv"]
+    for bad in ("data.text=[]", "data.text=[shakespeare,3]"):
+        with pytest.raises(ConfigError, match=r"data\.text"):
+            validate(make_config(bad, run_dir=tmp_path / "run"))

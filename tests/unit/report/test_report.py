@@ -174,7 +174,8 @@ def test_report_of_a_real_sweep_with_a_failed_job(tmp_path, tiny_model_dir):
         assert p["ci_low"] == p["ci_high"] == "" and p["group"] == "all"  # 2 seeds: seed variance not identified
 
     md = paths[1].read_text()
-    assert "## Failed" in md and md.count("| fictional_bios |") == 8 + len(pooled)  # per job, then pooled
+    # per job, then pooled: the effects, the dose response (1 row) and memorization (4 dup counts)
+    assert "## Failed" in md and md.count("| fictional_bios |") == 8 + len(pooled) + 1 + 4
     failed_rows = [line for line in md.split("## Failed", 1)[1].split("\n## ", 1)[0].splitlines()
                    if line.startswith("| ") and not line.startswith("| job |")]
     assert len(failed_rows) == 1, md
