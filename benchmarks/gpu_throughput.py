@@ -24,17 +24,21 @@ prefetch and OLMo-core's 4 loader workers: its data wait per step is the figure 
 ``--async-eval`` adds an ``eval.mode=async`` run (:func:`async_eval_run`): OLMo-core's ``--async-config`` shape
 (default ``olmo2_190M``) trains 3 segments while the default evals of each segment's checkpoint run in their own
 process on the same GPU; it prints the median tokens/s of the steps with evals beside them over the steps of the
-first segment (none beside them), and the peak GPU memory. Prints one
-table and the ratios insertion on / off (goal >= 0.99), project / anchor (goal >= 0.98) and the MFU goals
-(olmo_core >= 45%, hf >= 35%). Numbers are printed, not asserted; a failed configuration is reported and the
-others still run.
+first segment (none beside them), and the peak GPU memory.
+``--precision bf16,fp8`` runs every olmo_core configuration in each ``training.precision`` (fp8: OLMo-core's float8
+training, olmo_core/olmo2 only, so hf keeps the others), on the same tokens from the same seed; it prints
+tokens/s fp8 / bf16 (goal >= 1.15) and the training loss of each at the last step with their difference (MFU stays
+against the bf16 peak). Prints one table and the ratios insertion on / off (goal >= 0.99), project / anchor (goal
+>= 0.98; the anchor runs in bf16) and the MFU goals (olmo_core >= 45%, hf >= 35%). Numbers are printed, not
+asserted; a failed configuration is reported and the others still run.
 
 ``--tiny`` runs the same code path on a CPU in about a minute: the ``olmo2_14M`` shape, sequence length 128, 3 steps,
-no compile, SDPA, fp32, a nominal 1 TFLOP/s peak (the figures mean nothing there).
+no compile, SDPA, fp32 (unless ``--precision`` says otherwise; fp8 is refused without a float8 GPU, and reported as
+a failed configuration), a nominal 1 TFLOP/s peak (the figures mean nothing there).
 
 Usage: ``python benchmarks/gpu_throughput.py [--frameworks olmo_core,hf] [--steps N] [--micro-batch M]
-[--compile on,off] [--attention sdpa,flash] [--no-bare] [--probe-micro-batch 4,8] [--tiny]`` (``make gpu-bench
-ARGS=...``); the measured H200 table is in docs/development/benchmarks.md.
+[--compile on,off] [--attention sdpa,flash] [--precision bf16,fp8] [--no-bare] [--probe-micro-batch 4,8] [--tiny]``
+(``make gpu-bench ARGS=...``); the measured H200 table is in docs/development/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 H100_BF16_DENSE_TFLOPS = 989.0  #: NVIDIA H100 SXM bf16 dense peak
 BIO_TOKENS = 46.5  #: mean dolma2 tokens of one generated fictional biography
 REPETITIONS = (1, 2, 4, 8)
+FP8_GOAL = 1.15  #: tokens/s of fp8 over bf16 (same shape, compile and attention)
 
 
 @dataclass
@@ -130,6 +135,36 @@ def flops_per_token(config: str, sequence_length: int, vocab_size: int = 100_352
 def mfu(tokens_per_s_per_gpu: float, flops_per_tok: int, peak_tflops: float) -> float:
     """Model FLOPs utilisation: achieved FLOP/s per GPU over the peak (a fraction)."""
     return tokens_per_s_per_gpu * flops_per_tok / (peak_tflops * 1e12)
+
+
+def last_loss(metrics_path: Path) -> tuple:
+    """``(step, loss)`` of the last step in a ``metrics.jsonl`` that logged the training loss (``train/loss``; the
+    anchor's ``train/CE loss``), or ``(None, None)``."""
+    last = (None, None)
+    for m in map(json.loads, metrics_path.read_text().splitlines()):
+        loss = m.get("train/loss", m.get("train/CE loss"))
+        if loss is not None and (last[0] is None or m["step"] >= last[0]):
+            last = (m["step"], float(loss))
+    return last
+
+
+def precision_lines(rows: List[dict], base: str = "bf16", other: str = "fp8", goal: float = FP8_GOAL) -> List[str]:
+    """For every configuration (framework, compile, attention, insertion) measured in precision ``base`` and
+    ``other``: tokens/s ``other`` / ``base`` against ``goal``, and the loss of each at its last step with the
+    difference ``other - base`` (the runs share tokens and seed, so they differ by their precision only)."""
+    by = {(r["framework"], r["compile"], r["attention"], r["insertion"], r["precision"]): r for r in rows}
+    out = []
+    for (fw, comp, attn, ins, prec), a in by.items():
+        b = by.get((fw, comp, attn, ins, other))
+        if prec != base or b is None:
+            continue
+        where = f"{fw} (compile {'on' if comp else 'off'}, {attn}, insertion {'on' if ins else 'off'})"
+        line = f"{where}: {other} / {base} tokens/s = {b['tps'] / a['tps']:.3f} (goal >= {goal:g})"
+        if a["loss"] is not None and b["loss"] is not None:
+            line += (f"; loss at step {a['loss_step']}: {base} {a['loss']:.4f}, {other} {b['loss']:.4f} "
+                     f"({other} - {base} = {b['loss'] - a['loss']:+.4f})")
+        out.append(line)
+    return out
 
 
 def plan_fraction(run_dir: Path) -> float:
@@ -371,6 +406,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="olmo_core attention backends, comma-separated: sdpa, flash (flash-attn 2; skipped with a "
                          "note where it is not installed)")
     ap.add_argument("--compile", default="on,off", help="olmo_core torch.compile settings, comma-separated: on, off")
+    ap.add_argument("--precision", default=None,
+                    help="training.precision of each configuration, comma-separated: bf16, fp8 (olmo_core only; "
+                         "needs a GPU of compute capability >= 8.9 and torchao), fp32; default bf16 (--tiny: fp32)")
     ap.add_argument("--no-compile", action="store_true", help="same as --compile off")
     ap.add_argument("--insertion", default="off,on", help="insertion plan settings, comma-separated: off, on")
     ap.add_argument("--bare", action=argparse.BooleanOptionalAction, default=True,
@@ -393,16 +431,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--bare-run", type=Path, default=None, help=argparse.SUPPRESS)  # internal: the anchor's process
     args = ap.parse_args(argv)
     compile_modes = ["off"] if args.no_compile else [c for c in args.compile.split(",") if c]
+    base_precision = "fp32" if args.tiny else "bf16"  #: the anchor's, and the default
+    precisions = [p for p in (args.precision or base_precision).split(",") if p]
+    unknown = sorted(set(precisions) - {"bf16", "fp8", "fp32", "auto"})
+    if unknown or not precisions:
+        ap.error(f"--precision: unknown {unknown or precisions}; allowed: bf16, fp8, fp32, auto")
     if args.tiny:
-        setup = Setup("olmo2_14M", 128, 4, 3, 1, "fp32", False, "sdpa", 1.0)
+        setup = Setup("olmo2_14M", 128, 4, 3, 1, precisions[0], False, "sdpa", 1.0)
         compile_modes, attentions = ["off"], ["sdpa"]
     else:
-        setup = Setup(args.config, args.sequence_length, args.micro_batch, args.steps, args.warmup, "bf16",
+        setup = Setup(args.config, args.sequence_length, args.micro_batch, args.steps, args.warmup, precisions[0],
                       compile_modes[0] == "on", args.attention.split(",")[0], args.peak_tflops)
         attentions = [a for a in args.attention.split(",") if a]
     cache_dir = os.environ.get("PRETRAIN_EXP_CACHE", str(Path.home() / ".cache" / "pretrain_exp"))
     if args.bare_run is not None:
-        bare_olmo_core(setup, dolma2_token_file(cache_dir), args.bare_run)
+        bare_olmo_core(Setup(**{**setup.__dict__, "precision": base_precision}), dolma2_token_file(cache_dir),
+                       args.bare_run)
         return 0
     import importlib.util
 
@@ -427,11 +471,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         variants = []
         for fw in frameworks:
             if fw == "olmo_core":
-                variants += [(fw, c == "on", a) for c in compile_modes for a in attentions]
-            else:  # hf: SDPA; compiled through TrainingArguments.torch_compile (training.compile)
-                variants += [(fw, c == "on", "sdpa") for c in compile_modes]
+                variants += [(fw, c == "on", a, p) for p in precisions for c in compile_modes for a in attentions]
+            else:  # hf: SDPA; compiled through TrainingArguments.torch_compile (training.compile); no fp8
+                variants += [(fw, c == "on", "sdpa", p) for p in precisions if p != "fp8" for c in compile_modes]
+        if "hf" in frameworks and "fp8" in precisions:
+            print("note: training.precision=fp8 is OLMo-core's float8 training; the hf rows run the other precisions")
+        multi = len(precisions) > 1  # run dirs and ratio labels name the precision
         if args.bare and "olmo_core" in frameworks:
-            s = Setup(**{**setup.__dict__, "compile": compile_modes[0] == "on", "attention": attentions[0]})
+            s = Setup(**{**setup.__dict__, "compile": compile_modes[0] == "on", "attention": attentions[0],
+                         "precision": base_precision})
             run_dir = out / "olmo_core-bare"
             run_dir.mkdir(parents=True, exist_ok=True)
             cmd = [sys.executable, str(Path(__file__).resolve()), "--bare-run", str(run_dir), "--config", s.config,
@@ -446,10 +494,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 rows.append(measure(run_dir, "olmo_core (bare OLMo-core Trainer)", s.compile, s.attention, False, s,
                                     fpt, mem.peak_gib))
                 print(f"measured bare OLMo-core: {rows[-1]}", flush=True)
-        for fw, comp, attn in variants:
-            s = Setup(**{**setup.__dict__, "compile": comp, "attention": attn})
+        for fw, comp, attn, prec in variants:
+            s = Setup(**{**setup.__dict__, "compile": comp, "attention": attn, "precision": prec})
             for insertion in insertions:
-                name = f"{fw}-{'compile' if comp else 'eager'}-{attn}-{'insert' if insertion else 'plain'}"
+                name = (f"{fw}-{'compile' if comp else 'eager'}-{attn}-{'insert' if insertion else 'plain'}"
+                        f"{'-' + prec if multi else ''}")
                 run_dir = out / name
                 try:
                     with GpuMemoryPoll() as mem:
@@ -488,10 +537,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             except RuntimeError as e:
                 print(f"failed: eval.mode=async run: {e}", flush=True)
     print(f"{device}: {setup.config}, L={setup.sequence_length}, micro-batch {setup.micro_batch}, {setup.steps} "
-          f"steps (median after {setup.warmup}), {setup.precision}, {fpt / 1e9:.2f} GFLOP/token, peak "
+          f"steps (median after {setup.warmup}), {','.join(precisions)}, {fpt / 1e9:.2f} GFLOP/token, peak "
           f"{setup.peak_tflops:g} TFLOP/s")
-    head = (f"{'framework':<36} {'compile':>7} {'attn':>5} {'insert':>6} {'plan share':>10} {'tokens/s/GPU':>13} "
-            f"{'MFU':>6} {'data wait':>9} {'peak mem':>9} {'reserved':>9}")
+    head = (f"{'framework':<36} {'compile':>7} {'attn':>5} {'prec':>4} {'insert':>6} {'plan share':>10} "
+            f"{'tokens/s/GPU':>13} {'MFU':>6} {'data wait':>9} {'peak mem':>9} {'reserved':>9} {'last loss':>9}")
     print(head)
 
     def gib(x):
@@ -499,24 +548,27 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     for r in rows:
         wait = "n/a" if r["data_wait_pct"] is None else f"{r['data_wait_pct']:.2f}%"
-        print(f"{r['framework']:<36} {'on' if r['compile'] else 'off':>7} {r['attention']:>5} "
+        loss = "n/a" if r["loss"] is None else f"{r['loss']:.4f}"
+        print(f"{r['framework']:<36} {'on' if r['compile'] else 'off':>7} {r['attention']:>5} {r['precision']:>4} "
               f"{'on' if r['insertion'] else 'off':>6} {100 * r['plan_share']:>9.2f}% {r['tps']:>13,.0f} "
-              f"{100 * r['mfu']:>5.1f}% {wait:>9} {gib(r['peak_gib']):>9} {gib(r['reserved_gib']):>9}")
+              f"{100 * r['mfu']:>5.1f}% {wait:>9} {gib(r['peak_gib']):>9} {gib(r['reserved_gib']):>9} {loss:>9}")
     goals = {"olmo_core": 0.45, "hf": 0.35}
-    by = {(r["framework"], r["compile"], r["attention"], r["insertion"]): r["tps"] for r in rows}
+    by = {(r["framework"], r["compile"], r["attention"], r["insertion"], r["precision"]): r["tps"] for r in rows}
     bare = next((r["tps"] for r in rows if r["framework"].startswith("olmo_core (bare")), None)
-    for fw, comp, attn in variants:
-        if (fw, comp, attn, True) in by and (fw, comp, attn, False) in by:
-            ratio = by[(fw, comp, attn, True)] / by[(fw, comp, attn, False)]
-            print(f"{fw} (compile {'on' if comp else 'off'}, {attn}): insertion on / off = {ratio:.3f} "
-                  f"(goal >= 0.99)")
+    for fw, comp, attn, prec in variants:
+        if (fw, comp, attn, True, prec) in by and (fw, comp, attn, False, prec) in by:
+            ratio = by[(fw, comp, attn, True, prec)] / by[(fw, comp, attn, False, prec)]
+            print(f"{fw} (compile {'on' if comp else 'off'}, {attn}{', ' + prec if multi else ''}): insertion on / "
+                  f"off = {ratio:.3f} (goal >= 0.99)")
+    for line in precision_lines(rows):
+        print(line)
     for fw in frameworks:
         best = max((r["mfu"] for r in rows if r["framework"] == fw), default=0.0)
         print(f"{fw}: best MFU {100 * best:.1f}% (goal >= {100 * goals[fw]:.0f}%)")
     if bare is not None:
         s = setup.compile, setup.attention
         for insertion in insertions:
-            key = ("olmo_core", *s, insertion)
+            key = ("olmo_core", *s, insertion, base_precision)
             if key in by:
                 print(f"olmo_core (compile {'on' if s[0] else 'off'}, {s[1]}, insertion "
                       f"{'on' if insertion else 'off'}) / bare OLMo-core = {by[key] / bare:.3f} (goal >= 0.98)")
@@ -533,10 +585,13 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def measure(run_dir: Path, fw: str, comp: bool, attn: str, insertion: bool, setup: Setup, fpt: int,
             peak_gib: Optional[float]) -> dict:
-    """One table row from a finished run dir's ``metrics.jsonl`` (and ``plan.npz``)."""
+    """One table row from a finished run dir's ``metrics.jsonl`` (and ``plan.npz``) of a run in
+    ``setup.precision``."""
     metrics = run_dir / "metrics.jsonl"
     tps = steady_tokens_per_s(metrics, setup.warmup)
+    loss_step, loss = last_loss(metrics)
     return {"framework": fw, "compile": comp, "attention": attn, "insertion": insertion,
+            "precision": setup.precision, "loss_step": loss_step, "loss": loss,
             "plan_share": plan_fraction(run_dir), "tps": tps, "mfu": mfu(tps, fpt, setup.peak_tflops),
             "data_wait_pct": steady_median(metrics, "throughput/device/data loading (%)", setup.warmup),
             "peak_gib": peak_gib,

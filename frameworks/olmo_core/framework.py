@@ -57,6 +57,7 @@ from pretrain_exp.core.capabilities import (
     READS_PLAN_PER_SEGMENT,
     SAVES_ASYNC,
     SUPPORTS_RANDOM_INIT,
+    TRAINS_FP8,
     Capabilities,
 )
 from pretrain_exp.core.config import DataConf, ModelConf, Precision, RunConfig, TrainingConf
@@ -266,6 +267,36 @@ def data_parallel_config(data_parallel: str, nproc_per_node: int, world: int, cu
                                          num_replicas=world // shard, **sharded)
 
 
+def float8_config(sharded: bool):
+    """OLMo-core's ``Float8Config`` of ``training.precision=fp8``: torchao's float8 training
+    (``convert_to_float8_training``) of every linear layer but the output layer (OLMo-core's
+    ``Transformer.apply_fp8`` leaves ``lm_head.w_out`` and layers with a dim not divisible by 16 in bf16), dynamic
+    tensorwise scaling (torchao's default ``Float8LinearConfig``: e4m3 activations and weights, e5m2 gradients, one
+    scale per tensor) with power-of-2 scales. Sharded (FSDP/HSDP) it is OLMo-core's
+    ``AOFloat8LinearConfig.recommended()``, the setting of OLMo-core's own fp8 recipes (its
+    ``olmo_core/internal/cookbook.py`` and ``src/scripts/official/OLMo3/OLMo-3-1025-7B-long-context.py``:
+    ``Float8Config(enabled=True, ao=AOFloat8LinearConfig.recommended())``), which also all-gathers the weights in
+    float8; unsharded that all-gather option is left off, so the weights stay plain parameters."""
+    from olmo_core.float8 import AOFloat8LinearConfig, Float8Config
+
+    ao = AOFloat8LinearConfig.recommended() if sharded else AOFloat8LinearConfig(round_scales_to_power_of_2=True)
+    return Float8Config(enabled=True, ao=ao)
+
+
+def precision_config(precision: Precision, cuda: bool, sharded: bool = False) -> tuple:
+    """``(autocast_precision, float8_config)`` of OLMo-core's ``TransformerTrainModuleConfig`` for
+    ``training.precision`` = ``precision``: ``bf16`` and ``fp8`` autocast to ``DType.bfloat16`` (parameters and
+    optimizer state stay fp32, as OLMo-core trains), ``auto`` too where ``cuda`` and the device supports bf16,
+    ``fp32`` (and ``auto`` elsewhere) to ``None``; the float8 config is :func:`float8_config` of ``sharded`` for
+    ``fp8``, else ``None``. Whether the machine can train fp8 is checked before the run starts
+    (:func:`pretrain_exp.app.validate.check_machine`)."""
+    from olmo_core.config import DType
+
+    bf16 = precision in (Precision.bf16, Precision.fp8) or (
+        precision == Precision.auto and cuda and torch.cuda.is_bf16_supported())
+    return (DType.bfloat16 if bf16 else None), (float8_config(sharded) if precision == Precision.fp8 else None)
+
+
 def activation_checkpointing_config(enabled: bool):
     """OLMo-core's full activation checkpointing if ``enabled``, else ``None``."""
     if not enabled:
@@ -296,9 +327,10 @@ class OlmoCoreFramework(Framework):
     #: ``supports_random_init``: with an OLMo-core builder (:func:`random_init_checkpoint`); ``saves_async``:
     #: ``training.checkpoint_async``, OLMo-core's asynchronous save (on unless ``false``). Not ``loads_hub_models``
     #: (OLMo-core checkpoints come from ``model.path`` dirs or ``model.url``) nor ``checkpoints_are_hf``
-    #: (distributed checkpoints: a release needs ``training.export_hf``)
+    #: (distributed checkpoints: a release needs ``training.export_hf``); ``trains_fp8``: ``training.precision=fp8``,
+    #: OLMo-core's float8 training (:func:`float8_config`)
     capabilities = Capabilities(FRAMEWORK, {APPLIES_EMBEDDING_NOISE, SUPPORTS_RANDOM_INIT, READS_PLAN_PER_SEGMENT,
-                                            SAVES_ASYNC})
+                                            SAVES_ASYNC, TRAINS_FP8})
     lr_schedulers = SCHEDULERS  #: mapped onto OLMo-core schedulers by :func:`run_scheduler`
 
     def __init__(self, cfg: RunConfig, model_dir: Path):
@@ -712,36 +744,47 @@ class OlmoCoreFramework(Framework):
         apply_insertions(batch_dict, qs[keep], order, rows.plan, where=f"step {step}, rank {dp_rank} (peek)")
         return qs[keep], batch_dict["input_ids"].numpy().astype(np.int64)
 
+    def train_module_config(self, cuda: bool, world: int):
+        """OLMo-core's ``TransformerTrainModuleConfig`` of the run on ``world`` ranks (``cuda``: on GPUs): micro-batch
+        and sequence length, :meth:`optim_config`, clipping, z-loss, :meth:`scheduler`, data parallelism
+        (:func:`data_parallel_config`), ``training.compile``, activation checkpointing, and the autocast and
+        float8 settings of ``training.precision`` (:func:`precision_config`)."""
+        from olmo_core.distributed.parallel import DataParallelType
+        from olmo_core.train.train_module import TransformerTrainModuleConfig
+
+        t = self.training
+        dp_config = self._dp_config(world, cuda)
+        sharded = dp_config is not None and dp_config.name in (DataParallelType.fsdp, DataParallelType.hsdp)
+        autocast, float8 = precision_config(t.precision, cuda, sharded)
+        return TransformerTrainModuleConfig(
+            rank_microbatch_size=t.micro_batch_size * t.sequence_length,
+            max_sequence_length=t.sequence_length,
+            optim=self.optim_config(),
+            max_grad_norm=self.max_grad_norm,
+            z_loss_multiplier=self.z_loss_multiplier,
+            scheduler=self.scheduler(),
+            autocast_precision=autocast,
+            float8_config=float8,
+            dp_config=dp_config,
+            compile_model=t.compile,
+            ac_config=self._ac_config(),
+        )
+
     def _build_trainer(self, start: Checkpoint, until_step: int, rows, log_fn: LogFn):
-        from olmo_core.config import DType
         from olmo_core.data import NumpyDataLoaderConfig
         from olmo_core.train import Duration, LoadStrategy, TrainerConfig
-        from olmo_core.train.train_module import TransformerTrainModuleConfig
         from olmo_core.utils import seed_all
 
         t = self.training
         dp_rank, world = rank(), world_size()
         cuda = torch.cuda.is_available()
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-        bf16 = t.precision == Precision.bf16 or (
-            t.precision == Precision.auto and cuda and torch.cuda.is_bf16_supported())
         L = t.sequence_length
         seed_all(self.cfg.seed)
         upstream.reset_world_mesh()  # one mesh per process in OLMo-core; every segment builds a new train module
         with PHASES.phase("model build"):
             model = self.model_config(cuda).build(init_device="meta" if cuda else "cpu")
-            train_module = TransformerTrainModuleConfig(
-                rank_microbatch_size=t.micro_batch_size * L,
-                max_sequence_length=L,
-                optim=self.optim_config(),
-                max_grad_norm=self.max_grad_norm,
-                z_loss_multiplier=self.z_loss_multiplier,
-                scheduler=self.scheduler(),
-                autocast_precision=DType.bfloat16 if bf16 else None,
-                dp_config=self._dp_config(world, cuda),
-                compile_model=t.compile,
-                ac_config=self._ac_config(),
-            ).build(model, device=device)
+            train_module = self.train_module_config(cuda, world).build(model, device=device)
         noise_feed = NoiseFeed.for_plan(rows.plan)
         if noise_feed is not None:
             noise_feed.attach(model.embeddings)

@@ -38,6 +38,7 @@ import torch
 from omegaconf import OmegaConf
 
 from pretrain_exp.app.config import ExperimentConfig
+from pretrain_exp.app.validate import check_machine
 from pretrain_exp.core.errors import LaunchError, TrainingError
 from pretrain_exp.core.rundir import RunDir
 
@@ -94,12 +95,15 @@ def job_nodes() -> Nodes:
 
 
 def check_allocation(cfg: ExperimentConfig, nodes: Optional[Nodes] = None) -> None:
-    """Fail fast if the job cannot hold ``training.nproc_per_node`` ranks on each node, or if its nodes are not
-    the ones the run asks for (``training.nnodes``).
+    """Fail fast if the job cannot hold ``training.nproc_per_node`` ranks on each node, if its nodes are not the
+    ones the run asks for (``training.nnodes``), or if this machine cannot train the config
+    (:func:`~pretrain_exp.app.validate.check_machine`: ``training.precision=fp8``).
 
     :raises LaunchError: for too few devices on this node or a node count other than ``training.nnodes``, naming
         what was asked and what is there.
+    :raises ConfigError: (``training.precision``) for fp8 without a CUDA GPU of compute capability >= 8.9 or torchao.
     """
+    check_machine(cfg)
     nodes = job_nodes() if nodes is None else nodes
     want = cfg.training.nnodes
     if nodes.count != want:

@@ -36,6 +36,9 @@ SAVES_ASYNC = "saves_async"
 LOADS_HUB_MODELS = "loads_hub_models"
 #: its checkpoints are HF model dirs, so a release has the final step's model without ``training.export_hf``
 CHECKPOINTS_ARE_HF = "checkpoints_are_hf"
+#: ``training.precision=fp8`` trains (float8 matmuls in the linear layers; the machine's own rules are
+#: :func:`pretrain_exp.app.validate.check_machine`'s)
+TRAINS_FP8 = "trains_fp8"
 # --- insertion types ----------------------------------------------------------------------------------------------
 #: its copies add noise to the input embeddings instead of inserting tokens: only a framework that
 #: :data:`APPLIES_EMBEDDING_NOISE` trains them, and dynamic insertion cannot place them
@@ -49,7 +52,7 @@ SHARDED = "sharded"
 #: plugin kind -> the capability names it may declare
 KNOWN: Dict[str, FrozenSet[str]] = {
     FRAMEWORK: frozenset({APPLIES_EMBEDDING_NOISE, SUPPORTS_RANDOM_INIT, READS_PLAN_PER_SEGMENT, SAVES_ASYNC,
-                          LOADS_HUB_MODELS, CHECKPOINTS_ARE_HF}),
+                          LOADS_HUB_MODELS, CHECKPOINTS_ARE_HF, TRAINS_FP8}),
     INSERTION_TYPE: frozenset({EMBEDDING_NOISE}),
     EVAL: frozenset({SHARDED}),
 }

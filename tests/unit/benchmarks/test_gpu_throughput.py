@@ -45,6 +45,25 @@ def test_plan_sizing_and_steady_state_rate(tmp_path):
             "training.sequence_length=4096", "training.micro_batch_size=4"} <= set(args)
 
 
+def test_fp8_rows_are_compared_with_bf16_by_tokens_per_s_and_last_loss(tmp_path):
+    def run(fw, precision, tps, losses):
+        d = tmp_path / f"{fw}-{precision}"
+        d.mkdir()
+        (d / "metrics.jsonl").write_text("\n".join(
+            json.dumps({"step": k, "train/tokens_per_s": tps, "train/loss": x}) for k, x in enumerate(losses, 1)))
+        s = bench.Setup("olmo2_1B_v2", 4096, 4, len(losses), 1, precision, True, "sdpa", 989.0)
+        return bench.measure(d, fw, True, "sdpa", False, s, 8_000_000_000, None)
+
+    bf16, fp8 = run("olmo_core", "bf16", 50_000.0, [11.0, 9.0, 8.25]), run("olmo_core", "fp8", 60_000.0, [11, 9, 8.5])
+    assert (bf16["precision"], bf16["loss_step"], bf16["loss"]) == ("bf16", 3, 8.25)
+    lines = bench.precision_lines([bf16, fp8, run("hf", "bf16", 40_000.0, [11.0, 10.0])])  # hf: no fp8 row
+    assert lines == ["olmo_core (compile on, sdpa, insertion off): fp8 / bf16 tokens/s = 1.200 (goal >= 1.15); "
+                     "loss at step 3: bf16 8.2500, fp8 8.5000 (fp8 - bf16 = +0.2500)"]
+    args = bench.run_overrides("olmo_core", bench.Setup("olmo2_1B_v2", 4096, 4, 40, 10, "fp8", True, "sdpa", 989.0),
+                               False, 0.015, None)
+    assert "training.precision=fp8" in args
+
+
 @pytest.mark.slow
 def test_tiny_run_prints_the_table(tmp_path):
     out = subprocess.run([sys.executable, "benchmarks/gpu_throughput.py", "--tiny", "--out", str(tmp_path)],

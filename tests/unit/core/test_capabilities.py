@@ -83,8 +83,9 @@ def test_the_frameworks_declare_what_they_did_before():
     assert caps == {
         "hf": {"applies_embedding_noise", "supports_random_init", "reads_plan_per_segment", "loads_hub_models",
                "checkpoints_are_hf"},
-        "olmo_core": {"applies_embedding_noise", "supports_random_init", "reads_plan_per_segment", "saves_async"},
-        "olmo2": {"applies_embedding_noise", "reads_plan_per_segment", "saves_async"},
+        "olmo_core": {"applies_embedding_noise", "supports_random_init", "reads_plan_per_segment", "saves_async",
+                      "trains_fp8"},
+        "olmo2": {"applies_embedding_noise", "reads_plan_per_segment", "saves_async", "trains_fp8"},
     }
 
 
