@@ -8,7 +8,7 @@ have added (``insertion.experiments.<name>.eos``). With ``k = prefix_length`` an
 * prompt: the item's leading EOS, if it has one (the document boundary the item followed in training; context
   only, not counted in ``k``), then its first ``k`` text tokens;
 * suffix: the next ``c`` text tokens (the trailing EOS is never part of it);
-* greedy decoding (argmax, no sampling, no stop at EOS; :func:`~pretrain_exp.evals.scoring.greedy_decode`)
+* greedy decoding (argmax, no sampling, no stop at EOS; :class:`~pretrain_exp.evals.scoring.GreedyDecoder`)
   generates ``c`` tokens, compared position by position with the suffix.
 
 Per item: ``exact_match`` (all ``c`` tokens reproduced: the suffix is *k-extractable*, Carlini et al.),
@@ -35,7 +35,7 @@ from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.core.stats import interval
 from pretrain_exp.evals.base import EvalContext, EvalResult, EvalTaskConf
 from pretrain_exp.evals.effects import EffectSpec, family_effects
-from pretrain_exp.evals.scoring import greedy_decode, plan_item_rows
+from pretrain_exp.evals.scoring import GreedyDecoder, plan_item_rows
 from pretrain_exp.evals.shard import map_batches
 
 #: per-item values summarized per dup count: ``(row key, per_dup / metric name, 0/1 proportion)``
@@ -107,9 +107,43 @@ def extraction_items(plan: Any, k: int, c: int, eos: Tuple[int, ...]) -> Tuple[E
     return items, skipped
 
 
+def greedy_continuations(ctx: EvalContext, items: Extraction, c: int,
+                         decoder: Optional[GreedyDecoder] = None) -> Dict[int, np.ndarray]:
+    """The ``c`` greedy tokens after each item's prompt (:class:`~pretrain_exp.evals.scoring.GreedyDecoder`, one
+    decoder for all batches: on a GPU each batch shape's decode step is captured once as a CUDA graph). Items are
+    sorted by ``(prompt length, id)`` and decoded ``ctx.batch_size`` at a time among items of equal prompt length (no
+    padding), batch by batch through :func:`~pretrain_exp.evals.shard.map_batches` (sharded under
+    ``eval.mode=distributed``). Not in larger batches on a GPU, though a decode step costs about the same for more
+    rows: a bf16 model's matrix products round differently for another number of rows, which flips near-tied
+    argmaxes (a random 1B-shaped bf16 model on an H100: 22 of 32 items' ids differ between 8 and 64 rows), so the
+    ids are those of the same ``eval.batch_size`` on every path.
+
+    :param items: item id -> ``(prompt, suffix)`` (:func:`extraction_items`).
+    :param decoder: the decoder to use (default: a new ``GreedyDecoder(ctx.model, c)``); its ``steps`` must be ``c``.
+    :returns: item id -> int64 array of shape ``(c,)``.
+    :raises ValueError: if ``decoder.steps != c``.
+    """
+    rows = ctx.batch_size
+    batches: List[List[int]] = []
+    for i in sorted(items, key=lambda i: (items[i][0].size, i)):  # equal prompt lengths per batch
+        if batches and len(batches[-1]) < rows and items[batches[-1][0]][0].size == items[i][0].size:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    decoder = GreedyDecoder(ctx.model, c) if decoder is None else decoder
+    if decoder.steps != c:
+        raise ValueError(f"the decoder generates {decoder.steps} tokens, not c = {c}")
+
+    def decode(batch):
+        return decoder(torch.from_numpy(np.stack([items[i][0] for i in batch]))).numpy()
+
+    return {i: generated[r] for batch, generated in zip(batches, map_batches(decode, batches))
+            for r, i in enumerate(batch)}
+
+
 def memorization(cfg: MemorizationConf, ctx: EvalContext) -> EvalResult:
     """Greedy extraction of every item with at least ``prefix_length + suffix_length`` text tokens (module
-    docstring). Items are decoded ``ctx.batch_size`` at a time among items of equal prompt length (no padding).
+    docstring), decoded by :func:`greedy_continuations`.
 
     :returns: ``rows`` ``{item_id, experiment, dup_count, exact_match, fraction_matched, matched_length,
         prefix_length, suffix_length}`` per evaluated item; ``per_dup`` per ``(experiment, dup_count)``:
@@ -124,23 +158,11 @@ def memorization(cfg: MemorizationConf, ctx: EvalContext) -> EvalResult:
     plan, k, c = ctx.plan, cfg.prefix_length, cfg.suffix
     items, skipped = extraction_items(plan, k, c, eos_ids(ctx))
     info = plan_item_rows(plan)
-    order = sorted(items, key=lambda i: (items[i][0].size, i))
-    batches = []
-    for i in order:  # equal prompt lengths per batch
-        if batches and len(batches[-1]) < ctx.batch_size and items[batches[-1][0]][0].size == items[i][0].size:
-            batches[-1].append(i)
-        else:
-            batches.append([i])
-
-    def decode(batch):
-        return greedy_decode(ctx.model, torch.from_numpy(np.stack([items[i][0] for i in batch])), c).numpy()
-
     rows = []
-    for batch, generated in zip(batches, map_batches(decode, batches)):  # sharded under eval.mode=distributed
-        for r, i in enumerate(batch):
-            hits = generated[r] == items[i][1]
-            rows.append(dict(info[i], exact_match=bool(hits.all()), fraction_matched=float(hits.mean()),
-                             matched_length=int(np.cumprod(hits).sum()), prefix_length=k, suffix_length=c))
+    for i, generated in greedy_continuations(ctx, items, c).items():
+        hits = generated == items[i][1]
+        rows.append(dict(info[i], exact_match=bool(hits.all()), fraction_matched=float(hits.mean()),
+                         matched_length=int(np.cumprod(hits).sum()), prefix_length=k, suffix_length=c))
     rows.sort(key=lambda r: r["item_id"])
     n_skipped = Counter((info[i]["experiment"], info[i]["dup_count"]) for i in skipped)
     per_dup, metrics = [], {}
