@@ -1,5 +1,8 @@
-"""The report's figures (matplotlib, Agg backend), each written atomically as PNG: a run's loss vs dup count and
-loss vs step, a sweep's effect vs dup count and benchmark acc clean vs contaminated.
+"""The report's figures (matplotlib, Agg backend), each written atomically as PNG and as PDF beside it (same name,
+``.pdf``: vector, for a paper): a run's loss vs dup count and loss vs step, a sweep's effect vs dup count and
+benchmark acc clean vs contaminated. Each figure's title says what it shows, wrapped to fit the figure, with the run
+or sweep name as a small subtitle under it (:func:`set_titles`); a log-x dup axis ticks at the dup counts plotted
+(:func:`dup_axis`).
 
 Every interval is drawn as given (:func:`draw_intervals`): from its ``ci_low`` to its ``ci_high``, whether or not it
 is centred on the point or crosses zero, never clipped; a point without an interval (fewer than 2 items, no spread,
@@ -11,6 +14,7 @@ drawn at all. The axis label names the interval's level and method (``95% CI, t`
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -69,6 +73,18 @@ def dup_axis(ax, dups: Sequence[float], label: str = "dup count (0 = never-inser
     ax.set_xlabel(label)
 
 
+def set_titles(ax, what: str, name: Optional[str] = None) -> None:
+    """The axes title ``what`` (wrapped at 70 characters) and, under it, ``name`` (the run or sweep; wrapped at 95,
+    small, grey) as a subtitle; both stay inside the figure once it is laid out (``tight_layout``)."""
+    sub = "\n".join(textwrap.wrap(str(name), 95)) if name else ""
+    ax.set_title("\n".join(textwrap.wrap(what, 70)), fontsize=9, pad=6 + 9 * (sub.count("\n") + 1) if sub else 6)
+    if sub:
+        from matplotlib.transforms import offset_copy
+
+        ax.text(0.5, 1.0, sub, transform=offset_copy(ax.transAxes, fig=ax.figure, y=3, units="points"),
+                ha="center", va="bottom", fontsize=7, color="dimgray")
+
+
 def no_interval_legend(ax, methods: Sequence[Optional[str]]) -> None:
     """Add the legend entry of the hollow markers (``no interval (n < 2)``) when any plotted point has none."""
     from matplotlib.lines import Line2D
@@ -82,7 +98,8 @@ def plot_per_dup(results: dict, path: Path):
     """PNG of mean insertion loss vs dup count (interval bars) at the last evaluated step, one line per
     experiment; written atomically."""
     rows = [dict(r, job=r["experiment"]) for r in results.get("per_dup", [])]
-    return plot_effect_vs_dup(rows, {}, path, f"{results.get('run_name')} at step {results.get('step')}")
+    return plot_effect_vs_dup(rows, {}, path, f"mean insertion loss by dup count at step {results.get('step')}",
+                              subtitle=results.get("run_name"))
 
 
 _LOSS_KEY = re.compile(r"^(?P<exp>.+)/dup(?P<dup>\d+)/mean_loss$")
@@ -110,7 +127,7 @@ def plot_loss_vs_step(results: dict, path: Path):
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{exp + ' ' if multi else ''}dup {dup}")
     ax.set_xlabel("global step")
     ax.set_ylabel("mean loss per token (nats)")
-    ax.set_title(f"{results.get('run_name')}: insertion loss by step", fontsize=9)
+    set_titles(ax, "mean insertion loss by global step", results.get("run_name"))
     if series:
         ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
@@ -120,7 +137,8 @@ def plot_loss_vs_step(results: dict, path: Path):
     return fig
 
 
-def plot_effect_vs_dup(rows: Sequence[dict], labels: Dict[str, str], path: Path, title: str):
+def plot_effect_vs_dup(rows: Sequence[dict], labels: Dict[str, str], path: Path, title: str,
+                       subtitle: Optional[str] = None):
     """PNG of mean loss vs dup count with each row's interval (``ci_low``, ``ci_high``, ``ci_method``; module
     docstring), one line per job (and experiment); written atomically. A point whose group has items that also occur
     naturally in the window (``natural_items`` of the audit) is annotated with their number and the group's mean
@@ -153,7 +171,7 @@ def plot_effect_vs_dup(rows: Sequence[dict], labels: Dict[str, str], path: Path,
                             or missing(r.get("ci_high"))])
     dup_axis(ax, [r["dup_count"] for r in shown])
     ax.set_ylabel(f"mean loss per token (nats), {ci_label(r.get('ci_method') for r in shown)}")
-    ax.set_title(title, fontsize=9)
+    set_titles(ax, title, subtitle)
     if series:
         ax.legend(fontsize=7, ncol=1 if len(series) <= 8 else 2)
     ax.grid(alpha=0.3)
@@ -163,7 +181,8 @@ def plot_effect_vs_dup(rows: Sequence[dict], labels: Dict[str, str], path: Path,
     return fig
 
 
-def plot_benchmark(rows: Sequence[dict], labels: Dict[str, str], path: Path, title: str):
+def plot_benchmark(rows: Sequence[dict], labels: Dict[str, str], path: Path, title: str,
+                   subtitle: Optional[str] = None):
     """PNG of benchmark acc, clean (dup 0) vs contaminated (dup > 0, all their items pooled: the weighting of the
     contamination effect), one pair of bars per job and experiment, with the contamination effect and its interval
     (``effect_ci_method``) written above; a missing acc has no bar and reads ``n/a``; written atomically."""
@@ -188,7 +207,7 @@ def plot_benchmark(rows: Sequence[dict], labels: Dict[str, str], path: Path, tit
     ax.set_xticks(x, [f"{labels.get(r['job'], r['job'])}\n{r['experiment']}" for r in rows], fontsize=7)
     ax.set_ylabel("acc")
     ax.set_ylim(0, 1.1)
-    ax.set_title(title, fontsize=9)
+    set_titles(ax, title, subtitle)
     ax.legend(fontsize=7)
     fig.tight_layout()
     save_png(fig, path)
@@ -197,6 +216,8 @@ def plot_benchmark(rows: Sequence[dict], labels: Dict[str, str], path: Path, tit
 
 
 def save_png(fig, path: Path) -> None:
-    """Save a matplotlib figure as PNG atomically."""
+    """Save a matplotlib figure as PNG (``path``, 120 dpi) and as PDF (``path`` with ``.pdf``), each atomically."""
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120)
+        fig.savefig(tmp, dpi=120, format="png")
+    with atomic_path(Path(path).with_suffix(".pdf")) as tmp:
+        fig.savefig(tmp, format="pdf")

@@ -29,7 +29,7 @@ treats the items of all seeds as independent, and each seed's rate.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
@@ -199,7 +199,7 @@ def pooled_exact_match(jobs: Sequence[dict]) -> List[dict]:
     return rows
 
 
-def plot_exact_match(rows: Sequence[dict], path: Path, title: str):
+def plot_exact_match(rows: Sequence[dict], path: Path, title: str, subtitle: Optional[str] = None):
     """PNG of the pooled k-extractable rate vs dup count (:func:`pooled_exact_match` rows) with its Wilson
     interval, one line per group and experiment, each seed's rate as a small dot; written atomically. Returns the
     (closed) figure."""
@@ -208,7 +208,7 @@ def plot_exact_match(rows: Sequence[dict], path: Path, title: str):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from pretrain_exp.report.plots import draw_intervals, dup_axis, save_png
+    from pretrain_exp.report.plots import draw_intervals, dup_axis, save_png, set_titles
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     series: Dict[tuple, List[dict]] = {}
@@ -225,7 +225,7 @@ def plot_exact_match(rows: Sequence[dict], path: Path, title: str):
     dup_axis(ax, [r["dup_count"] for r in rows])
     ax.set_ylim(-0.03, 1.03)
     ax.set_ylabel("k-extractable rate (95% CI, Wilson); grey: each seed")
-    ax.set_title(title, fontsize=9, wrap=True)
+    set_titles(ax, title, subtitle)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -234,7 +234,8 @@ def plot_exact_match(rows: Sequence[dict], path: Path, title: str):
     return fig
 
 
-def plot_pooled(rows: Sequence[dict], path: Path, title: str, trend: Sequence[dict] = ()):
+def plot_pooled(rows: Sequence[dict], path: Path, title: str, trend: Sequence[dict] = (),
+                subtitle: Optional[str] = None):
     """PNG of the pooled effect vs dup count with its interval over seeds, drawn as given
     (:func:`pretrain_exp.report.plots.draw_intervals`; hollow, with no bar, where the seed variance is not
     identified), one line per group and experiment; written atomically. Returns the (closed) figure."""
@@ -243,7 +244,7 @@ def plot_pooled(rows: Sequence[dict], path: Path, title: str, trend: Sequence[di
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from pretrain_exp.report.plots import ci_label, draw_intervals, dup_axis, no_interval_legend, save_png
+    from pretrain_exp.report.plots import ci_label, draw_intervals, dup_axis, no_interval_legend, save_png, set_titles
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     series: Dict[tuple, List[dict]] = {}
@@ -266,7 +267,7 @@ def plot_pooled(rows: Sequence[dict], path: Path, title: str, trend: Sequence[di
     ax.axhline(0, color="grey", lw=0.8)
     dup_axis(ax, [0] + [r["dup_count"] for r in rows])
     ax.set_ylabel(f"loss(dup 0) - loss(dup), nats/token\n({ci_label(r.get('ci_method') for r in rows)})")
-    ax.set_title(title, fontsize=9, wrap=True)
+    set_titles(ax, title, subtitle)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -31,8 +31,16 @@ from pretrain_exp.report.failures import collect
 from pretrain_exp.report.jobs import Job
 from pretrain_exp.report.plots import plot_benchmark, plot_effect_vs_dup, plot_loss_vs_step
 from pretrain_exp.report.pooled import (
-    EXACT_MATCH_COLUMNS, POOLED_COLUMNS, TREND_COLUMNS, job_losses, plot_exact_match, plot_pooled, pooled_effects,
-    pooled_exact_match, pooled_trend)
+    EXACT_MATCH_COLUMNS,
+    POOLED_COLUMNS,
+    TREND_COLUMNS,
+    job_losses,
+    plot_exact_match,
+    plot_pooled,
+    pooled_effects,
+    pooled_exact_match,
+    pooled_trend,
+)
 from pretrain_exp.report.summary import loss_effects
 from pretrain_exp.report.tables import OVERRIDE_PREFIX, py, sweep_frame
 from pretrain_exp.report.text import NA, csv_text, md_cell, method_label, missing
@@ -279,12 +287,13 @@ def write_report(root: Path, out_dir: Optional[Path] = None) -> dict:
     out_dir = Path(out_dir).resolve() if out_dir is not None else root
     paths = {"csv": out_dir / "report.csv", "md": out_dir / "report.md", "png": out_dir / "loss_vs_dup.png"}
     write_text(paths["csv"], csv_text(rows, columns))
-    title = (f"{root.name}: mean insertion loss by dup count ({stats.LEVEL:.0%} CI"
-             + (f", {m}" if (m := method_label(r.get("ci_method") for r in rows)) else "") + ")")
+    what = (f"mean insertion loss by dup count ({stats.LEVEL:.0%} CI"
+            + (f", {m}" if (m := method_label(r.get("ci_method") for r in rows)) else "") + ")")
+    title = f"{root.name}: {what}"
     bench, bench_dup = benchmark_rows(frame), benchmark_dup_rows(frame)
     write_text(paths["md"], report_markdown(title, rows, columns, failed, bench, bench_dup))
     labels = {j.name: job_label(j, keys) for j in done}
-    plot_effect_vs_dup(rows, labels, paths["png"], title)
+    plot_effect_vs_dup(rows, labels, paths["png"], what, subtitle=root.name)
     steps = {(j.config.get("model") or {}).get("checkpoint_step") for j in done}
 
     def group(j):  # jobs that differ only by seed are pooled
@@ -301,15 +310,15 @@ def write_report(root: Path, out_dir: Optional[Path] = None) -> dict:
                   "trend_csv": out_dir / "trend_pooled.csv"}
         write_text(paths["pooled_csv"], csv_text(pooled, POOLED_COLUMNS))
         write_text(paths["trend_csv"], csv_text(trend, TREND_COLUMNS))
-        plot_pooled(pooled, paths["pooled_png"], f"{root.name}: insertion effect pooled over seeds",
+        plot_pooled(pooled, paths["pooled_png"], "insertion effect pooled over seeds", subtitle=root.name,
                     trend=[t for t in trend if len({r["group"] for r in pooled}) == 1
                            and len({r["experiment"] for r in pooled}) == 1])
     if exact:
         paths |= {"exact_match_csv": out_dir / "exact_match_pooled.csv",
                   "exact_match_png": out_dir / "exact_match_vs_dup.png"}
         write_text(paths["exact_match_csv"], csv_text(exact, EXACT_MATCH_COLUMNS))
-        plot_exact_match(exact, paths["exact_match_png"], f"{root.name}: memorization (k-extractable) pooled over "
-                         "seeds")
+        plot_exact_match(exact, paths["exact_match_png"], "memorization (k-extractable) pooled over seeds",
+                         subtitle=root.name)
     if pooled or exact:
         write_text(paths["md"], report_markdown(title, rows, columns, failed, bench, bench_dup)
                    + (pooled_markdown(pooled) + trend_markdown(trend) if pooled else "")
@@ -317,8 +326,8 @@ def write_report(root: Path, out_dir: Optional[Path] = None) -> dict:
     if bench:
         paths |= {"benchmark_csv": out_dir / "benchmark.csv", "benchmark_png": out_dir / "benchmark.png"}
         write_text(paths["benchmark_csv"], csv_text(bench, BENCHMARK_COLUMNS))
-        plot_benchmark(bench, labels, paths["benchmark_png"], f"{root.name}: benchmark acc, clean vs contaminated "
-                       f"(contamination effect, {stats.LEVEL:.0%} CI)")
+        plot_benchmark(bench, labels, paths["benchmark_png"], "benchmark acc, clean vs contaminated (contamination "
+                       f"effect, {stats.LEVEL:.0%} CI)", subtitle=root.name)
     for j in frame[frame["status"] == "done"].to_dict("records"):  # forgetting curves: insertion loss by step
         if len(j["by_step"]) > 1:
             name = re.sub(r"[^\w.-]+", "_", j["job"])

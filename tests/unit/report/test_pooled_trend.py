@@ -83,3 +83,40 @@ def test_figures_tick_the_dup_counts_and_draw_the_fit():
                "n_seeds": 3, "seed_rates": f"{r},{r},{r}"} for d, r in ((0, 0.0), (4, 0.25), (64, 1.0))]
         fig = plot_exact_match(em, Path(d) / "m.png", "m")
         assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["0", "4", "64"]
+
+
+def _inside(fig, artist) -> bool:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)  # the plot functions close their figures
+    canvas.draw()
+    box, page = artist.get_window_extent(canvas.get_renderer()), fig.bbox
+    return box.x0 >= page.x0 and box.x1 <= page.x1 and box.y0 >= page.y0 and box.y1 <= page.y1
+
+
+def test_sweep_figures_fit_their_titles_tick_the_dups_and_are_also_pdf(tmp_path):
+    """A long sweep name is a subtitle, wrapped inside the figure; the title says what is shown; every figure of
+    the report is written as PNG and PDF."""
+    from pretrain_exp.report.plots import plot_effect_vs_dup
+
+    name = "dup_grid-a-rather-long-sweep-name-with-overrides-" * 3
+    rows = [{"job": "0", "experiment": "bios", "dup_count": d, "mean_loss": 3.0 - 0.3 * np.log1p(d), "ci_low": 2.0,
+             "ci_high": 4.0, "ci_method": "t"} for d in DUPS]
+    fig = plot_effect_vs_dup(rows, {"0": "seed=0"}, tmp_path / "loss_vs_dup.png",
+                             "mean insertion loss by dup count (95% CI, t)", subtitle=name)
+    (ax,) = fig.axes
+    assert ax.get_title() == "mean insertion loss by dup count (95% CI, t)"
+    (sub,) = [t for t in ax.texts if "rather-long" in t.get_text()]
+    assert sub.get_text().replace("\n", "") == name.strip() and "\n" in sub.get_text()
+    assert _inside(fig, ax.title) and _inside(fig, sub)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "1", "4", "16", "64"]
+    assert (tmp_path / "loss_vs_dup.png").stat().st_size > 0
+    assert (tmp_path / "loss_vs_dup.pdf").read_bytes().startswith(b"%PDF")
+
+    rng = np.random.default_rng(5)
+    sweep = tmp_path / "sweep"
+    for s in range(3):
+        _job(sweep, s, rng)
+    rep = write_report(sweep)
+    for key in ("png", "pooled_png", "exact_match_png"):
+        assert rep["paths"][key].with_suffix(".pdf").read_bytes().startswith(b"%PDF")
