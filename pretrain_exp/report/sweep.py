@@ -5,13 +5,15 @@ and ``.hydra/overrides.yaml`` into one DataFrame row per job (:func:`pretrain_ex
 the table :func:`pretrain_exp.load_sweep` returns), and writes ``report.csv`` / ``report.md`` (one row per job,
 experiment and dup count: the group's mean loss with its interval and ``small_n`` flag, and ``effect =
 mean_loss(dup 0) - mean_loss(dup)`` with its Welch interval, randomization p and adjusted p from the job's
-``insertion_loss`` effects; the failed jobs with the last error line of their logs), ``effect_vs_dup.png`` (one
-line per job) and the effect pooled over seeds (:mod:`pretrain_exp.report.pooled`); with a ``benchmark`` eval also
+``insertion_loss`` effects; the failed jobs with the last error line of their logs), ``loss_vs_dup.png`` (one
+line per job), the effect, the log-linear dose response and the k-extractable rate pooled over seeds
+(:mod:`pretrain_exp.report.pooled`: ``effect_pooled.csv`` / ``effect_vs_dup.png``, ``trend_pooled.csv``,
+``exact_match_pooled.csv`` / ``exact_match_vs_dup.png``); with a ``benchmark`` eval also
 ``benchmark.csv`` / ``benchmark.png`` (acc of the clean and of all contaminated items, weighted by item as the
 contamination effect is, the effect with its interval and p, and with ``eval.on_load`` each side's change since
 the initial checkpoint: the clean items' change is the spillover) and the per-dup contamination effects in
 ``report.md``, and for jobs evaluated at several steps the forgetting curves ``forgetting/<job>.png`` (insertion
-loss by step). For a CPDT run dir the jobs are its arms, and its interaction table (:mod:`pretrain_exp.report.cpdt`)
+loss by step). Every figure is also written as PDF. For a CPDT run dir the jobs are its arms, and its interaction table (:mod:`pretrain_exp.report.cpdt`)
 is rewritten too.
 """
 
