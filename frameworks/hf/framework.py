@@ -10,7 +10,10 @@ through :class:`~pretrain_exp.frameworks.noise_feed.NoiseFeed`, started per micr
 
 Checkpoints are the Trainer's own
 ``<run_dir>/checkpoints/checkpoint-<k>`` dirs (model, optimizer, scheduler, RNG states, ``trainer_state.json``);
-the global step of ``checkpoint-k`` is ``model.checkpoint_step + k``. The LR schedule spans the whole run
+the global step of ``checkpoint-k`` is ``model.checkpoint_step + k``; ``training.keep_last_checkpoints`` (default 1)
+deletes the older ones, and ``training.export_hf=every`` keeps each segment's model, config and tokenizer files in
+``<run_dir>/hf/step<N>/`` (hard-linked, :class:`~pretrain_exp.app.hf_export.HFExport`), as the OLMo frameworks keep
+their HF exports. The LR schedule spans the whole run
 (``max_steps = training.num_steps``), and a segment ends by stopping the Trainer at its last step, so training
 in segments, or resuming after a crash, follows the same schedule as one uninterrupted run.
 """

@@ -16,7 +16,7 @@
 3. evaluate the initial checkpoint if ``eval.on_load`` (or if ``training.num_steps=0``);
 4. train segment by segment (``training.checkpoint_interval`` steps each), retrying failed segments with
    exponential backoff and jitter (config and data errors are not retried), keep the HF export of the last (or
-   every) segment's checkpoint in ``hf/step<N>/`` (``training.export_hf``; OLMo-core checkpoints), and evaluate
+   every) segment's checkpoint in ``hf/step<N>/`` (``training.export_hf``), and evaluate
    every segment's checkpoint into ``evals/step<N>/<task>.json`` (all evals of a step read one HF export);
 5. write ``results.json``, the plot, print the table.
 

@@ -1,9 +1,14 @@
-"""The HF export of a segment's checkpoint (``training.export_hf``; OLMo-core / OLMo-2 checkpoints).
+"""The HF export of a segment's checkpoint (``training.export_hf``), the same for every framework.
 
 ``hf/step<N>/`` is written once per step and read by every eval of that step: kept after the run for ``every``
 segment, for the ``final`` one, or for ``none`` (then it lives only as long as its evals need it: a temporary
-export beside the checkpoint, the shared dir of ``eval.mode=distributed`` or the dir an ``async`` eval reads). An HF
-checkpoint is its own HF dir: nothing is exported for it.
+export beside the checkpoint, the shared dir of ``eval.mode=distributed`` or the dir an ``async`` eval reads).
+An OLMo-core / OLMo-2 checkpoint is converted (:meth:`~pretrain_exp.frameworks.base.Checkpoint.export_hf`). A
+checkpoint that is an HF dir already (``framework=hf``: ``checkpoints/checkpoint-<k>/``) is read where it is; under
+``every`` its model, config and tokenizer files (no optimizer, scheduler, RNG or trainer state) are also kept in
+``hf/step<N>/``, hard-linked (:func:`~pretrain_exp.app.async_eval.link_model_files`), so that
+``training.keep_last_checkpoints`` deleting the checkpoint later leaves them; under ``final`` the last checkpoint
+itself is the final model and nothing is written.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Iterator, Optional
 
+from pretrain_exp.app.async_eval import link_model_files
 from pretrain_exp.app.hooks import RunHook
 from pretrain_exp.core.config import ExportHF
 from pretrain_exp.core.distributed import barrier
@@ -44,22 +50,30 @@ class HFExport(RunHook):
 
     def keeps(self, step: int, is_hf: bool) -> bool:
         """Whether ``training.export_hf`` keeps the export of step ``step`` after its evals: ``every`` step, or the
-        run's last one for ``final``; never for checkpoints that are HF dirs already (``is_hf``)."""
-        return not is_hf and (self.mode == ExportHF.every or (self.mode == ExportHF.final and step == self.end_step))
+        run's last one for ``final`` (not for a checkpoint that is an HF dir already, ``is_hf``: that checkpoint is
+        the final model, kept by ``training.keep_last_checkpoints``)."""
+        if self.mode == ExportHF.every:
+            return True
+        return not is_hf and self.mode == ExportHF.final and step == self.end_step
 
     def export(self, ckpt: Checkpoint) -> Path:
         """Write the HF export of ``ckpt`` into :meth:`dir` unless it is there already (logged with its time);
-        returns the dir."""
+        returns the dir. A checkpoint that is an HF dir (``is_hf``) gives its model, config and tokenizer files,
+        hard-linked (copied where the filesystem cannot link); another is converted by its ``export_hf``. Either
+        way the dir is written into a temporary sibling and renamed, so it is whole or absent."""
         out = self.dir(ckpt.step)
         if not out.is_dir():
             t0 = time.perf_counter()
-            ckpt.export_hf(out)
+            if ckpt.is_hf:
+                link_model_files(ckpt.path, out)
+            else:
+                ckpt.export_hf(out)
             log.info("HF export of step %d: %s (%.1f s)", ckpt.step, out, time.perf_counter() - t0)
         return out
 
     def keep(self, ckpt: Checkpoint) -> Optional[Path]:
         """Write the kept HF export of ``ckpt`` if :meth:`keeps` says so; returns its dir or ``None``. The evals
-        of that step then read it instead of a temporary export (one export per segment)."""
+        of a converted checkpoint's step then read it instead of a temporary export (one export per segment)."""
         return self.export(ckpt) if self.keeps(ckpt.step, ckpt.is_hf) else None
 
     def post_segment(self, ckpt: Checkpoint, final: bool) -> None:

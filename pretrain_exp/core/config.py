@@ -42,7 +42,7 @@ class WandbMode(str, Enum):
 
 
 class ExportHF(str, Enum):
-    """Which checkpoints of an ``olmo_core``/``olmo2`` run are kept as HF model dirs (``<run dir>/hf/step<N>/``)."""
+    """Which checkpoints of a run are kept as HF model dirs (``<run dir>/hf/step<N>/``; ``hf``: only ``every``)."""
 
     none = "none"  #: none (the evals still read a temporary export of every segment's checkpoint)
     final = "final"  #: the last segment's checkpoint
@@ -229,8 +229,9 @@ class TrainingConf:
     #: HF Trainer saves synchronously, so only ``null``/``false``)
     cleanup: Cleanup = Cleanup.none
     log_rows: bool = False  #: olmo_core/olmo2: write ``rows/rank<r>.jsonl`` (rows and token sha256 trained per step)
-    export_hf: ExportHF = ExportHF.final  #: olmo_core/olmo2: HF exports kept in ``hf/step<N>/`` (``none``/``final``/
-    #: ``every``); hf checkpoints are HF dirs already (``keep_last_checkpoints`` keeps them)
+    export_hf: ExportHF = ExportHF.final  #: HF models kept in ``hf/step<N>/`` (``none``/``final``/``every``);
+    #: hf: checkpoints are HF dirs already (``keep_last_checkpoints`` keeps them), so only ``every`` writes
+    #: ``hf/step<N>/`` (each segment's model, config and tokenizer files, hard-linked from its checkpoint)
     gradient_checkpointing: bool = False  #: recompute activations in the backward pass (less memory, ~30% more
     #: compute): hf: ``TrainingArguments.gradient_checkpointing``; olmo_core/olmo2: OLMo-core's full activation
     #: checkpointing (``TransformerActivationCheckpointingConfig``)

@@ -96,13 +96,15 @@ def test_hooks_run_in_the_given_order_and_skip_none():
                      ("dynamic", "post_segment", 2, True), ("hf", "post_segment", 2, True)]
 
 
-@pytest.mark.parametrize("mode, kept", [(ExportHF.every, {2, 4}), (ExportHF.final, {4}), (ExportHF.none, set())])
-def test_the_export_hf_keep_decision(tmp_path, mode, kept):
+@pytest.mark.parametrize("mode, kept, kept_hf", [
+    (ExportHF.every, {2, 4}, {2, 4}), (ExportHF.final, {4}, set()), (ExportHF.none, set(), set())])
+def test_the_export_hf_keep_decision(tmp_path, mode, kept, kept_hf):
     """``training.export_hf``: which exports are kept (one rule, for the kept export after a segment and for the
-    HF dir of a background eval once its evals are written); never for a checkpoint that is an HF dir."""
+    HF dir of a background eval once its evals are written); for a checkpoint that is an HF dir only under
+    ``every`` (under ``final`` the last checkpoint itself is the final model)."""
     hf = HFExport(RunDir(tmp_path), mode, end_step=4)
     assert {s for s in (2, 4) if hf.keeps(s, is_hf=False)} == kept
-    assert not any(hf.keeps(s, is_hf=True) for s in (2, 4))
+    assert {s for s in (2, 4) if hf.keeps(s, is_hf=True)} == kept_hf
 
 
 def test_the_hf_export_is_written_once_logged_and_dropped_unless_kept(tmp_path, caplog):
