@@ -10,8 +10,9 @@ run's checkpoints again (:meth:`Experiment.evaluate_checkpoints
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Optional
 
 from pretrain_exp.core.io import write_json
 from pretrain_exp.core.rundir import RunDir
@@ -31,8 +32,9 @@ def write_results(rundir: RunDir, tracker, results: dict, all_evaluated: Dict[in
     :param all_evaluated: step -> task -> result of every eval in the run dir (:meth:`RunDir.all_evals`), the
         W&B tables' rows.
     :param last: the newest checkpoint (its files are the W&B model artifact unless it is ``initial``).
-    :returns: ``results``.
+    :returns: ``results``, with ``pretrain_exp`` (:func:`code_version`) added.
     """
+    results["pretrain_exp"] = code_version()
     write_json(rundir.results, results)
     write_run_tables(rundir.path)  # manifest, items and per-item eval rows as Parquet (load_run)
     for name, plot in PLOTS.items():
@@ -42,6 +44,36 @@ def write_results(rundir: RunDir, tracker, results: dict, all_evaluated: Dict[in
         tracker.log_results(results, all_evaluated, last.step)
         tracker.log_artifacts(None if last is initial else last.path)
     return results
+
+
+def code_version() -> Dict[str, Optional[str]]:
+    """``{"version": pretrain_exp.__version__, "commit": ...}``: the code that ran, as ``results.json`` records it.
+
+    ``commit`` is ``git rev-parse HEAD`` of the checkout this package was imported from (``-dirty`` appended when
+    ``git status`` shows changes to tracked files), or None for an installed wheel (no checkout), a checkout that is
+    not the top of a git work tree, or when ``git`` is missing or fails (10 s limit per call).
+    """
+    import pretrain_exp
+
+    return {"version": pretrain_exp.__version__, "commit": _git_commit(pretrain_exp.checkout_root())}
+
+
+def _git_commit(root: Optional[Path]) -> Optional[str]:
+    if root is None:
+        return None
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()
+
+    try:
+        if Path(git("rev-parse", "--show-toplevel")).resolve() != root.resolve():
+            return None  # e.g. an unpacked sdist inside another repository
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("-dirty" if dirty else "") if commit else None
 
 
 def _wandb_image(path: Path):

@@ -4,22 +4,32 @@
 (= ``python -m pretrain_exp.release``) writes::
 
     <out>/model/                        the final step's HF model dir (safetensors, config, tokenizer) + README.md
-    <out>/revisions/step<N>-tokens<T>B/ every step with a kept HF model (the final one too), each + README.md
+    <out>/revisions/step<N>-tokens<T>/  every step with a kept HF model (the final one too), each + README.md
     <out>/dataset/                      README.md (dataset card), data/{items,placements,evals}-<id>.parquet,
-                                        config.resolved.yaml, plan.npz
-    <out>/release.json                  what the bundle holds: run, repo id, revisions, sha256 of every file
+                                        config.resolved.yaml, plan.npz, inputs/<experiment>.jsonl (file-based
+                                        experiments only)
+    <out>/release.json                  what the bundle holds: run, code, repo id, revisions, sha256 of every file
 
 The HF model dirs of a run are its kept exports ``hf/step<N>/`` (``olmo_core``/``olmo2``: ``training.export_hf=
 final|every``) and, for ``framework=hf``, its Trainer checkpoints ``checkpoints/checkpoint-<k>/`` (global step
 ``model.checkpoint_step + k``; ``training.keep_last_checkpoints=0`` keeps every one); only model, config and
-tokenizer files are released (no optimizer, scheduler, RNG or trainer state). Revision names follow the OLMo Hub
-branches (``allenai/OLMo-1B``: ``step20000-tokens84B`` = step 20,000 x 4,194,304 tokens): ``T = round(N * B * L /
-1e9)``, the tokens seen by global step ``N`` in billions (``B`` rows of ``L`` tokens per step).
+tokenizer files are released (no optimizer, scheduler, RNG or trainer state). Revision names
+(:func:`revision_name`) carry ``T``, the tokens seen by global step ``N`` (``N * B * L``, ``B`` rows of ``L`` tokens
+per step): from 1e9 on in OLMo's Hub form (``allenai/OLMo-1B``: ``step20000-tokens84B`` = step 20,000 x 4,194,304
+tokens, ``round(T / 1e9)``), below in K or M (``step4-tokens16K``, ``step77-tokens2.5M``).
 
 The dataset holds the run's own insertion records only (items with text or token ids, every placement, the per-item
 eval rows), never the training corpus; ``datasets.load_dataset(<out>/dataset, "items" | "placements" | "evals")``
 reads one config each (split ``train``). Both cards carry the sha256 of ``plan.npz`` and of
-``config.resolved.yaml``. The bundle is written into a temporary sibling and renamed, so ``<out>`` is whole or
+``config.resolved.yaml``, and the pretrain_exp version and git commit that ran (``results.json``'s ``pretrain_exp``).
+
+No local absolute path reaches a bundle (:class:`LocalPaths`): the run dir and cache dir in the config, the
+overrides, ``results.json``'s entries and the tables' string columns (item texts excepted) become ``<run_dir>``,
+``<cache_dir>``, any other absolute path ``<local>/<name>``. The dataset's ``config.resolved.yaml`` is that
+copy of the run's config (its own sha256 beside the run's on the cards and in ``release.json``), with each experiment
+that read its items from a file reading ``inputs/<experiment>.jsonl`` instead (:func:`experiment_inputs`, rebuilt
+from the items); the cards' reproduce command (:func:`reproduce_command`) runs the experiment again from the
+downloaded dataset. The bundle is written into a temporary sibling and renamed, so ``<out>`` is whole or
 absent; an existing ``<out>`` is reused only when it is a bundle of the same run, plan, config and repo id (a retried
 push), else refused.
 
@@ -38,6 +48,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -46,6 +57,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import pandas as pd
 import yaml
+from omegaconf import OmegaConf
 
 from pretrain_exp.core.commands import prog
 from pretrain_exp.core.errors import DataError, PretrainExpError, PushError
@@ -75,8 +87,23 @@ def data_file(config: str, plan_sha256: str, config_sha256: str) -> str:
 
 
 def revision_name(step: int, tokens: int) -> str:
-    """The OLMo Hub branch name of a checkpoint: ``step<step>-tokens<round(tokens / 1e9)>B`` (module docstring)."""
-    return f"step{int(step)}-tokens{round(tokens / 1e9)}B"
+    """The Hub branch name of a checkpoint at global ``step`` after ``tokens`` tokens: ``step<step>-tokens<X>``.
+
+    From a billion tokens on, ``X`` is OLMo's form ``<round(tokens / 1e9)>B`` (``allenai/OLMo-1B``:
+    ``step20000-tokens84B``), unchanged. Below it, ``X`` is in the largest of K (1e3) and M (1e6) that keeps the
+    number >= 1, with one decimal under 10 and none from 10 on, a trailing ``.0`` dropped (``4096`` -> ``4.1K``,
+    ``16384`` -> ``16K``, ``2523136`` -> ``2.5M``; below 1,000 the plain count), so small runs' checkpoints get
+    distinct names. A number that rounds to 1000 moves to the next unit (``999_999`` -> ``1M``).
+    """
+    step, tokens = int(step), int(tokens)
+    if tokens >= 10 ** 9:
+        return f"step{step}-tokens{round(tokens / 1e9)}B"
+    for scale, unit, up in ((10 ** 6, "M", "B"), (10 ** 3, "K", "M")):
+        if tokens >= scale:
+            value = tokens / scale
+            text = f"{value:.1f}".removesuffix(".0") if value < 10 else f"{value:.0f}"
+            return f"step{step}-tokens" + (f"1{up}" if float(text) >= 1000 else f"{text}{unit}")
+    return f"step{step}-tokens{tokens}"
 
 
 # --- reading the run ----------------------------------------------------------------------------------------------
@@ -94,8 +121,67 @@ def _read_run(run_dir: Path) -> Dict[str, Any]:
     for key in ("step", "plan", "per_dup"):
         if key not in results:
             raise DataError(f"{rd.results}: no {key!r} (written by another version?)")
-    return {"results": results, "config": config, "plan_sha256": sha256_file(rd.plan),
-            "config_sha256": sha256_file(rd.config), "overrides": rd.read_hydra("overrides") or []}
+    paths = LocalPaths(run_dir, config)
+    return {"results": paths.data(results), "config": paths.data(config), "plan_sha256": sha256_file(rd.plan),
+            "config_sha256": sha256_file(rd.config), "paths": paths,
+            "overrides": [paths.text(str(o)) for o in rd.read_hydra("overrides") or []]}
+
+
+def _override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+#: overrides that name where a run was written, not what it did (left out of the reproduce command)
+MACHINE_KEYS = ("run_dir", "cache_dir", "hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir")
+#: what a bundle says instead of a local path of the run (:class:`LocalPaths`)
+PLACEHOLDERS = {"run_dir": "<run_dir>", "cache_dir": "<cache_dir>", "other": "<local>"}
+_ABS_PATH = re.compile(r"(?:^|(?<=[=\[,\s'\"(]))/[\w.+@%-]+(?:/[\w.+@%-]*)*")
+
+
+class LocalPaths:
+    """The local absolute paths of a run and what a bundle says instead (no local path reaches a bundle).
+
+    The run dir (as resolved and as the config has it) becomes ``<run_dir>``, the config's ``cache_dir``
+    ``<cache_dir>``, and any other absolute path (the home dir's too) ``<local>/<its last name>``
+    (:data:`PLACEHOLDERS`). Relative paths and URLs are left as they are.
+    """
+
+    def __init__(self, run_dir: Path, config: dict):
+        roots: Dict[str, str] = {}
+        for path, what in ((config.get("cache_dir"), "cache_dir"),
+                           (config.get("run_dir"), "run_dir"), (run_dir, "run_dir")):
+            if path and os.path.isabs(str(path)):
+                for p in {str(path).rstrip("/"), str(Path(path).resolve())}:
+                    if len(p) > 1:
+                        roots[p] = PLACEHOLDERS[what]
+        self.roots = roots
+        self._roots = re.compile("(" + "|".join(re.escape(r) for r in sorted(roots, key=len, reverse=True))
+                                 + r")(?=$|[/\s'\",:;\])}])") if roots else None
+
+    def text(self, s: str) -> str:
+        """``s`` with every local absolute path replaced (class docstring)."""
+        if self._roots is not None:
+            s = self._roots.sub(lambda m: self.roots[m.group(1)], s)
+        return _ABS_PATH.sub(lambda m: f"{PLACEHOLDERS['other']}/{Path(m.group(0)).name}", s)
+
+    def data(self, obj: Any) -> Any:
+        """``obj`` (JSON/YAML data) with :meth:`text` applied to every string in it, dict keys included (e.g.
+        ``data.path_prefixes``)."""
+        if isinstance(obj, str):
+            return self.text(obj)
+        if isinstance(obj, dict):
+            return {self.text(k) if isinstance(k, str) else k: self.data(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [self.data(v) for v in obj]
+        return obj
+
+    def table(self, df: pd.DataFrame, keep: Sequence[str] = ("text", "token_ids")) -> pd.DataFrame:
+        """``df`` with :meth:`text` applied to the strings of its object columns except ``keep`` (the data)."""
+        df = df.copy()
+        for col in df.columns:
+            if col not in keep and (df[col].dtype == object or pd.api.types.is_string_dtype(df[col].dtype)):
+                df[col] = [self.text(v) if isinstance(v, str) else v for v in df[col]]
+        return df
 
 
 def model_dirs(run_dir: str | Path, config: dict) -> Dict[int, Path]:
@@ -165,6 +251,51 @@ def dataset_tables(run_dir: str | Path, config: dict) -> Dict[str, pd.DataFrame]
     return {"items": items, "placements": placements, "evals": evals}
 
 
+# --- the experiments' input files ---------------------------------------------------------------------------------
+INPUT_TYPES = ("texts", "tokens")
+
+
+def experiment_inputs(config: dict, tables: Dict[str, pd.DataFrame]) -> Dict[str, Dict[str, Any]]:
+    """The input file of every experiment that read its items from a file (``insertion.experiments.<e>.file``,
+    types ``texts`` and ``tokens``), rebuilt from the dataset's tables so that a bundle can reproduce the run:
+    ``{experiment: {"path": "inputs/<e>.jsonl", "lines": [...], "set": {key: value}}}``.
+
+    ``texts``: one line per item in the run's order, ``{<key, default text>: text}``; ``tokens``: the token ids as
+    inserted (EOS policy already applied, so ``eos`` is set to ``none``), the line itself or under ``key``. With
+    ``placement.kind=explicit`` each line also holds the item's global token positions under
+    ``placement.position_key`` (from ``placements``). ``set``: the config values that read the file
+    (``file`` relative to the dataset dir; ``eos``/``key`` where they change).
+    """
+    out: Dict[str, Dict[str, Any]] = {}
+    items, placements = tables["items"], tables["placements"]
+    for name, exp in sorted(((config.get("insertion") or {}).get("experiments") or {}).items()):
+        exp = exp or {}
+        if not exp.get("file") or exp.get("type") not in INPUT_TYPES:
+            continue
+        placement = exp.get("placement") or {}
+        explicit = placement.get("kind") == "explicit"
+        texts = exp["type"] == "texts"
+        path = f"inputs/{name}.jsonl"
+        field, sets = exp.get("key"), {"file": path}
+        if texts:
+            field = field or "text"
+        else:
+            sets["eos"] = "none"
+            if field is None and explicit:
+                field = sets["key"] = "tokens"
+        rows = items[items["experiment"] == name].sort_values([c for c in ("index", "item_id") if c in items])
+        lines = []
+        for _, r in rows.iterrows():
+            payload = str(r["text"]) if texts else [int(t) for t in r["token_ids"]]
+            line: Any = payload if field is None else {field: payload}
+            if explicit:
+                mine = placements[placements["item_id"] == r["item_id"]].sort_values("dup_index")
+                line[placement.get("position_key") or "position"] = [int(p) for p in mine["position"]]
+            lines.append(line)
+        out[name] = {"path": path, "lines": lines, "set": sets}
+    return out
+
+
 # --- cards --------------------------------------------------------------------------------------------------------
 def base_model(config: dict) -> Dict[str, Optional[str]]:
     """``{"base_model": Hub id or None, "revision": ..., "source": what the run started from}`` of a run's config."""
@@ -217,8 +348,9 @@ def _card_metadata(run: dict, facts: dict, repo_id: str, license_id: str, kind: 
     meta = {"license": license_id, "tags": ["pretrain_exp", "continual-pretraining", "data-insertion",
                                             f"framework:{res.get('framework')}"]}
     common = {"run_name": res.get("run_name"), "framework": res.get("framework"), "step": res["step"],
-              "plan_sha256": run["plan_sha256"], "config_sha256": run["config_sha256"],
-              "base_checkpoint": base["source"], "window": facts["window"], "steps": facts["steps"],
+              "code": _code(res), "plan_sha256": run["plan_sha256"], "config_sha256": run["config_sha256"],
+              "bundle_config_sha256": run.get("bundle_config_sha256"), "base_checkpoint": base["source"],
+              "window": facts["window"], "steps": facts["steps"],
               "plan": {k: res["plan"][k] for k in ("num_items", "num_insertions", "inserted_tokens",
                                                    "inserted_fraction", "experiments")},
               "experiments": facts["experiments"]}
@@ -240,6 +372,21 @@ def _card_metadata(run: dict, facts: dict, repo_id: str, license_id: str, kind: 
     return meta
 
 
+def _code(res: dict) -> Dict[str, Optional[str]]:
+    """``results.json``'s ``pretrain_exp`` entry: the version and git commit of the code that ran (None each when
+    the run predates the entry)."""
+    code = res.get("pretrain_exp") or {}
+    return {"version": code.get("version"), "commit": code.get("commit")}
+
+
+def _code_line(res: dict) -> str:
+    code = _code(res)
+    if code["version"] is None:
+        return "- code: not recorded (the run's `results.json` predates the `pretrain_exp` entry)"
+    return (f"- code: pretrain_exp {code['version']}, git commit "
+            + (f"`{code['commit']}`" if code["commit"] else "not recorded (not run from a git checkout)"))
+
+
 def _insertion_section(run: dict, facts: dict) -> List[str]:
     res = run["results"]
     plan = res["plan"]
@@ -259,7 +406,11 @@ def _insertion_section(run: dict, facts: dict) -> List[str]:
              + (f" = steps {facts['steps'][0]}..{facts['steps'][1]}" if facts["steps"] else ""),
              f"- plan: {plan['num_items']} items, {plan['num_insertions']} insertions",
              f"- `{RunDir.PLAN}` sha256: `{run['plan_sha256']}`",
-             f"- `{RunDir.CONFIG}` sha256: `{run['config_sha256']}`", ""]
+             f"- `{RunDir.CONFIG}` sha256: `{run['config_sha256']}` (the run's); the dataset's copy, with local paths "
+             "replaced by placeholders (`<run_dir>`, `<cache_dir>`, `<local>/<name>`)"
+             + (" and file-based experiments reading `inputs/<experiment>.jsonl`" if run.get("inputs") else "")
+             + f": `{run.get('bundle_config_sha256')}`",
+             _code_line(run["results"]), ""]
     return lines
 
 
@@ -336,14 +487,41 @@ def _eval_lines(res: dict) -> List[str]:
     return lines + [""]
 
 
-def _reproduce_lines(run: dict) -> List[str]:
-    cmd = " ".join(["pretrain-exp"] + [str(o) for o in run["overrides"]])
-    return ["## How to reproduce", "",
-            "```bash", f"pip install pretrain_exp  # the version that wrote this run: see {RunDir.CONFIG}",
-            cmd, "```", "",
-            f"The resolved config (also `{RunDir.CONFIG}` of the dataset repo, sha256 above):", "",
-            f"<details><summary>{RunDir.CONFIG}</summary>", "", "```yaml",
-            yaml.safe_dump(run["config"], sort_keys=False).rstrip(), "```", "", "</details>", ""]
+def reproduce_command(run: dict, repo_id: str, data_dir: str) -> List[str]:
+    """The shell lines that run the experiment again from the bundle's dataset downloaded to ``data_dir``: the
+    run's Hydra overrides (without :data:`MACHINE_KEYS`, local paths as placeholders), each file-based experiment
+    reading its items from ``<data_dir>/inputs/<e>.jsonl`` (:func:`experiment_inputs`)."""
+    inputs = run.get("inputs") or {}
+    replaced = {f"insertion.experiments.{e}.{k}" for e, i in inputs.items() for k in i["set"]} | set(MACHINE_KEYS)
+    overrides = [o for o in run["overrides"] if _override_key(o) not in replaced]
+    for e, i in inputs.items():
+        overrides += [f"insertion.experiments.{e}.{k}="
+                      + (f"{data_dir}/{v}" if k == "file" else str(v)) for k, v in i["set"].items()]
+    lines = [f"hf download {repo_id} --repo-type dataset --local-dir {data_dir}"]
+    return lines + [" ".join(["pretrain-exp"] + [shlex.quote(str(o)) for o in overrides])]
+
+
+def _reproduce_lines(run: dict, repo_id: str) -> List[str]:
+    code = _code(run["results"])
+    data_dir = repo_id.rsplit("/", 1)[-1] + "-dataset"
+    command = reproduce_command(run, repo_id, data_dir)
+    pin = f"pretrain_exp=={code['version']}" if code["version"] else "pretrain_exp"
+    note = (f"# the code that wrote this run: pretrain_exp {code['version']}"
+            + (f", git commit {code['commit']}" if code["commit"] else "") if code["version"]
+            else "# the run's results.json does not record the pretrain_exp version")
+    lines = ["## How to reproduce", "",
+             "From this release's dataset" + (" (its `inputs/` hold the items that "
+                                              + ", ".join(f"`{e}`" for e in run["inputs"]) + " read from a file)"
+                                              if run.get("inputs") else "") + ":", "",
+             "```bash", f"pip install {shlex.quote(pin)}  {note}", *command, "```", ""]
+    if any(PLACEHOLDERS["other"] + "/" in line for line in command):
+        lines += [f"`{PLACEHOLDERS['other']}/<name>` stands for a path on the machine of the run (not in this "
+                  "release); give your own.", ""]
+    return lines + [
+        f"The new run's `{RunDir.PLAN}` holds the same insertions as `{data_dir}/{RunDir.PLAN}` (sha256 above). "
+        f"The resolved config (`{RunDir.CONFIG}` of the dataset repo):", "",
+        f"<details><summary>{RunDir.CONFIG}</summary>", "", "```yaml",
+        yaml.safe_dump(run["config"], sort_keys=False).rstrip(), "```", "", "</details>", ""]
 
 
 def model_card(run: dict, facts: dict, repo_id: str, license_id: str, revision: Optional[str] = None):
@@ -364,10 +542,11 @@ def model_card(run: dict, facts: dict, repo_id: str, license_id: str, revision: 
              + (f', revision="{revision}")' if revision else ")"),
              f'tokenizer = AutoTokenizer.from_pretrained("{repo_id}")', "```", ""]
     if revs:
-        body += ["Revisions (branches, OLMo's `step<N>-tokens<T>B` naming, T = tokens seen in billions): "
+        body += ["Revisions (branches `step<N>-tokens<T>`, T = tokens seen: OLMo's `<billions>B` from 1B tokens on, "
+                 "else in K (1e3) or M (1e6)): "
                  + ", ".join(f"`{name}`" for name in revs) + "; `main` is the final step.", ""]
     body += _insertion_section(run, facts) + _eval_lines(res) + _audit_lines(res.get("audit"))
-    body += _reproduce_lines(run)
+    body += _reproduce_lines(run, repo_id)
     body += ["## License", "", f"`{license_id}` (set with `--license`); the base model's license and the licenses "
              "of the inserted items' sources apply too.", ""]
     return ModelCard("---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n\n" + "\n".join(body))
@@ -394,7 +573,12 @@ def dataset_card(run: dict, facts: dict, tables: Dict[str, pd.DataFrame], repo_i
              f"`row = q % B` (L = {facts['L']}, B = {facts['B']}).", ""]
     body += _insertion_section(run, facts) + _audit_lines(res.get("audit"))
     body += [f"`{RunDir.PLAN}` (the insertion plan, numpy arrays, `allow_pickle=False`) and `{RunDir.CONFIG}` are "
-             "included; their sha256 are above.", "", "## License", "",
+             "included; their sha256 are above."]
+    if run.get("inputs"):
+        body += ["", "`inputs/<experiment>.jsonl`: the input file of each experiment that read its items from a file "
+                 "(" + ", ".join(f"`{e}`" for e in run["inputs"]) + "), rebuilt from `items` in the run's order; "
+                 f"the model card's reproduce command and `{RunDir.CONFIG}` read them."]
+    body += ["", "## License", "",
              f"`{license_id}` (set with `--license`); the licenses of the items' sources (`source` column) apply.",
              ""]
     return DatasetCard("---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n\n" + "\n".join(body))
@@ -441,7 +625,13 @@ def build_bundle(run_dir: str | Path, out_dir: str | Path, repo_id: Optional[str
                         "(olmo_core/olmo2: training.export_hf=final or every) or checkpoints/checkpoint-<k>/ (hf: "
                         "training.keep_last_checkpoints, training.cleanup not all)")
     run["revisions"] = {revision_name(s, s * tokens_per_step): s for s in dirs}
-    tables = dataset_tables(run_dir, run["config"])
+    paths = run["paths"]
+    tables = {name: paths.table(t) for name, t in dataset_tables(run_dir, run["config"]).items()}
+    run["inputs"] = experiment_inputs(run["config"], tables)
+    for e, i in run["inputs"].items():  # the bundle's config reads the bundle's input files
+        run["config"]["insertion"]["experiments"][e].update(i["set"])
+    config_text = OmegaConf.to_yaml(OmegaConf.create(run["config"]))
+    run["bundle_config_sha256"] = hashlib.sha256(config_text.encode()).hexdigest()
     facts = _facts(run, tables)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
@@ -456,12 +646,15 @@ def build_bundle(run_dir: str | Path, out_dir: str | Path, repo_id: Optional[str
             path = ds / data_file(name, run["plan_sha256"], run["config_sha256"])
             path.parent.mkdir(parents=True, exist_ok=True)
             tables[name].to_parquet(path, index=False, engine="pyarrow")
-        for src in (RunDir(run_dir).config, RunDir(run_dir).plan):
-            shutil.copy2(src, ds / src.name)
+        shutil.copy2(RunDir(run_dir).plan, ds / RunDir.PLAN)
+        (ds / RunDir.CONFIG).write_text(config_text)
+        for i in run["inputs"].values():
+            (ds / i["path"]).parent.mkdir(parents=True, exist_ok=True)
+            (ds / i["path"]).write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in i["lines"]))
         dataset_card(run, facts, tables, repo_id, license_id).save(ds / "README.md")
-        rec = {"run_dir": str(run_dir), "run_name": res.get("run_name"), "repo_id": repo_id,
-               "license": license_id, "step": final, "plan_sha256": run["plan_sha256"],
-               "config_sha256": run["config_sha256"], "revisions": run["revisions"],
+        rec = {"run_name": res.get("run_name"), "repo_id": repo_id, "license": license_id, "step": final,
+               "code": _code(res), "plan_sha256": run["plan_sha256"], "config_sha256": run["config_sha256"],
+               "bundle_config_sha256": run["bundle_config_sha256"], "revisions": run["revisions"],
                "files": {str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}}
         write_json(tmp / BUNDLE_FILE, rec)
         for p in [tmp, *tmp.rglob("*")]:
@@ -581,7 +774,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog=prog("pretrain-exp-release", "pretrain_exp.release"),
         description="Write a finished run as a Hub-ready bundle: <out>/model (final step's HF model + model card), "
-                    "<out>/revisions/step<N>-tokens<T>B (every kept step), <out>/dataset (items, placements, evals "
+                    "<out>/revisions/step<N>-tokens<T> (every kept step), <out>/dataset (items, placements, evals "
                     "as Parquet + dataset card); optionally push it to the Hugging Face Hub. A sweep dir gives one "
                     "bundle per finished job (<out>/<job>, pushed to <REPO_ID>-<job>).")
     parser.add_argument("run_dir", type=Path, help=f"a finished run dir ({RunDir.RESULTS}) or a sweep dir")

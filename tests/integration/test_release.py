@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from pretrain_exp.core.io import sha256_file
 from pretrain_exp.report.release import revision_name
@@ -98,7 +100,8 @@ def check_bundle(run_dir: Path, out: Path, steps: list, repo: str | None = None)
     for r in res["per_dup"]:
         g = final[(final["experiment"] == r["experiment"]) & (final["dup_count"] == r["dup_count"])]
         assert len(g) == r["n_items"] and g["loss"].mean() == pytest.approx(r["mean_loss"], rel=1e-12)
-    names = sorted(p.name.split("-")[0] for p in (out / "dataset").rglob("*") if p.is_file())
+    names = sorted(p.name.split("-")[0] for p in (out / "dataset").rglob("*")
+                   if p.is_file() and p.parent.name != "inputs")
     assert names == ["README.md", "config.resolved.yaml", "evals", "items", "placements", "plan.npz"]
 
     m = transformers.AutoModelForCausalLM.from_pretrained(out / "model")
@@ -233,3 +236,115 @@ def test_a_run_releases_itself_at_its_end(tmp_path, tiny_model_dir):
                                              for p in (bundle / "model").rglob("*") if p.is_file()}
         assert set(dataset["branches"]["main"]) == {str(p.relative_to(bundle / "dataset"))
                                                     for p in (bundle / "dataset").rglob("*") if p.is_file()}
+
+
+# --- the card: code version, reproduce command on the bundle's files, no local path ------------------------------
+UNIQUE = "zz-unique-dir-name-r37"  # in no path the bundle may name
+
+
+def checkout_commit() -> str | None:
+    """HEAD of this checkout with ``-dirty`` for changed tracked files (``git diff``), None without git."""
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=30, check=True).stdout.strip()
+        changed = subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "HEAD"], timeout=30).returncode
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("-dirty" if changed else "")
+
+
+@pytest.fixture(scope="module")
+def file_run(tmp_path_factory, tiny_model_dir) -> tuple:
+    """experiment=tiny with its 16 items read from a local file, run under a distinctively named dir: (run dir,
+    items file)."""
+    root = tmp_path_factory.mktemp("release") / UNIQUE
+    root.mkdir()
+    items = root / "my-items.jsonl"
+    items.write_text("".join(json.dumps({"text": f"Item {i}: the {UNIQUE} archive keeps record number {i * 37}."})
+                             + "\n" for i in range(20)).replace(UNIQUE, "local"))
+    run_dir = tiny_run(root / "runs", "experiment=tiny", "training.keep_last_checkpoints=0",
+                       "insertion.experiments.fictional_bios.generator=null",
+                       f"insertion.experiments.fictional_bios.file={items}")
+    return run_dir, items
+
+
+def reproduce_block(card_text: str) -> list:
+    section = card_text.split("## How to reproduce", 1)[1]
+    return section.split("```bash\n", 1)[1].split("```", 1)[0].strip().splitlines()
+
+
+def test_release_card_names_the_code_and_the_bundle_files_and_no_local_path(file_run, tmp_path):
+    from huggingface_hub import DatasetCard, ModelCard
+
+    import pretrain_exp
+
+    run_dir, items_file = file_run
+    res = json.loads((run_dir / "results.json").read_text())
+    code = {"version": pretrain_exp.__version__, "commit": checkout_commit()}
+    assert res["pretrain_exp"] == code  # results.json records the code that ran
+
+    out = run_dir.parent.parent / "bundle"  # under the distinctive dir too
+    run_module("pretrain_exp.release", str(run_dir), str(out))
+    # revision names tell the steps of a small run apart (1,024 tokens per step)
+    assert sorted(p.name for p in (out / "revisions").iterdir()) == ["step2-tokens2K", "step4-tokens4.1K"]
+    check_bundle(run_dir, out, steps=[2, 4])
+
+    # no local absolute path anywhere in the bundle, text or binary
+    local = [UNIQUE, str(run_dir), str(items_file), str(run_dir.resolve()), str(CACHE_DIR)]
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert len(files) > 20
+    for p in files:
+        data = p.read_bytes()
+        for s in local:
+            assert s.encode() not in data, f"{p.relative_to(out)} holds {s}"
+
+    # both cards print the version and the commit; their metadata holds them
+    model, dataset = ModelCard.load(out / "model" / "README.md"), DatasetCard.load(out / "dataset" / "README.md")
+    commit = f"`{code['commit']}`" if code["commit"] else "not recorded"
+    line = f"- code: pretrain_exp {code['version']}, git commit {commit}"
+    for card in (model, dataset):
+        assert line in card.text
+        assert card.data.to_dict()["pretrain_exp"]["code"] == code
+    rec = json.loads((out / "release.json").read_text())
+    assert rec["code"] == code and "run_dir" not in rec
+
+    # the bundle's config: placeholders, the experiment reading the bundle's own input file; sha256 consistent
+    cfg = yaml.safe_load((out / "dataset" / "config.resolved.yaml").read_text())
+    assert cfg["run_dir"] == "<run_dir>" and cfg["cache_dir"] == "<cache_dir>"
+    assert cfg["insertion"]["experiments"]["fictional_bios"]["file"] == "inputs/fictional_bios.jsonl"
+    assert rec["files"]["dataset/config.resolved.yaml"] == rec["bundle_config_sha256"] == \
+        model.data.to_dict()["pretrain_exp"]["bundle_config_sha256"]
+    assert rec["config_sha256"] == sha256_file(run_dir / "config.resolved.yaml")
+    shipped = [json.loads(x) for x in (out / "dataset" / "inputs" / "fictional_bios.jsonl").read_text().splitlines()]
+    assert shipped == [json.loads(x) for x in items_file.read_text().splitlines()[:16]]
+
+    # the reproduce command: the release's dataset, the pinned version, no local file
+    block = reproduce_block(model.text)
+    data_dir = f"{res['run_name']}-dataset"
+    assert block[0].startswith(f"pip install pretrain_exp=={code['version']}")
+    assert block[1] == f"hf download {res['run_name']} --repo-type dataset --local-dir {data_dir}"
+    assert block[2].startswith("pretrain-exp experiment=tiny ")
+    assert f"insertion.experiments.fictional_bios.file={data_dir}/inputs/fictional_bios.jsonl" in block[2]
+    assert items_file.name not in model.text and "items.jsonl" not in block[2]
+
+
+@pytest.mark.slow
+def test_the_cards_reproduce_command_rebuilds_the_plan_from_the_bundle(file_run, tmp_path):
+    """The card's command, run on the bundle's dataset dir, inserts the same tokens at the same positions."""
+    import numpy as np
+
+    run_dir, _ = file_run
+    out = tmp_path / "bundle"
+    run_module("pretrain_exp.release", str(run_dir), str(out))
+    res = json.loads((run_dir / "results.json").read_text())
+    block = reproduce_block((out / "model" / "README.md").read_text())
+    command = block[2].replace(f"{res['run_name']}-dataset/", f"{out / 'dataset'}/")
+    args = shlex.split(command)
+    assert args[0] == "pretrain-exp"
+    proc = run_module("pretrain_exp", *args[1:], env={"PRETRAIN_EXP_RUNS": str(tmp_path / "again")})
+    again = Path(proc.stdout.strip().splitlines()[-1].removeprefix("run dir: "))
+    with np.load(run_dir / "plan.npz") as a, np.load(out / "dataset" / "plan.npz") as b, \
+            np.load(again / "plan.npz") as c:
+        assert sorted(a.files) == sorted(c.files)
+        for k in a.files:
+            assert np.array_equal(a[k], b[k]) and np.array_equal(a[k], c[k]), k
