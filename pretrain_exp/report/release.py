@@ -382,7 +382,7 @@ def _code(res: dict) -> Dict[str, Optional[str]]:
 def _code_line(res: dict) -> str:
     code = _code(res)
     if code["version"] is None:
-        return "- code: not recorded (the run's `results.json` predates the `pretrain_exp` entry)"
+        return f"- code: not recorded (the run's `{RunDir.RESULTS}` predates the `pretrain_exp` entry)"
     return (f"- code: pretrain_exp {code['version']}, git commit "
             + (f"`{code['commit']}`" if code["commit"] else "not recorded (not run from a git checkout)"))
 
@@ -508,7 +508,7 @@ def _reproduce_lines(run: dict, repo_id: str) -> List[str]:
     pin = f"pretrain_exp=={code['version']}" if code["version"] else "pretrain_exp"
     note = (f"# the code that wrote this run: pretrain_exp {code['version']}"
             + (f", git commit {code['commit']}" if code["commit"] else "") if code["version"]
-            else "# the run's results.json does not record the pretrain_exp version")
+            else f"# the run's {RunDir.RESULTS} does not record the pretrain_exp version")
     lines = ["## How to reproduce", "",
              "From this release's dataset" + (" (its `inputs/` hold the items that "
                                               + ", ".join(f"`{e}`" for e in run["inputs"]) + " read from a file)"

@@ -626,3 +626,214 @@ def _hub_commit(cfg) -> Optional[str]:
     if not path or Path(str(path)).exists() or not is_hub_id(str(path)):
         return None
     return resolved_commit(str(path), cfg.model.revision)
+
+
+# --- the tables of one eval record (pretrain-exp-eval) ----------------------------------------------------------
+
+#: per eval type, the values of its ``per_dup`` rows printed by :func:`print_eval_tables`: ``(label, value key,
+#: prefix of the value's own ``<prefix>ci_low`` / ``ci_high`` / ``ci_method`` keys)``; prefix ``""``: the row's
+#: ``ci_*`` (its first value's interval); the exact-match rate reads its interval with :func:`exact_match_interval`
+_PER_DUP_VALUES = {
+    "insertion_loss": [("mean loss", "mean_loss", "")],
+    "memorization": [("exact match", "exact_match_rate", "exact_match_rate_"),
+                     ("fraction matched", "fraction_matched", "fraction_matched_")],
+    "knowledge": [("ln P sum", "logp_sum", ""), ("ln P mean", "logp_mean", "logp_mean_"),
+                  ("greedy acc", "greedy_acc", "greedy_acc_")],
+    "benchmark": [("acc", "acc", ""), ("acc_norm", "acc_norm", "acc_norm_")],
+    "gaussian": [("mean score", "mean_score", "")],
+}
+#: the interval method of a value whose rows have none to name (every row ``none (...)``): the eval's own
+_DEFAULT_METHOD = {"exact_match_rate": "Wilson", "acc": "Wilson", "acc_norm": "Wilson", "greedy_acc": "Wilson / t"}
+#: per eval type, the columns that tell its ``per_dup`` rows of one dup count apart (besides experiment, dup count)
+_PER_DUP_KEYS = {"knowledge": [("probe", "probe")], "mia": [("score", "score")]}
+
+
+def _interval_of(row: dict, key: str, prefix: str) -> tuple:
+    """``(low, high, method)`` of value ``key`` of a per-dup row (:data:`_PER_DUP_VALUES`)."""
+    if key == "exact_match_rate":
+        return exact_match_interval(row)
+    return row.get(f"{prefix}ci_low"), row.get(f"{prefix}ci_high"), row.get(f"{prefix}ci_method")
+
+
+def _fmt_value(v, spec: str = ".3f") -> str:
+    return "-" if v is None else NA if missing(v) else format(v, spec) if isinstance(v, float) else str(v)
+
+
+def eval_tables(rec: dict, computed_now: bool, path: Optional[str] = None,
+                level: str = f"{stats.LEVEL:.0%}") -> list:
+    """The rich renderables (tables, then footnote lines) of one eval record ``evals/step<N>/<task>.json``
+    (``{task, type, step, metrics, per_dup, rows, effects}``, saved at ``path``), titled ``<task> (<type>) at step
+    <N>: computed now`` or ``...: read from disk`` (``computed_now``: whether this invocation computed it, else it
+    was saved earlier and kept), its caption naming the file:
+
+    - ``mia``: per experiment, dup count and score the members vs non-members, the ROC AUC with its interval
+      (``ci_method``, Newcombe score), the randomization p of AUC = 0.5 and its adjusted p (methods from the
+      record's ``effects``);
+    - ``perplexity``: the held-out tokens, loss (nats/token), perplexity and bits per token (no interval);
+    - ``lm_eval``: per task (and group) and metric the value and its standard error: the record's own
+      ``<task>/<metric>_stderr`` where it has one, else lm-eval's ``mean_stderr`` of a 0/1 metric,
+      ``sqrt(p (1 - p) / (n - 1))`` over the task's ``n`` docs (``lm_eval.api.metrics``; a group's pooled with
+      lm-eval's ``pooled_sample_stderr`` over its tasks);
+    - ``insertion_loss``, ``memorization``, ``knowledge``, ``benchmark``, ``gaussian``: per experiment and dup count
+      the items and each value of :data:`_PER_DUP_VALUES` with its interval, the column naming the method;
+    - any other type: its metrics.
+
+    Intervals print ``n/a`` where a row has none; ``*`` marks groups of fewer than ``MIN_ITEMS_PER_GROUP`` items.
+    """
+    from rich.table import Table
+
+    task, kind, step = rec.get("task"), rec.get("type"), rec.get("step")
+    title = (f"{task}" + ("" if task == kind else f" ({kind})") + f" at step {step}: "
+             + ("computed now" if computed_now else "read from disk"))
+    caption = (f"saved to {path}" if computed_now else f"{path or 'saved earlier'}: kept (--redo recomputes)")
+    metrics, per_dup = rec.get("metrics") or {}, rec.get("per_dup") or []
+    out: list = []
+    if kind == "mia" and per_dup:
+        eff = {(e.get("experiment"), e.get("dup_count"), e.get("score")): e for e in rec.get("effects") or []}
+        ci = method_label(r.get("ci_method") for r in per_dup) or "Newcombe score"
+        p = method_label(e.get("p_method") for e in eff.values()) or "randomization"
+        adjust = method_label(e.get("p_adjust_method") for e in eff.values()) or "holm"
+        t = Table(title=title, caption=caption)
+        for col in ("experiment", "dup count", "score", "members vs non-members", "AUC", f"{level} CI ({ci})",
+                    f"p ({p})", f"p ({_ADJUST_NAMES.get(adjust, adjust)})"):
+            t.add_column(col, justify="left" if col in ("experiment", "score") else "right")
+        for r in per_dup:
+            t.add_row(r["experiment"], str(r["dup_count"]), str(r.get("score")),
+                      f"{r.get('n_members', r.get('n_items'))} vs "
+                      f"{fmt_items(r.get('n_nonmembers'), r.get('small_n'))}", _fmt_value(r.get("auc")),
+                      fmt_ci(r.get("ci_low"), r.get("ci_high")), fmt_p(r.get("p_value")), fmt_p(r.get("p_adjusted")))
+        out += [t, "AUC of dup-d items (members) vs the experiment's dup-0 controls (non-members); 0.5: chance"]
+        if any(r.get("small_n") for r in per_dup):
+            out.append(f"{SMALL_N_MARK} fewer than {stats.MIN_ITEMS_PER_GROUP} items per group: wide intervals")
+    elif kind == "perplexity":
+        t = Table(title=title, caption=caption)
+        for col in ("held-out tokens", "loss (nats/token)", "perplexity", "bits/token"):
+            t.add_column(col, justify="right")
+        if metrics:
+            t.add_row(f"{int(metrics.get('held_out/tokens', 0)):,}", _fmt_value(metrics.get("held_out/loss"), ".4f"),
+                      _fmt_value(metrics.get("held_out/perplexity"), ".2f"),
+                      _fmt_value(metrics.get("held_out/bits_per_token"), ".4f"))
+        out.append(t)
+        if not metrics:
+            out.append("no held-out rows to score (data.held_out_rows)")
+    elif kind == "lm_eval":
+        out += _lm_eval_table(rec, title, caption)
+    elif kind in _PER_DUP_VALUES and per_dup:
+        values, keys = _PER_DUP_VALUES[kind], _PER_DUP_KEYS.get(kind, [])
+        t = Table(title=title, caption=caption)
+        cols = ["experiment", "dup count"] + [label for label, _ in keys]
+        cols.append("facts" if kind == "knowledge" else "items")
+        for label, key, prefix in values:
+            method = method_label(_interval_of(r, key, prefix)[2] for r in per_dup) or _DEFAULT_METHOD.get(key, "t")
+            cols += [label, f"{level} CI ({method})"]
+        for col in cols:
+            t.add_column(col, justify="left" if col in ("experiment", "probe") else "right",
+                         no_wrap=col.startswith(level))
+        spec = ".2f" if kind == "benchmark" else ".3f"
+        for r in per_dup:
+            cells = [r["experiment"], str(r["dup_count"])] + [str(r.get(k)) for _, k in keys]
+            cells.append(fmt_items(r.get("n_items"), r.get("small_n")))
+            for _, key, prefix in values:
+                low, high, _ = _interval_of(r, key, prefix)
+                cells += [_fmt_value(r.get(key), spec), fmt_ci(low, high, spec)]
+            t.add_row(*cells)
+        out.append(t)
+        small = [r["n_items"] for r in per_dup if r.get("small_n")]
+        if small:
+            out.append(f"{SMALL_N_MARK} fewer than {stats.MIN_ITEMS_PER_GROUP} items per group: wide intervals")
+        why = no_interval_reasons(_interval_of(r, key, prefix)[2] for r in per_dup for _, key, prefix in values
+                                  if missing(_interval_of(r, key, prefix)[0]))
+        if why:
+            out.append(f"{NA}: no interval ({why})")
+    else:
+        t = Table(title=title, caption=caption)
+        t.add_column("metric")
+        t.add_column("value", justify="right")
+        for k, v in metrics.items():
+            t.add_row(k, _fmt_value(v, ".4g"))
+        out.append(t)
+    return out
+
+
+def _lm_eval_table(rec: dict, title: str, caption: str) -> list:
+    """:func:`eval_tables` of an ``lm_eval`` record: one row per task (its ``rows``) and metric, a group (``mmlu``:
+    its ``metrics`` without a row) in one row in place of its tasks'."""
+    from rich.table import Table
+
+    from pretrain_exp.evals.lm_eval import GROUPS
+
+    metrics = rec.get("metrics") or {}
+    rows = rec.get("rows") or []
+    tasks = {r["task"] for r in rows}
+    groups = {k.rpartition("/")[0] for k in metrics if "/" in k} - tasks
+    grouped = {m: g for g in groups for m in GROUPS.get(g, ())}
+    t = Table(title=title, caption=caption)
+    for col in ("task", "split", "docs", "metric", "value", "stderr"):
+        t.add_column(col, justify="left" if col in ("task", "split", "metric") else "right")
+    stderr: Dict[tuple, Optional[float]] = {}
+    computed = False
+    for r in rows:
+        for m in ("acc", "acc_norm"):
+            if m not in r:
+                continue
+            own = metrics.get(f"{r['task']}/{m}_stderr")
+            stderr[(r["task"], m)] = own if own is not None else lm_eval_stderr(r[m], r.get("n_docs"))
+            computed = computed or own is None
+            if r["task"] not in grouped:
+                t.add_row(r["task"], str(r.get("split", "-")), str(r.get("n_docs", "-")), m,
+                          _fmt_value(r[m], ".4f"), _fmt_value(stderr[(r["task"], m)], ".4f"))
+    notes = []
+    for group in sorted(groups):
+        members = [r for r in rows if grouped.get(r["task"]) == group]
+        for m in ("acc", "acc_norm"):
+            if f"{group}/{m}" not in metrics:
+                continue
+            own = metrics.get(f"{group}/{m}_stderr")
+            se = own if own is not None else pooled_stderr([stderr.get((r["task"], m)) for r in members],
+                                                           [r.get("n_docs") for r in members])
+            t.add_row(group, ", ".join(sorted({str(r.get("split")) for r in members})) or "-",
+                      str(sum(r.get("n_docs") or 0 for r in members)), m, _fmt_value(metrics[f"{group}/{m}"], ".4f"),
+                      _fmt_value(se, ".4f"))
+        notes.append(f"{group}: the doc-weighted mean over its {len(members)} tasks (each in the eval's file)")
+    out = [t] + notes
+    if computed:
+        out.append("stderr: lm-eval's mean_stderr of the task's 0/1 scores, sqrt(p (1 - p) / (n - 1)) over its n docs "
+                   "(a group's: lm-eval's pooled_sample_stderr over its tasks)")
+    return out
+
+
+def lm_eval_stderr(p, n) -> Optional[float]:
+    """lm-eval's standard error of a mean of ``n`` 0/1 scores with mean ``p`` (``lm_eval.api.metrics.mean_stderr``:
+    sample standard deviation over ``sqrt(n)``, i.e. ``sqrt(p (1 - p) / (n - 1))``); ``None`` for ``n < 2`` or
+    a missing ``p``."""
+    if missing(p) or not n or n < 2:
+        return None
+    return math.sqrt(max(0.0, p * (1.0 - p)) / (n - 1))
+
+
+def pooled_stderr(stderrs: Sequence[Optional[float]], sizes: Sequence[Optional[int]]) -> Optional[float]:
+    """The standard error of a group's doc-weighted mean from its tasks' (lm-eval's ``pooled_sample_stderr``:
+    pooled variance ``sum((n_i - 1) se_i^2 n_i) / (sum n_i - k)``, over ``sum n_i``); ``None`` without tasks or
+    with a missing one."""
+    if not stderrs or any(s is None for s in stderrs) or any(not n for n in sizes):
+        return None
+    total, k = sum(sizes), len(sizes)
+    if total <= k:
+        return None
+    var = sum((n - 1) * s ** 2 * n for s, n in zip(stderrs, sizes)) / (total - k)
+    return math.sqrt(var / total)
+
+
+def print_eval_tables(records: Dict[int, Dict[str, dict]], computed: Dict[int, Sequence[str]],
+                      paths: Optional[Dict[int, Dict[str, str]]] = None, console=None) -> None:
+    """Print the tables of each eval record (:func:`eval_tables`) by step, then task: ``records`` step -> task ->
+    record, ``computed`` step -> the tasks computed now (the others were read from disk), ``paths`` step -> task ->
+    the file it is saved in."""
+    from rich.console import Console
+
+    console = console or Console(width=max(160, Console().width))
+    for step in sorted(records):
+        for task, rec in records[step].items():
+            path = (paths or {}).get(step, {}).get(task)
+            for part in eval_tables(rec, task in computed.get(step, ()), path):
+                console.print(part)

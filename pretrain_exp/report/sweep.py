@@ -13,8 +13,8 @@ line per job), the effect, the log-linear dose response and the k-extractable ra
 contamination effect is, the effect with its interval and p, and with ``eval.on_load`` each side's change since
 the initial checkpoint: the clean items' change is the spillover) and the per-dup contamination effects in
 ``report.md``, and for jobs evaluated at several steps the forgetting curves ``forgetting/<job>.png`` (insertion
-loss by step). Every figure is also written as PDF. For a CPDT run dir the jobs are its arms, and its interaction table (:mod:`pretrain_exp.report.cpdt`)
-is rewritten too.
+loss by step). Every figure is also written as PDF. For a CPDT run dir the jobs are its arms, and its interaction
+table (:mod:`pretrain_exp.report.cpdt`) is rewritten too.
 """
 
 from __future__ import annotations
