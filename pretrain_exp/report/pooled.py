@@ -199,16 +199,15 @@ def pooled_exact_match(jobs: Sequence[dict]) -> List[dict]:
     return rows
 
 
-def plot_exact_match(rows: Sequence[dict], path: Path, title: str, subtitle: Optional[str] = None):
-    """PNG of the pooled k-extractable rate vs dup count (:func:`pooled_exact_match` rows) with its Wilson
-    interval, one line per group and experiment, each seed's rate as a small dot; written atomically. Returns the
-    (closed) figure."""
+def _draw_series(rows: Sequence[dict], value: str):
+    """A figure with one line per group and experiment of ``rows`` (``value`` with its ``ci_low``/``ci_high``,
+    drawn as given), labelled with the seed count; returns ``(fig, ax)``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from pretrain_exp.report.plots import draw_intervals, dup_axis, save_png, set_titles
+    from pretrain_exp.report.plots import draw_intervals
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     series: Dict[tuple, List[dict]] = {}
@@ -217,14 +216,17 @@ def plot_exact_match(rows: Sequence[dict], path: Path, title: str, subtitle: Opt
     for (group, exp), rs in series.items():
         rs = sorted(rs, key=lambda r: r["dup_count"])
         label = " ".join(x for x in (group, exp if len({e for _, e in series}) > 1 else "") if x) or exp
-        draw_intervals(ax, [r["dup_count"] for r in rs], [r["rate"] for r in rs], [r["ci_low"] for r in rs],
-                       [r["ci_high"] for r in rs], label=f"{label} ({rs[0]['n_seeds']} seed(s))")
-        for r in rs:
-            seed_rates = [float(x) for x in str(r["seed_rates"]).split(",") if x]
-            ax.scatter([r["dup_count"]] * len(seed_rates), seed_rates, s=8, color="grey", alpha=0.6, zorder=1)
-    dup_axis(ax, [r["dup_count"] for r in rows])
-    ax.set_ylim(-0.03, 1.03)
-    ax.set_ylabel("k-extractable rate (95% CI, Wilson); grey: each seed")
+        draw_intervals(ax, [r["dup_count"] for r in rs], [r[value] for r in rs], [r.get("ci_low") for r in rs],
+                       [r.get("ci_high") for r in rs], label=f"{label} ({rs[0]['n_seeds']} seed(s))")
+    return fig, ax
+
+
+def _finish(fig, ax, path: Path, title: str, subtitle: Optional[str]):
+    """Titles, legend, grid and layout of a pooled figure, saved (PNG and PDF) and closed; returns the figure."""
+    import matplotlib.pyplot as plt
+
+    from pretrain_exp.report.plots import save_png, set_titles
+
     set_titles(ax, title, subtitle)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
@@ -234,27 +236,31 @@ def plot_exact_match(rows: Sequence[dict], path: Path, title: str, subtitle: Opt
     return fig
 
 
+def plot_exact_match(rows: Sequence[dict], path: Path, title: str, subtitle: Optional[str] = None):
+    """PNG of the pooled k-extractable rate vs dup count (:func:`pooled_exact_match` rows) with its Wilson
+    interval, one line per group and experiment, each seed's rate as a small dot; written atomically. Returns the
+    (closed) figure."""
+    from pretrain_exp.report.plots import dup_axis
+
+    fig, ax = _draw_series(rows, "rate")
+    for r in rows:
+        seed_rates = [float(x) for x in str(r["seed_rates"]).split(",") if x]
+        ax.scatter([r["dup_count"]] * len(seed_rates), seed_rates, s=8, color="grey", alpha=0.6, zorder=1)
+    dup_axis(ax, [r["dup_count"] for r in rows])
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_ylabel("k-extractable rate (95% CI, Wilson); grey: each seed")
+    return _finish(fig, ax, path, title, subtitle)
+
+
 def plot_pooled(rows: Sequence[dict], path: Path, title: str, trend: Sequence[dict] = (),
                 subtitle: Optional[str] = None):
     """PNG of the pooled effect vs dup count with its interval over seeds, drawn as given
     (:func:`pretrain_exp.report.plots.draw_intervals`; hollow, with no bar, where the seed variance is not
-    identified), one line per group and experiment; written atomically. Returns the (closed) figure."""
-    import matplotlib
+    identified), one line per group and experiment, and the log-linear fit of ``trend`` (:func:`pooled_trend`
+    rows) dashed with its interval; written atomically. Returns the (closed) figure."""
+    from pretrain_exp.report.plots import ci_label, dup_axis, no_interval_legend
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from pretrain_exp.report.plots import ci_label, draw_intervals, dup_axis, no_interval_legend, save_png, set_titles
-
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    series: Dict[tuple, List[dict]] = {}
-    for r in rows:
-        series.setdefault((r["group"], r["experiment"]), []).append(r)
-    for (group, exp), rs in series.items():
-        rs = sorted(rs, key=lambda r: r["dup_count"])
-        label = " ".join(x for x in (group, exp if len({e for _, e in series}) > 1 else "") if x) or exp
-        draw_intervals(ax, [r["dup_count"] for r in rs], [r["effect"] for r in rs], [r.get("ci_low") for r in rs],
-                       [r.get("ci_high") for r in rs], label=f"{label} ({rs[0]['n_seeds']} seed(s))")
+    fig, ax = _draw_series(rows, "effect")
     no_interval_legend(ax, [r.get("ci_method") for r in rows if r.get("ci_low") is None
                             or not np.isfinite(r["ci_low"])])
     x = np.linspace(0, max([r["dup_count"] for r in rows] + [1]), 200)
@@ -267,10 +273,4 @@ def plot_pooled(rows: Sequence[dict], path: Path, title: str, trend: Sequence[di
     ax.axhline(0, color="grey", lw=0.8)
     dup_axis(ax, [0] + [r["dup_count"] for r in rows])
     ax.set_ylabel(f"loss(dup 0) - loss(dup), nats/token\n({ci_label(r.get('ci_method') for r in rows)})")
-    set_titles(ax, title, subtitle)
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    save_png(fig, path)
-    plt.close(fig)
-    return fig
+    return _finish(fig, ax, path, title, subtitle)

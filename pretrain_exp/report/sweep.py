@@ -344,40 +344,39 @@ def write_report(root: Path, out_dir: Optional[Path] = None) -> dict:
             "paths": paths, "cpdt": table, "pooled": pooled, "trend": trend, "exact_match": exact}
 
 
+def _section(title: str, note: str, rows: Sequence[dict], columns: Sequence[str], text: set) -> str:
+    """A ``## title`` section of ``report.md``: ``note``, then the table of ``rows`` (``text`` columns left-aligned);
+    ``""`` for no rows."""
+    if not rows:
+        return ""
+    out = ["", f"## {title}", "", note, ""] + _md_table(rows, columns, set(columns) - text)
+    return "\n".join(out) + "\n"
+
+
 def pooled_markdown(rows: Sequence[dict]) -> str:
     """The ``## Effect pooled over seeds`` section of ``report.md``."""
-    out = ["", "## Effect pooled over seeds", "", pooled_note(rows), ""]
-    out += _md_table(rows, POOLED_COLUMNS, set(POOLED_COLUMNS) - {"group", "experiment", "seeds", "ci_method",
-                                                                  "p_method"})
-    return "\n".join(out) + "\n"
+    return _section("Effect pooled over seeds", pooled_note(rows), rows, POOLED_COLUMNS,
+                    {"group", "experiment", "seeds", "ci_method", "p_method"})
 
 
 def trend_markdown(rows: Sequence[dict]) -> str:
     """The ``## Dose response pooled over seeds`` section of ``report.md``
     (:func:`~pretrain_exp.report.pooled.pooled_trend`)."""
-    if not rows:
-        return ""
-    out = ["", "## Dose response pooled over seeds", "",
-           "slope = OLS slope of the per-item insertion loss on log(1 + dup count), all items of an experiment "
-           "(controls included), per seed; mean over seeds in nats/token per unit of log(1 + dup); "
-           f"{stats.LEVEL:.0%} CI: t over the per-seed slopes (S >= 3); p: exact sign-flip test over seeds", ""]
-    out += _md_table(rows, TREND_COLUMNS, set(TREND_COLUMNS) - {"group", "experiment", "seeds", "ci_method",
-                                                                "p_method", "seed_slopes"})
-    return "\n".join(out) + "\n"
+    note = ("slope = OLS slope of the per-item insertion loss on log(1 + dup count), all items of an experiment "
+            "(controls included), per seed; mean over seeds in nats/token per unit of log(1 + dup); "
+            f"{stats.LEVEL:.0%} CI: t over the per-seed slopes (S >= 3); p: exact sign-flip test over seeds")
+    return _section("Dose response pooled over seeds", note, rows, TREND_COLUMNS,
+                    {"group", "experiment", "seeds", "ci_method", "p_method", "seed_slopes"})
 
 
 def exact_match_markdown(rows: Sequence[dict]) -> str:
     """The ``## Memorization pooled over seeds`` section of ``report.md``
     (:func:`~pretrain_exp.report.pooled.pooled_exact_match`)."""
-    if not rows:
-        return ""
-    out = ["", "## Memorization pooled over seeds", "",
-           "rate = k-extractable items (greedy continuation of the item's first k text tokens reproduces its next c "
-           f"tokens exactly) over the items of all seeds; {stats.LEVEL:.0%} CI: Wilson over those items, treated as "
-           "independent; seed_rates: each seed's rate", ""]
-    out += _md_table(rows, EXACT_MATCH_COLUMNS, set(EXACT_MATCH_COLUMNS) - {"group", "experiment", "seeds",
-                                                                            "ci_method", "seed_rates"})
-    return "\n".join(out) + "\n"
+    note = ("rate = k-extractable items (greedy continuation of the item's first k text tokens reproduces its next c "
+            f"tokens exactly) over the items of all seeds; {stats.LEVEL:.0%} CI: Wilson over those items, treated as "
+            "independent; seed_rates: each seed's rate")
+    return _section("Memorization pooled over seeds", note, rows, EXACT_MATCH_COLUMNS,
+                    {"group", "experiment", "seeds", "ci_method", "seed_rates"})
 
 
 def pooled_note(rows: Sequence[dict]) -> str:
