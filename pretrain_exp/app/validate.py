@@ -52,7 +52,8 @@ ATTENTION = ("sdpa", "flash")  #: ``training.attention`` (olmo_core)
 #: which ``training.precision=fp8`` needs (torchao's float8 matmuls are ``torch._scaled_mm``)
 FP8_MIN_CAPABILITY = (8, 9)
 #: the torchao that ``training.precision=fp8`` needs, by torch version: torchao's float8 training (OLMo-core's
-#: ``Float8Config`` imports ``torchao.float8``); torchao 0.16.0 is built for torch 2.10, 0.17.0 on need torch >= 2.11
+#: ``Float8Config`` imports ``torchao.float8``); torchao 0.16.0 is built for torch 2.10, 0.17.0 and later need
+#: torch >= 2.11
 FP8_TORCHAO = "torchao (0.17.0 for torch 2.11, 0.16.0 for torch 2.10)"
 
 
