@@ -117,7 +117,7 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError("data", "set data.paths (token files), data.text (a text source to tokenize) or "
                           "data.dataset (a datasets corpus to tokenize)")
     if cfg.data.text is not None:
-        sources = text_sources(cfg.data.text)
+        sources = text_sources(cfg.data.text) if isinstance(cfg.data.text, (str, list, ListConfig)) else [None]
         if not sources or not all(isinstance(x, str) and x for x in sources):
             raise ConfigError("data.text", f"give a text source or a list of them (non-empty strings), "
                               f"got {cfg.data.text!r}")

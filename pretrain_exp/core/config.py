@@ -121,12 +121,7 @@ DEFAULT_HELD_OUT_ROWS = 16  #: held-out rows when ``data.held_out_rows`` is null
 
 def text_sources(text) -> list:
     """The sources of ``data.text``: ``[text]`` for one source (a string), else the list's items in order."""
-    if isinstance(text, str):
-        return [text]
-    try:
-        return list(text)
-    except TypeError:
-        return [text]
+    return [text] if isinstance(text, str) else list(text)
 
 
 @dataclass

@@ -222,7 +222,8 @@ def trend_test(values, dup_counts, permutations: int = PERMUTATIONS, seed: int =
 
     :param values: per-item values, shape ``(n,)``; :param dup_counts: their dup counts, shape ``(n,)``, ``>= 0``.
     :returns: ``{slope, slope_ci_low, slope_ci_high, slope_ci_method, p_value, p_method, n_items}`` (``slope`` in
-        the value's units per unit of ``log(1 + dup)``); ``nan`` where fewer than 3 items or one dup count.
+        the value's units per unit of ``log(1 + dup)``); ``nan`` where fewer than 3 items or one dup count;
+        no p (``nan``, ``p_method`` ``"none"``) for ``permutations <= 0``.
     """
     from scipy import stats
 
@@ -240,6 +241,8 @@ def trend_test(values, dup_counts, permutations: int = PERMUTATIONS, seed: int =
     half = float(stats.t.ppf(0.5 + level / 2, y.size - 2)) * fit.stderr
     out.update(slope=float(fit.slope), slope_ci_low=float(fit.slope - half), slope_ci_high=float(fit.slope + half),
                slope_ci_method="OLS t")
+    if permutations <= 0:  # the slope and its interval only
+        return out
     xc = x - x.mean()
     res = stats.permutation_test((xc,), lambda a, axis: (a * (y - y.mean())).sum(axis=axis),
                                  permutation_type="pairings", vectorized=True, alternative="two-sided",

@@ -49,27 +49,34 @@ EXACT_MATCH_COLUMNS = ("group", "experiment", "dup_count", "n_seeds", "seeds", "
 ALL = "all"
 
 
-def job_losses(run_dir: Path) -> pd.DataFrame:
-    """Per-item ``insertion_loss`` rows (``experiment, dup_count, item_id, loss``) of a run's last evaluated step."""
-    return _last_step_items(run_dir, "insertion_loss", "loss")
+def job_losses(run) -> pd.DataFrame:
+    """Per-item ``insertion_loss`` rows (``experiment, dup_count, item_id, loss``) of a run's last evaluated step.
+
+    :param run: the run dir, or its :func:`~pretrain_exp.report.tables.load_run` frame (read once by the caller)."""
+    return _last_step_items(run, "insertion_loss", "loss")
 
 
-def job_exact_matches(run_dir: Path) -> pd.DataFrame:
+def job_exact_matches(run) -> pd.DataFrame:
     """Per-item ``memorization`` rows (``experiment, dup_count, item_id, exact_match``) of a run's last evaluated
-    step (items too short to be scored left out)."""
-    return _last_step_items(run_dir, "memorization", "exact_match")
+    step (items too short to be scored left out); ``run`` as for :func:`job_losses`."""
+    return _last_step_items(run, "memorization", "exact_match")
 
 
-def _last_step_items(run_dir: Path, eval_type: str, column: str) -> pd.DataFrame:
+def _last_step_items(run, eval_type: str, column: str) -> pd.DataFrame:
     from pretrain_exp.report.tables import load_run
 
-    df = load_run(run_dir)
+    df = run if isinstance(run, pd.DataFrame) else load_run(run)
     if df.empty or "eval_type" not in df or column not in df:
         return pd.DataFrame(columns=["experiment", "dup_count", "item_id", column])
     df = df[(df["eval_type"] == eval_type) & df[column].notna()]
     if df.empty:
         return df
     return df[df["step"] == df["step"].max()][["experiment", "dup_count", "item_id", column]]
+
+
+def _run(job: dict):
+    """A job's per-item frame where the caller read it (``frame``), else its run dir."""
+    return job["frame"] if "frame" in job else Path(job["path"])
 
 
 def pool_seeds(per_seed: Sequence[Tuple[np.ndarray, np.ndarray]], level: float = stats.LEVEL) -> dict:
@@ -107,14 +114,15 @@ def pooled_effects(jobs: Sequence[dict]) -> List[dict]:
     """Rows of :data:`POOLED_COLUMNS` (module docstring), by group, experiment and dup count.
 
     :param jobs: ``{"group": label of the non-seed overrides ("" for none: shown as :data:`ALL`), "seed": int,
-        "path": run dir}`` per finished job.
+        "path": run dir}`` per finished job, optionally with ``"frame"``: its ``load_run`` frame, read once for
+        :func:`pooled_effects`, :func:`pooled_trend` and :func:`pooled_exact_match`.
     """
     groups: Dict[str, List[dict]] = {}
     for j in jobs:
         groups.setdefault(j["group"] or ALL, []).append(j)
     rows = []
     for label, members in groups.items():
-        losses = [(j["seed"], job_losses(Path(j["path"]))) for j in sorted(members, key=lambda j: j["seed"])]
+        losses = [(j["seed"], job_losses(_run(j))) for j in sorted(members, key=lambda j: j["seed"])]
         losses = [(s, df) for s, df in losses if not df.empty]
         experiments = sorted({e for _, df in losses for e in df["experiment"].unique()})
         for exp in experiments:
@@ -146,21 +154,19 @@ def pooled_trend(jobs: Sequence[dict]) -> List[dict]:
     ``log(1 + dup count)`` (nats/token per unit of ``log(1 + dup)``; negative where copies lower the loss), pooled
     over seeds as :func:`pool_seeds` pools an effect. ``jobs`` as for :func:`pooled_effects`; an experiment with one
     dup count in a seed is left out of that seed."""
-    from scipy.stats import linregress
-
     rows = []
     for label, members in _groups(jobs).items():
-        losses = [(j["seed"], job_losses(Path(j["path"]))) for j in members]
+        losses = [(j["seed"], job_losses(_run(j))) for j in members]
         losses = [(s, df) for s, df in losses if not df.empty]
         for exp in sorted({e for _, df in losses for e in df["experiment"].unique()}):
             slopes, seeds, n_items = [], [], []
             for s, df in losses:
                 d = df[df["experiment"] == exp]
-                x, y = np.log1p(d["dup_count"].to_numpy(float)), d["loss"].to_numpy(float)
-                if y.size >= 3 and np.unique(x).size >= 2:  # the slope of stats.trend_test
-                    slopes.append(float(linregress(x, y).slope))
+                fit = stats.trend_test(d["loss"].to_numpy(float), d["dup_count"].to_numpy(float), permutations=0)
+                if np.isfinite(fit["slope"]):
+                    slopes.append(fit["slope"])
                     seeds.append(s)
-                    n_items.append(int(y.size))
+                    n_items.append(fit["n_items"])
             if not slopes:
                 continue
             out = stats.seed_interval(slopes)
@@ -182,7 +188,7 @@ def pooled_exact_match(jobs: Sequence[dict]) -> List[dict]:
     :func:`pooled_effects`; jobs without a memorization eval give no rows."""
     rows = []
     for label, members in _groups(jobs).items():
-        hits = [(j["seed"], job_exact_matches(Path(j["path"]))) for j in members]
+        hits = [(j["seed"], job_exact_matches(_run(j))) for j in members]
         hits = [(s, df) for s, df in hits if not df.empty]
         for exp in sorted({e for _, df in hits for e in df["experiment"].unique()}):
             for d in sorted({int(x) for _, df in hits for x in df[df["experiment"] == exp]["dup_count"]}):

@@ -812,16 +812,13 @@ def lm_eval_stderr(p, n) -> Optional[float]:
 
 
 def pooled_stderr(stderrs: Sequence[Optional[float]], sizes: Sequence[Optional[int]]) -> Optional[float]:
-    """The standard error of a group's doc-weighted mean from its tasks' (lm-eval's ``pooled_sample_stderr``:
-    pooled variance ``sum((n_i - 1) se_i^2 n_i) / (sum n_i - k)``, over ``sum n_i``); ``None`` without tasks or
-    with a missing one."""
-    if not stderrs or any(s is None for s in stderrs) or any(not n for n in sizes):
+    """The standard error of a group's doc-weighted mean from its tasks' (``lm_eval.api.metrics.
+    pooled_sample_stderr``); ``None`` without tasks, with a missing one, or with no more docs than tasks."""
+    if not stderrs or any(s is None for s in stderrs) or any(not n for n in sizes) or sum(sizes) <= len(sizes):
         return None
-    total, k = sum(sizes), len(sizes)
-    if total <= k:
-        return None
-    var = sum((n - 1) * s ** 2 * n for s, n in zip(stderrs, sizes)) / (total - k)
-    return math.sqrt(var / total)
+    from lm_eval.api.metrics import pooled_sample_stderr
+
+    return float(pooled_sample_stderr(list(stderrs), list(sizes)))
 
 
 def print_eval_tables(records: Dict[int, Dict[str, dict]], computed: Dict[int, Sequence[str]],

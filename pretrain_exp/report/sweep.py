@@ -44,7 +44,7 @@ from pretrain_exp.report.pooled import (
     pooled_trend,
 )
 from pretrain_exp.report.summary import loss_effects
-from pretrain_exp.report.tables import OVERRIDE_PREFIX, py, sweep_frame
+from pretrain_exp.report.tables import OVERRIDE_PREFIX, load_run, py, sweep_frame
 from pretrain_exp.report.text import NA, csv_text, md_cell, method_label, missing
 
 #: the fixed columns of ``report.csv`` (the swept override keys come between ``job`` and ``seed``)
@@ -303,7 +303,8 @@ def write_report(root: Path, out_dir: Optional[Path] = None) -> dict:
         return " ".join([f"{k}={j.overrides.get(k, '')}" for k in keys]
                         + ([f"model.checkpoint_step={step}"] if len(steps) > 1 else []))
 
-    members = [{"group": group(j), "seed": int(j.config.get("seed", 0)), "path": j.path} for j in done]
+    members = [{"group": group(j), "seed": int(j.config.get("seed", 0)), "path": j.path, "frame": load_run(j.path)}
+               for j in done]  # each job's per-item rows read once for the three pooled tables
     pooled = pooled_effects(members)
     trend = pooled_trend(members) if pooled else []
     exact = pooled_exact_match(members)
