@@ -28,7 +28,7 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
-    "config_schema",
+    "module_index",
 ]
 source_suffix = {".md": "markdown"}
 root_doc = "index"

@@ -2,6 +2,8 @@
 
 - ``loss_vs_dup.png``, ``loss_vs_step.png``: the plots of a ``make demo`` run (``python -m pretrain_exp``), copied
   from its ``plots/``;
+- ``continue_loss_vs_step.png``: the same plot of the demo run continued for as many steps again without
+  insertions (``python -m pretrain_exp parent=<the demo run>``: the forgetting curve);
 - ``inspect_html.png``: the stream inspector's HTML view of step 2, row 4 of an ``experiment=tiny`` run
   (``python -m pretrain_exp.inspect <run> step=2 row=4 --html page.html``), rendered by a headless Chromium
   (Debian: ``apt-get install chromium``; without one the other figures are still made and the command says so).
@@ -9,7 +11,7 @@
 Runs are made in a temporary runs root unless ``--demo-run`` / ``--tiny-run`` name finished ones. Every image is
 kept under 200 KB (resized, then palette-quantized if needed).
 
-    python docs/make_images.py [--demo-run DIR] [--tiny-run DIR] [--out docs/_static/images]
+    python docs/make_images.py [--demo-run DIR] [--tiny-run DIR] [--child-run DIR] [--out docs/_static/images]
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--demo-run", type=Path, help="a finished `make demo` run dir (default: run the demo)")
     parser.add_argument("--tiny-run", type=Path, help="a finished experiment=tiny run dir (default: run it)")
+    parser.add_argument("--child-run", type=Path, help="a finished run continuing the demo run (parent=<demo run>; "
+                        "default: run it)")
     parser.add_argument("--out", type=Path, default=DOCS / "_static" / "images")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -89,6 +93,8 @@ def main(argv=None) -> int:
         demo = args.demo_run or run_experiment(runs)
         for name in ("loss_vs_dup", "loss_vs_step"):
             save_small(demo / "plots" / f"{name}.png", args.out / f"{name}.png")
+        child = args.child_run or run_experiment(runs, f"parent={demo}")
+        save_small(child / "plots" / "loss_vs_step.png", args.out / "continue_loss_vs_step.png")
     return 0
 
 

@@ -149,19 +149,27 @@ def simple_evaluate(model: Any, tokenizer: Any, batch_size: int, **kwargs: Any) 
     result is then broadcast, so every rank returns the same dict. (lm-eval's own ``HFLM`` turns this on only for a
     model it loads itself onto several GPUs through ``accelerate``.)
 
+    What lm-eval, datasets and the ``git`` lm-eval runs print to stderr themselves (progress bars, ``fatal: not a
+    git repository``) goes to the run's log file unless ``verbose``
+    (:func:`~pretrain_exp.core.logs.engine_output_to_log`).
+
     :returns: ``simple_evaluate``'s result dict.
     """
     import lm_eval
 
+    from pretrain_exp.core.logs import engine_output_to_log
+
     if _active is None:
         from lm_eval.models.huggingface import HFLM
 
-        return lm_eval.simple_evaluate(model=HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size),
-                                       **kwargs)
+        with engine_output_to_log():
+            return lm_eval.simple_evaluate(model=HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size),
+                                           **kwargs)
     import torch.distributed as dist
 
     rank, world, group = _active
     lm = _rank_hflm()(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, shard_rank=rank, shard_world=world)
-    out = [lm_eval.simple_evaluate(model=lm, **kwargs)]  # None on ranks > 0
+    with engine_output_to_log():
+        out = [lm_eval.simple_evaluate(model=lm, **kwargs)]  # None on ranks > 0
     dist.broadcast_object_list(out, src=_global_rank(group, 0), group=group)
     return out[0]

@@ -1,4 +1,4 @@
-"""``python -m pretrain_exp.inspect <run dir> step=K [row=R] | item=ID | search=TEXT [--html OUT]``: see
+"""``python -m pretrain_exp.inspect <run dir or official run> step=K [row=R] | item=ID | search=TEXT [--html OUT]``: see
 :mod:`pretrain_exp.app.inspect`."""
 
 import sys

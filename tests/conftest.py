@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import logging
 import os
+import re
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -22,11 +25,34 @@ from pretrain_exp.insertion.plan import Plan
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = conf_dir()  # conf/ of this checkout (pretrain_exp/conf when the package is installed)
-CACHE_DIR = Path(os.environ.get("PRETRAIN_EXP_CACHE", Path.home() / ".cache" / "pretrain_exp"))
+#: the user's cache (``$PRETRAIN_EXP_CACHE`` or ``~/.cache/pretrain_exp``): the assets the tests share
+SHARED_CACHE = Path(os.environ.get("PRETRAIN_EXP_TESTS_SHARED_CACHE") or os.environ.get("PRETRAIN_EXP_CACHE")
+                    or Path.home() / ".cache" / "pretrain_exp")
+#: cache subdirs shared with :data:`SHARED_CACHE`: content-addressed assets (registry downloads, the models and
+#: tokenizers built from them, tokenized corpora, benchmark data), the same whatever ran before
+SHARED_SUBDIRS = ("assets", "models", "tokenizers", "tokens", "benchmarks", "hf_datasets")
+
+
+def session_cache(shared: Path) -> Path:
+    """A cache dir of this test process (removed at its exit): :data:`SHARED_SUBDIRS` are symlinks into ``shared``;
+    everything a run derives (audits, permutations, size indexes, item tokens, windows) starts empty, so that no
+    result depends on what earlier runs left in the user's cache."""
+    d = Path(tempfile.mkdtemp(prefix="pretrain_exp-cache-"))
+    atexit.register(shutil.rmtree, d, True)
+    for name in SHARED_SUBDIRS:
+        (shared / name).mkdir(parents=True, exist_ok=True)
+        (d / name).symlink_to(shared / name, target_is_directory=True)
+    return d
+
+
+CACHE_DIR = session_cache(SHARED_CACHE)
+os.environ["PRETRAIN_EXP_CACHE"] = str(CACHE_DIR)  # runs in this process and in subprocesses use it
+os.environ["PRETRAIN_EXP_TESTS_SHARED_CACHE"] = str(SHARED_CACHE)  # pytest-xdist workers and nested sessions
 
 register_configs()
 
-# Hypothesis example counts: small by default (the fast tier), more with HYPOTHESIS_PROFILE=ci (.ci/run sets it)
+# Hypothesis example counts: small by default (the fast tier), more with HYPOTHESIS_PROFILE=ci (.ci/run sets it);
+# both derandomized (the examples are a function of the test, the same on every run) and without an example database
 try:
     from hypothesis import HealthCheck, settings
 except ImportError:  # the dev extra is not installed: the property tests skip themselves
@@ -35,7 +61,8 @@ else:
     _slow_ok = [HealthCheck.too_slow, HealthCheck.data_too_large]
     settings.register_profile("fast", max_examples=25, deadline=None, derandomize=True, database=None,
                               suppress_health_check=_slow_ok)
-    settings.register_profile("ci", max_examples=150, deadline=None, suppress_health_check=_slow_ok)
+    settings.register_profile("ci", max_examples=150, deadline=None, derandomize=True, database=None,
+                              print_blob=True, suppress_health_check=_slow_ok)
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
 
 
@@ -68,12 +95,56 @@ def _one_slurm_test_at_a_time(request, tmp_path_factory):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+#: every reason a test of the suite may skip for (a regex matched at the start of the skip message), and whether
+#: CI allows it (hardware only). Any other skip fails the test; with ``PRETRAIN_EXP_STRICT_SKIPS=1`` (``.ci/run``
+#: sets it) so does a skip CI does not allow.
+SKIP_REASONS = {
+    r"needs a CUDA device$": True,  # tests/gpu, the greedy decoder on CUDA
+    r"needs a CUDA device of compute capability >= 8\.9$": True,  # fp8 (tests/gpu)
+    r"training\.precision=fp8 needs torchao$": True,  # the fp8 extra, installed where such a GPU is (tests/gpu)
+    r"the CPU path: no CUDA device$": True,  # the CPU refusal of fp8, where a CUDA device is present
+    r"flash-attn is installed here$": True,  # the fallback without flash-attn, where a GPU setup installed it
+    r"no SLURM controller answers `sinfo`": False,  # .ci/run starts one
+    r"no SLURM partition with two nodes answers `sinfo`": False,  # .ci/run starts one
+    r"the docs extra is not installed": False,  # make test installs it
+    r"Python 3\.10 has no tomllib$": False,  # pyproject.toml read with the standard library's tomllib
+    r"no /dev/full": False,  # every Linux has it
+    r"mounting a size-limited tmpfs needs root$|mount -t tmpfs failed": False,  # CI runs as root
+}
+
+
+def skip_not_allowed(reason: str, strict: bool) -> str | None:
+    """Why a skip with message ``reason`` fails the run (:data:`SKIP_REASONS`), or ``None`` where it may skip."""
+    for pattern, in_ci in SKIP_REASONS.items():
+        if re.match(pattern, reason):
+            return None if in_ci or not strict else "CI allows skips only for missing hardware"
+    return "not a skip reason the suite lists (SKIP_REASONS in tests/conftest.py)"
+
+
+def _fail_unlisted_skip(report) -> None:
+    """Turn a skip ``report`` whose reason :func:`skip_not_allowed` refuses into a failure saying so."""
+    if not report.skipped or hasattr(report, "wasxfail") or not isinstance(report.longrepr, tuple):
+        return
+    reason = re.sub(r"^Skipped: ", "", str(report.longrepr[2]))
+    why = skip_not_allowed(reason, os.environ.get("PRETRAIN_EXP_STRICT_SKIPS") == "1")
+    if why is not None:
+        report.outcome, report.longrepr = "failed", f"skipped ({reason}): {why}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    report = yield
+    _fail_unlisted_skip(report)
+    return report
+
+
 _FAILED_FILES: set = set()
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
+    _fail_unlisted_skip(report)
     if report.failed:
         _FAILED_FILES.add(item.path)
     return report

@@ -63,6 +63,7 @@ from pretrain_exp.core.capabilities import (
 from pretrain_exp.core.config import DataConf, ModelConf, Precision, RunConfig, TrainingConf
 from pretrain_exp.core.distributed import is_main_process, rank, world_size
 from pretrain_exp.core.errors import CheckpointError, ConfigError, TrainingError
+from pretrain_exp.core.interrupt import signal_handler
 from pretrain_exp.core.phases import PHASES
 from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.data.schedule import rows_for
@@ -466,11 +467,14 @@ class OlmoCoreFramework(Framework):
 
     @property
     def tokenizer_path(self) -> str:
-        """``model.tokenizer``, else the dolma2 tokenizer (OLMo-2 and OLMo-3). A bare ``tokenizer.json`` file (no
-        ``tokenizer_config.json`` to name EOS and pad) becomes an HF tokenizer dir in the cache, built once, whose
-        EOS and pad are the ids the checkpoint records (:meth:`recorded_special_ids`)."""
+        """``model.tokenizer``, else the dolma2 tokenizer (OLMo-2 and OLMo-3). A bare ``tokenizer.json`` (a file, or
+        a dir holding it without the ``tokenizer_config.json`` that names EOS and pad) becomes an HF tokenizer dir in
+        the cache, built once, whose EOS and pad are the ids the checkpoint records (:meth:`recorded_special_ids`)."""
         path = self.cfg.model.tokenizer or self.DEFAULT_TOKENIZER
-        if not (path.endswith(".json") and Path(path).expanduser().is_file()):
+        given = Path(path).expanduser()
+        if given.is_dir() and (given / "tokenizer.json").is_file() and not (given / "tokenizer_config.json").is_file():
+            path = str(given / "tokenizer.json")
+        elif not (path.endswith(".json") and given.is_file()):
             return path
         import hashlib
 
@@ -860,6 +864,8 @@ class OlmoCoreFramework(Framework):
         checkpointer = trainer.callbacks["checkpointer"]
         self._saving = checkpointer
         trainer.callbacks["pretrain_exp_phases"].fit_started()
+        if signal_handler() is not None:  # Ctrl-C / SIGTERM stop the run here too (OLMo-core's handler installed by
+            trainer._handle_os_signal = signal_handler()  # fit() would cancel the fit, and the segment train on)
         trainer.fit()  # on an error the trainer is dropped: a retry starts from the newest checkpoint on disk
         if trainer.global_step != until_step:
             raise TrainingError(f"OLMo-core stopped at step {trainer.global_step} instead of {until_step}")

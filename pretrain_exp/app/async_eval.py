@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from pretrain_exp.core.errors import LaunchError
+from pretrain_exp.core.interrupt import OWN_GROUP, track
 from pretrain_exp.core.io import default_mode, write_json
 from pretrain_exp.core.rundir import RunDir
 
@@ -217,8 +218,9 @@ class AsyncEvals:
             where = {"launcher": "slurm", "job_id": str(handle.job_id)}
         else:
             with open(log_path, "ab") as f:
-                handle = subprocess.Popen([sys.executable, "-m", "pretrain_exp.app.eval_worker", *argv],
-                                          stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                handle = track(subprocess.Popen([sys.executable, "-m", "pretrain_exp.app.eval_worker", *argv],
+                                                stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                **OWN_GROUP))
             where = {"launcher": "local", "host": socket.gethostname(), "pid": handle.pid}
         write_json(rd.eval_marker(step), {"step": step, "tasks": tasks, "hf_dir": str(hf_dir), **where,
                                           "started": time.strftime("%Y-%m-%dT%H:%M:%S")})
@@ -272,8 +274,9 @@ class AsyncEvals:
                                     "cancelled_job_id": job_id})
             t0 = time.perf_counter()
             with open(job.log_path, "ab") as f:
-                job.handle = subprocess.Popen([sys.executable, "-m", "pretrain_exp.app.eval_worker", *job.argv],
-                                              stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                job.handle = track(subprocess.Popen([sys.executable, "-m", "pretrain_exp.app.eval_worker", *job.argv],
+                                                    stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                    **OWN_GROUP))
                 job.handle.wait()
             log.info("evals of step %d run in this run's allocation in %.1f s (exit status %d)", job.step,
                      time.perf_counter() - t0, job.handle.returncode)

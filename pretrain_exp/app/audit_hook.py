@@ -19,6 +19,7 @@ import numpy as np
 
 from pretrain_exp.app.hooks import RunHook
 from pretrain_exp.core.errors import CheckpointError, InsertionError
+from pretrain_exp.core.logs import rate
 from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.data.order import DataOrder
 from pretrain_exp.frameworks.base import Checkpoint
@@ -140,9 +141,9 @@ class RunAudit(RunHook):
             return None
         self.job, self.wait_s = None, job.waited_s
         secs = res.window.seconds + res.held_out.seconds
-        log.info("audit: %d items against %d window + %d held-out tokens in %.1f s beside training (%.2e tokens/s)",
+        log.info("audit: %d items against %d window + %d held-out tokens in %.1f s beside training%s",
                  job.plan.num_items, res.window.tokens, res.held_out.tokens, secs,
-                 (res.window.tokens + res.held_out.tokens) / max(secs, 1e-9))
+                 rate(res.window.tokens + res.held_out.tokens, secs, "tokens", "{:.2e}"))
         self.report(res, job.plan)
         if self.on_finish is not None:
             self.on_finish(res)

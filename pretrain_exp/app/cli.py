@@ -20,6 +20,10 @@ errors); the engines' detail (OLMo-core's, the HF Trainer's, transformers', lm-e
 goes to the run dir's ``pretrain_exp.log`` (:mod:`pretrain_exp.core.logs`). ``-v`` / ``--verbose`` (the key
 ``verbose=true``) puts it on the console too; Hydra's ``hydra.verbose=true`` (or ``=[olmo_core]``, logger names)
 adds DEBUG records.
+
+Ctrl-C (``SIGINT``) or ``SIGTERM`` stops the run at once, with every process it started, and prints one line: the
+step the run dir's newest checkpoint holds and the command that resumes (the same command line); exit status 130 /
+143 (:mod:`pretrain_exp.core.interrupt`). A second Ctrl-C while it stops ends it at once.
 """
 
 from __future__ import annotations
@@ -27,11 +31,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
 import shutil
 import sys
 import time
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 import hydra
 from omegaconf import DictConfig
@@ -39,9 +44,11 @@ from omegaconf import DictConfig
 from pretrain_exp import conf_dir
 from pretrain_exp.app.config import register_configs
 from pretrain_exp.app.validate import to_config
+from pretrain_exp.core.commands import prog
 from pretrain_exp.core.errors import PretrainExpError
+from pretrain_exp.core.interrupt import Interrupted, exit_now, interruptible, stop_children
 from pretrain_exp.core.io import write_text
-from pretrain_exp.core.logs import run_logging
+from pretrain_exp.core.logs import FILE_ONLY, run_logging
 from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.core.runlock import RunDirLock
 from pretrain_exp.core.secrets import install_log_redaction, redact, redact_obj
@@ -78,6 +85,39 @@ def save_hydra_files(cfg: DictConfig, run_dir: Path) -> None:
 
 #: whether :func:`main` set ``HYDRA_FULL_ERROR`` for Hydra's composition (a user's own setting is left alone)
 _set_full_error = False
+#: the command line as typed (before ``-v`` became ``verbose=true``): the resume command of an interrupted run
+_command: List[str] = []
+#: the interrupted run's line, once printed (a second signal does not print it again)
+_said: List[str] = []
+#: the run dir of the job running now and its ``model.checkpoint_step`` (for the line of a second signal)
+_where: list = [None, 0]
+
+
+def newest_checkpoint_step(run_dir: Path, checkpoint_step: int = 0) -> Optional[int]:
+    """The global step of the newest complete checkpoint under ``run_dir/checkpoints`` (OLMo-core's ``step<N>``
+    with its ``.metadata.json``; the HF Trainer's ``checkpoint-<k>`` with its ``trainer_state.json``, at step
+    ``checkpoint_step + k``), or ``None``."""
+    rd = RunDir(run_dir)
+    steps = [s for s, _ in rd.checkpoint_dirs(RunDir.OLMO_CORE_CHECKPOINT, ".metadata.json")]
+    steps += [checkpoint_step + k for k, _ in rd.checkpoint_dirs(RunDir.HF_CHECKPOINT, "trainer_state.json")]
+    return max(steps, default=None)
+
+
+def interrupted_line(e: Interrupted, run_dir: Optional[Path], checkpoint_step: int = 0) -> str:
+    """The one line of an interrupted run: the signal, the step the newest checkpoint of ``run_dir`` holds, and
+    the command that resumes (the command line as typed)."""
+    command = " ".join([prog("pretrain-exp", "pretrain_exp"), *map(shlex.quote, _command[1:])])
+    step = newest_checkpoint_step(run_dir, checkpoint_step) if run_dir is not None and run_dir.is_dir() else None
+    kept = (f"the newest checkpoint holds step {step} ({run_dir})" if step is not None
+            else "no checkpoint was written yet")
+    return f"interrupted ({e.name}): {kept}; resume with: {command}"
+
+
+def _say_interrupted(e: Interrupted) -> None:
+    """Print :func:`interrupted_line` of the job running now on stderr, once."""
+    if not _said:
+        _said.append(interrupted_line(e, *_where))
+        print(_said[0], file=sys.stderr, flush=True)
 
 
 def _one_line(e: BaseException) -> str:
@@ -99,20 +139,35 @@ def verbose_flag_to_key(args: List[str]) -> List[str]:
 def main() -> None:
     """The command (module docstring): Hydra's composition errors (a mistyped key, a wrong group option, a wrong
     type) become one ``error:`` line with the closest name and exit status 2
-    (:func:`~pretrain_exp.app.hydra_errors.hydra_error_line`), like the project's own errors."""
+    (:func:`~pretrain_exp.app.hydra_errors.hydra_error_line`), like the project's own errors; so does a sweep's
+    SLURM submission that sbatch refuses (:func:`~pretrain_exp.app.sweep_check.exit_on_submission_error`)."""
     from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
     from pretrain_exp.app.hydra_errors import exit_on_hydra_error
 
     global _set_full_error
+    _command[:] = sys.argv
+    _said.clear()
+    _where[:] = [None, 0]
     sys.argv = [sys.argv[0], *verbose_flag_to_key(sys.argv[1:])]
     ours = _set_full_error = "HYDRA_FULL_ERROR" not in os.environ
     if ours:  # Hydra re-raises composition errors instead of printing its own multi-line report and exiting 1
         os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
-        _main()
-    except HydraException as e:
+        with interruptible(on_second=_say_interrupted):
+            try:
+                _main()
+            except Interrupted as e:  # before the run dir was known, or after the run
+                stop_children()
+                _say_interrupted(e)
+                exit_now(e.exit_status)
+    except (HydraException, OmegaConfBaseException) as e:  # the latter: a resolver's error in Hydra's run dir
         exit_on_hydra_error(e)
+    except (RuntimeError, OSError) as e:  # submitit's FailedJobError is a RuntimeError: sbatch refused the sweep
+        from pretrain_exp.app.sweep_check import exit_on_submission_error
+
+        exit_on_submission_error(e)
     finally:
         if ours:
             os.environ.pop("HYDRA_FULL_ERROR", None)
@@ -132,9 +187,25 @@ def _main(cfg: DictConfig) -> None:
     fresh = not RunDir(run_dir).config.exists()
     sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     verbose = bool(cfg.get("verbose")) or bool(HydraConfig.get().verbose)
+    _where[:] = [run_dir, _checkpoint_step(cfg)]
     with run_logging(RunDir(run_dir).log_file, verbose=verbose):  # hydra/job_logging: none (conf/config.yaml)
-        _run(cfg, run_dir, fresh, sweep)
+        try:
+            _run(cfg, run_dir, fresh, sweep)
+        except Interrupted as e:  # the children stopped, the log file told, one line on the console
+            stop_children()
+            log.info("%s", interrupted_line(e, *_where), extra=FILE_ONLY)
+            _say_interrupted(e)
+            exit_now(e.exit_status)
     print(f"run dir: {run_dir}")
+
+
+def _checkpoint_step(cfg: DictConfig) -> int:
+    """``model.checkpoint_step`` of ``cfg`` (0 when it does not resolve): the global step of an HF run's
+    ``checkpoint-0``."""
+    try:
+        return int(cfg.model.checkpoint_step or 0)
+    except Exception:  # noqa: BLE001  (an interpolation the run had not resolved yet)
+        return 0
 
 
 def _run(cfg: DictConfig, run_dir: Path, fresh: bool, sweep: bool) -> None:
@@ -153,7 +224,7 @@ def _run(cfg: DictConfig, run_dir: Path, fresh: bool, sweep: bool) -> None:
         save_hydra_files(cfg, run_dir)
     try:
         with PHASES.phase("settings", what="config resolved (checkpoint settings) and validated"):
-            exp = to_config(cfg)
+            exp = to_config(cfg, list(HydraConfig.get().overrides.task))
         if sweep and exp.wandb.group is None:  # the jobs of a sweep side by side in W&B
             exp.wandb.group = Path(HydraConfig.get().sweep.dir).name
         overrides = HydraConfig.get().job.override_dirname

@@ -55,6 +55,9 @@ class ExperimentConfig:
     run_dir: Optional[str] = MISSING  #: the experiment directory (Hydra's output dir; None only in --cfg)
     cache_dir: str = MISSING  #: asset and token-file cache
     cpdt: CpdtConf = field(default_factory=CpdtConf)
+    #: a finished run dir this run continues from its final model (:mod:`pretrain_exp.app.parent`); the
+    #: validated config holds its absolute path
+    parent: Optional[str] = None
     #: the console shows everything the run dir's ``pretrain_exp.log`` gets (the engines' INFO records, warnings,
     #: progress bars); ``-v`` sets it (:mod:`pretrain_exp.core.logs`)
     verbose: bool = False
@@ -75,7 +78,7 @@ def eval_task(eval_type: str, *, _root_) -> Optional[str]:
 def register_configs() -> None:
     """Store the schemas in Hydra's ConfigStore: ``base_config``, ``schema/<group>/base``, ``schema/framework/<name>``,
     ``schema/insertion/<type>`` and ``schema/eval/<type>``; register the resolvers (``${checkpoint:...}``,
-    ``${eval_task:...}``, the run name's).
+    ``${eval_task:...}``, ``${parent:...}``, the run name's).
 
     Idempotent; called by the entry point and by tests before composing.
     """
@@ -83,6 +86,7 @@ def register_configs() -> None:
     from omegaconf import OmegaConf
 
     from pretrain_exp.app.help import register_help_resolver
+    from pretrain_exp.app.parent import register_resolver as register_parent_resolver
     from pretrain_exp.app.run_name import register_run_name_resolver
     from pretrain_exp.app.settings import register_resolver
     from pretrain_exp.evals.registry import register_eval_schemas
@@ -92,6 +96,7 @@ def register_configs() -> None:
     register_resolver()
     register_help_resolver()
     register_run_name_resolver()
+    register_parent_resolver()
     if not OmegaConf.has_resolver(EVAL_TASK_RESOLVER):
         OmegaConf.register_new_resolver(EVAL_TASK_RESOLVER, eval_task)
     cs = ConfigStore.instance()

@@ -166,7 +166,7 @@ def reevaluate(run_dir: Path, overrides: List[str], steps: Optional[List[int]] =
     :raises PretrainExpError: bad input (one line; a step whose checkpoint is gone names the option that would
         have kept it), a run dir in use by another process.
     """
-    from pretrain_exp.app.experiment import Experiment, check_same_run
+    from pretrain_exp.app.experiment import Experiment, RunDirConflict, check_same_run
     from pretrain_exp.core.runlock import RunDirLock
 
     run_dir = Path(run_dir).resolve()
@@ -174,8 +174,13 @@ def reevaluate(run_dir: Path, overrides: List[str], steps: Optional[List[int]] =
     rundir = RunDir(run_dir)
     tasks = list(exp.eval.tasks)
     with RunDirLock(run_dir):
-        check_same_run(exp, run_dir)
-        ex = Experiment(exp)
+        try:
+            check_same_run(exp, run_dir)
+            ex = Experiment(exp)
+        except RunDirConflict as e:  # evaluated as trained: what changed is restored, or is another run
+            raise ConfigError(e.key, f"{e.what}; {e.restore} to evaluate that run (pretrain-exp-eval evaluates a run "
+                              "with the inputs it was trained on), or train the new one in a run dir of its own: "
+                              "name=<new name>") from None
         before = _file_ids(rundir, tasks)
         try:
             results = ex.evaluate_checkpoints(steps, redo)

@@ -37,7 +37,9 @@ continues from the newest checkpoint (bit-identical to an uninterrupted run on C
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import logging
 import os
 import random
@@ -58,6 +60,7 @@ from pretrain_exp.app.dynamic_hook import DynamicInsertion, PlanHistory
 from pretrain_exp.app.evaluator import Evaluator, make_evaluator
 from pretrain_exp.app.hf_export import HFExport
 from pretrain_exp.app.hooks import Hooks, segments
+from pretrain_exp.app.parent import ParentRun
 from pretrain_exp.app.results import write_results
 from pretrain_exp.app.run_name import MUTABLE_KEYS  # noqa: F401  (re-exported: the keys a re-run may change)
 from pretrain_exp.app.tracking import NullTracker, Tracker, config_dict
@@ -83,6 +86,7 @@ from pretrain_exp.insertion.audit import AuditResult
 from pretrain_exp.insertion.audit_job import BackgroundAudit
 from pretrain_exp.insertion.items import LoadContext
 from pretrain_exp.insertion.plan import Plan, build_plan
+from pretrain_exp.insertion.schema import InsertionConf
 from pretrain_exp.insertion.types import load_items, reserved_rows
 from pretrain_exp.insertion.verify import rows_to_verify, verify_batches
 from pretrain_exp.report.summary import print_table, summarize
@@ -210,15 +214,19 @@ class Experiment:
             plan = plan.without(cfg.insertion.withheld)
             items = {name: s for name, s in items.items() if name not in cfg.insertion.withheld}
         self.items, static = items, plan
+        path = self.rundir.plan
+        exists = path.is_file()
+        saved_plan = Plan.load(path) if exists else None
+        if exists:  # a re-run: an input of the plan that changed is named before its saved decisions are re-applied
+            check_same_items(saved_plan, static, cfg.insertion.experiments, self.run_dir)
         #: the plan after each decision (``insertion.dynamic``): on a re-run the saved decisions, re-applied
         self.history = PlanHistory.resume(static, self.rundir, self.dynamic is not None)
         plan = self.history.current
-        path = self.rundir.plan
-        exists = path.is_file()
-        saved = Plan.load(path).digest() if exists else None
+        saved = saved_plan.digest() if exists else None
         if exists and saved not in self.history.digests():
-            raise ConfigError("insertion", f"{path} holds the plan of a different config; use a new run dir "
-                              "(hydra.run.dir=...) or restore the original config")
+            raise RunDirConflict("insertion", f"{path} holds another plan than this config gives, though the "
+                                 "config and the items are the same (the corpus, the tokenizer or the program's "
+                                 "placement changed since the run started)", "restore them")
         with PHASES.phase("audit", mode=cfg.insertion.audit.value) as rec:
             self.audit, fresh = self.auditor.audit(static, items) if self.main else (None, False)
             rec["computed"] = fresh
@@ -301,12 +309,33 @@ class Experiment:
         rows = self.order.held_out_rows(self.cfg.data.held_out_rows)
         return np.stack([self.order.row_tokens(int(q)) for q in rows]) if rows.size else np.empty((0, self.L), np.int64)
 
+    @functools.cached_property
+    def parent(self) -> Optional[ParentRun]:
+        """The finished run this one continues (``parent=``, :mod:`~pretrain_exp.app.parent`), if any."""
+        return ParentRun.open(self.cfg.parent) if self.cfg.parent else None
+
+    @functools.cached_property
+    def _parent_measured(self) -> Tuple[Optional[Plan], Optional[InsertionConf]]:
+        """A continued run's evals: the parent's plan and its experiments beside this run's."""
+        if self.parent is None:
+            return None, None
+        ins = dataclasses.replace(self.cfg.insertion, experiments={**self.parent.experiments(),
+                                                                   **self.cfg.insertion.experiments})
+        return self.parent.plan(), ins
+
+    def eval_plan(self, step: int) -> Plan:
+        """What the evals of checkpoint ``step`` measure: the plan as of ``step`` (:meth:`plan_for_step`), after a
+        continued run's parent's plan (:meth:`Plan.then <pretrain_exp.insertion.plan.Plan.then>`)."""
+        plan, (before, _) = self.plan_for_step(step), self._parent_measured
+        return plan if before is None else before.then(plan)
+
     def _eval_context(self, model, step: int) -> EvalContext:
         """What an eval of the checkpoint at global step ``step`` reads besides ``model``."""
         e = self.cfg.eval
-        return EvalContext(model, self.tokenizer, self.plan_for_step(step), self.held_out, step, e.batch_size,
+        return EvalContext(model, self.tokenizer, self.eval_plan(step), self.held_out, step, e.batch_size,
                            self.cfg.seed, self.cfg.cache_dir, row_tokens=self.rows.row,
-                           insertion=self.cfg.insertion, permutations=e.permutations, p_adjust=e.p_adjust)
+                           insertion=self._parent_measured[1] or self.cfg.insertion, permutations=e.permutations,
+                           p_adjust=e.p_adjust)
 
     def _worker_config(self) -> Tuple[Path, bool]:
         """The config file the background eval processes read (``eval.mode=async``): ``config.resolved.yaml``, or,
@@ -476,7 +505,14 @@ class Experiment:
         if audit is not None and self.dynamic_insertion is not None:  # audited on the static plan: final dup counts
             audit = self.dynamic_insertion.final_audit(audit)
         all_evaluated = self.rundir.all_evals()
-        results = summarize(self.cfg, self.plan, evaluated, all_evaluated, time.perf_counter() - t_start, audit)
+        # a continued run: its parent's evaluated steps before its own (one loss-over-steps curve across both)
+        joined = all_evaluated if self.parent is None else {**self.parent.evals(), **all_evaluated}
+        results = summarize(self.cfg, self.plan, evaluated, joined, time.perf_counter() - t_start, audit)
+        if self.parent is not None:
+            results["parent"] = self.parent.entry()
+        layouts = self.rundir.read_layouts()
+        if layouts:  # the device layout of each trained segment
+            results["layouts"] = layouts
         if timing is not None:
             results["timing"] = timing
         if self.dynamic_insertion is not None:
@@ -492,6 +528,17 @@ class Experiment:
         return with_retries(functools.partial(self._train_segment, start, until_step, tracker), t.max_retries,
                             t.retry_base_delay_s, f"training steps {start.step}->{until_step}")
 
+    def _record_layout(self, from_step: int, to_step: int) -> None:
+        """Append the device layout that trained steps ``from_step+1 .. to_step`` to ``layouts.jsonl`` (a run may
+        resume on another layout: :data:`~pretrain_exp.app.run_name.LAYOUT_KEYS`)."""
+        t = self.cfg.training
+        rec = {"from_step": from_step, "to_step": to_step, "world_size": world_size(), "nnodes": t.nnodes,
+               "nproc_per_node": t.nproc_per_node, "micro_batch_size": t.micro_batch_size,
+               "data_parallel": t.data_parallel, "gradient_accumulation": t.global_batch_size // max(
+                   1, t.micro_batch_size * world_size())}
+        with open(self.rundir.layouts, "a", encoding="utf-8") as f:  # one whole line per segment
+            f.write(json.dumps(rec) + "\n")
+
     def _train_segment(self, start: Checkpoint, until_step: int, tracker) -> Checkpoint:
         """One segment of training, one console line per logged step (and a progress bar) on the main process
         (:mod:`pretrain_exp.app.console`); a full disk (which a retry cannot fix) is a :class:`StorageError` naming
@@ -500,7 +547,9 @@ class Experiment:
             if not self.main:
                 return self.framework.train(start, until_step, self.rows, tracker.log)
             with segment_lines(tracker.log, start.step, until_step, self.end_step) as log_fn:
-                return self.framework.train(start, until_step, self.rows, log_fn)
+                ckpt = self.framework.train(start, until_step, self.rows, log_fn)
+            self._record_layout(start.step, ckpt.step)
+            return ckpt
         except Exception as e:
             if isinstance(e, PretrainExpError) or not is_disk_full(e):
                 raise
@@ -594,10 +643,54 @@ def _flatten(d: dict, prefix: str = "") -> Dict[str, object]:
     return out
 
 
+class RunDirConflict(ConfigError):
+    """A refusal to reuse a run dir: ``what`` differs from the run it holds (a config key old -> new, an input file
+    whose content changed), ``restore`` what brings that run back (``"restore its content"``); the message ends with
+    the one way out, a run dir of its own (:func:`~pretrain_exp.app.run_name.own_run_dir`, ``name=<new name>``)."""
+
+    def __init__(self, key: str, what: str, restore: str, way_out: Optional[str] = None):
+        from pretrain_exp.app.run_name import own_run_dir
+
+        self.what, self.restore = what, restore
+        super().__init__(key, f"{what}; {restore} to resume that run, or {way_out or own_run_dir()}")
+
+
+def _experiment_items(plan: Plan, name: str) -> Tuple[np.ndarray, np.ndarray]:
+    """The items of experiment ``name`` in ``plan``: their lengths ``int64 (n,)`` and tokens ``int64 (sum,)``."""
+    sel = plan.item_experiment == plan.experiments.index(name)
+    lengths = np.diff(plan.token_offsets)
+    return lengths[sel], plan.tokens[np.repeat(sel, lengths)].astype(np.int64)
+
+
+def check_same_items(saved: Plan, plan: Plan, experiments: dict, run_dir: Path) -> None:
+    """Refuse a re-run whose items differ from those of the plan its run dir holds (``saved``) for an experiment
+    of both, though the config is the same: an input changed since the run started.
+
+    :param experiments: ``insertion.experiments`` (name -> its config; ``file``: the items file).
+    :raises RunDirConflict: naming the experiment's items file and that its content changed (or, without a file,
+        that the items it reads or generates changed).
+    """
+    changed = [e for e in plan.experiments if e in saved.experiments
+               and any(not np.array_equal(a, b) for a, b in zip(_experiment_items(saved, e),
+                                                                _experiment_items(plan, e)))]
+    if not changed:
+        return
+    name, more = changed[0], (f" (and the items of {', '.join(changed[1:])})" if changed[1:] else "")
+    file = getattr(experiments.get(name), "file", None)
+    if file:
+        raise RunDirConflict(f"insertion.experiments.{name}.file",
+                             f"the items file {Path(file).resolve()} changed content since the run in {run_dir} "
+                             f"started{more}", "restore its content")
+    raise RunDirConflict(f"insertion.experiments.{name}",
+                         f"its items differ from those the run in {run_dir} started with, though the config is the "
+                         f"same (what they are read or generated from changed){more}", "restore it")
+
+
 def check_same_run(cfg: ExperimentConfig, run_dir: Path) -> None:
     """Refuse to continue a run dir that was started with a different training config.
 
-    :raises ConfigError: naming the first keys that differ from the run dir's ``config.resolved.yaml``.
+    :raises RunDirConflict: naming the first keys that differ from the run dir's ``config.resolved.yaml`` (old ->
+        new).
     """
     path = RunDir(run_dir).config
     if not path.is_file():
@@ -607,9 +700,8 @@ def check_same_run(cfg: ExperimentConfig, run_dir: Path) -> None:
     diff = [k for k in sorted(set(old) | set(new))
             if not k.startswith(MUTABLE_KEYS) and old.get(k) != new.get(k)]
     if diff:
-        raise ConfigError(diff[0], f"run dir {run_dir} holds another run: {describe_difference(old, new, diff)}; "
-                          "re-run that run's own command to resume it, or give this one its own run dir "
-                          "(name=... or hydra.run.dir=...)")
+        raise RunDirConflict(diff[0], f"run dir {run_dir} holds another run: {describe_difference(old, new, diff)}",
+                             "re-run its own command")
 
 
 def _as_derived(old: dict, cfg: ExperimentConfig) -> dict:

@@ -1,4 +1,8 @@
-"""Inspect a run's training stream from its run dir: ``python -m pretrain_exp.inspect <run dir> <query> [--html OUT]``.
+"""Inspect a run's training stream, or an official OLMo run's: ``python -m pretrain_exp.inspect <source> <query>``.
+
+``<source>`` is a run dir, or an official OLMo-2 / OLMo-3 run (a model preset, a checkpoint URL or dir, or its
+``config.yaml`` / ``config.json``: :mod:`pretrain_exp.app.official`, which answers ``step=K [row=R]``, ``step=A-B``
+and ``search=TEXT step=A-B`` from the run's config alone, fetching only the rows asked for).
 
 Built from the run dir's ``config.resolved.yaml`` and ``plan.npz`` alone (no checkpoint, any framework): the rows
 come out of the same data order and :meth:`Plan.apply <pretrain_exp.insertion.plan.Plan.apply>` the frameworks
@@ -25,7 +29,7 @@ import sys
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 import numpy as np
 
@@ -33,9 +37,10 @@ from pretrain_exp.core.commands import prog
 from pretrain_exp.core.errors import ConfigError, PretrainExpError
 from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.data.order import step_row_offset
-from pretrain_exp.data.rows import TrainingRows
-from pretrain_exp.insertion.audit import ItemIndex, row_blocks, scan_rows
-from pretrain_exp.insertion.plan import Plan
+
+if TYPE_CHECKING:  # torch comes with them: imported where used, so a query of an official run starts fast
+    from pretrain_exp.data.rows import TrainingRows
+    from pretrain_exp.insertion.plan import Plan
 
 COLORS = ("yellow", "cyan", "green", "magenta", "bright_blue", "bright_red")  #: span colours, by item id
 MAX_HITS = 200  #: search hits listed
@@ -59,6 +64,8 @@ class RunView:
         """
         from pretrain_exp.app.experiment import run_data
         from pretrain_exp.app.validate import load_resolved
+        from pretrain_exp.data.rows import TrainingRows
+        from pretrain_exp.insertion.plan import Plan
 
         run_dir = Path(run_dir).resolve()
         rd = RunDir(run_dir)
@@ -117,7 +124,7 @@ def row_text(view: RunView, q: int):
             out.append(view.decode(tokens[cur:a]))
         item = int(plan.item_ids[i])
         color = COLORS[item % len(COLORS)]
-        out.append(f"⟦{view.label(item)} copy {int(plan.dup_index[i]) + 1} of {int(plan.item_dup_count[item])}⟧",
+        out.append(f"⟦{view.label(item)} dup index {int(plan.dup_index[i])} of {int(plan.item_dup_count[item])}⟧",
                    style=f"bold {color}")
         out.append(view.decode(tokens[a:b]), style=f"black on {color}")
         cur = b
@@ -235,6 +242,8 @@ def search(view: RunView, query: str) -> List[dict]:
     """Every occurrence of ``query`` (:func:`parse_pattern`) in the window as trained: ``{position, step, row,
     offset, pattern, kind, item}`` (``kind`` ``inserted`` when the hit lies inside an inserted span of ``item``,
     ``partly inserted`` when it overlaps one, else ``natural``), by position; at most :data:`MAX_HITS`."""
+    from pretrain_exp.insertion.audit import ItemIndex, row_blocks, scan_rows
+
     plan, L, B = view.plan, view.plan.sequence_length, view.plan.global_batch_size
     pats = [p for p in parse_pattern(view, query) if p.size <= L]
     index = ItemIndex(pats, n=max(p.size for p in pats) + 1)  # n > every pattern: exact whole-pattern matches
@@ -278,11 +287,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     """The command line (module docstring); returns the exit status (2 with one line for a user error)."""
     ap = argparse.ArgumentParser(prog=prog("pretrain-exp-inspect", "pretrain_exp.inspect"),
                                  description=__doc__.splitlines()[0])
-    ap.add_argument("run_dir")
-    ap.add_argument("query", nargs="+", help="step=K [row=R] | item=ID | search=TEXT_OR_IDS")
-    ap.add_argument("--html", metavar="OUT", help="also write the view as an HTML page")
+    ap.add_argument("run_dir", metavar="SOURCE", help="a run dir, or an official run: a model preset (olmo2_1b), "
+                    "a checkpoint URL or dir, or its config.yaml / config.json")
+    ap.add_argument("query", nargs="+", help="step=K [row=R] | item=ID | search=TEXT_OR_IDS (official runs: "
+                    "step=K [row=R] | step=A-B | search=TEXT step=A-B)")
+    ap.add_argument("--html", metavar="OUT", help="also write the view as an HTML page (run dirs)")
+    official = ap.add_argument_group("official runs (pretrain_exp.app.official)")
+    official.add_argument("--out", metavar="FILE", help="write the rows or hits to FILE.jsonl or FILE.parquet")
+    official.add_argument("--prefix", metavar="OLD=NEW", action="append", default=[],
+                          help="map token-file URL prefixes to a mirror (as data.path_prefixes); repeatable")
+    official.add_argument("--world-size", type=int, metavar="W", help="show the data-parallel rank of each row")
+    official.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json or dir (default: the config's)")
+    official.add_argument("--checkpoint-step", type=int, metavar="N",
+                          help="with a preset: read the config of this checkpoint (default: the preset's)")
+    official.add_argument("--cache-dir", metavar="DIR", help="the project cache (default $PRETRAIN_EXP_CACHE)")
+    official.add_argument("--no-ids", action="store_true", help="print the text only")
     args = ap.parse_args(argv)
-    from rich.console import Console
 
     try:
         q = {}
@@ -291,6 +311,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             if not sep or k not in ("step", "row", "item", "search"):
                 raise ConfigError(k or a, f"unknown query {a!r}; use step=K [row=R], item=ID or search=TEXT")
             q[k] = v
+        if not RunDir(Path(args.run_dir).expanduser()).config.is_file():
+            return _official(args, q)
         if len({"step", "item", "search"} & set(q)) != 1 or ("row" in q and "step" not in q):
             raise ConfigError("query", "give exactly one of step=K [row=R], item=ID, search=TEXT")
         for k in ("step", "row"):
@@ -306,6 +328,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except PretrainExpError as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
+    from rich.console import Console
+
     console = Console(record=args.html is not None, width=max(100, Console().width))
     for p in parts:
         console.print(p)
@@ -315,4 +339,22 @@ def main(argv: Optional[List[str]] = None) -> int:
         with atomic_path(Path(args.html)) as tmp:
             console.save_html(str(tmp))
         print(f"wrote {args.html}")
+    return 0
+
+
+def _official(args, query: Dict[str, str]) -> int:
+    """An official run's rows (:func:`pretrain_exp.app.official.run`); the summary goes to stderr."""
+    from pretrain_exp.app.official import run
+    from pretrain_exp.core.io import default_cache_dir
+
+    if args.html:
+        raise ConfigError("--html", "an official run is printed as text or written with --out FILE.jsonl|.parquet")
+    if args.world_size is not None and args.world_size < 1:
+        raise ConfigError("--world-size", f"must be >= 1, got {args.world_size}")
+    res = run(args.run_dir, query, cache_dir=args.cache_dir or default_cache_dir(), prefixes=args.prefix,
+              world_size=args.world_size, tokenizer=args.tokenizer, out=args.out,
+              checkpoint_step=args.checkpoint_step, ids=not args.no_ids)
+    what = f"{res['rows']} rows" + (f", {res['hits']} hit(s)" if res["hits"] is not None else "")
+    print(f"{what}: {res['bytes']:,} bytes of tokens fetched in {res['requests']} range request(s), "
+          f"{res['seconds']:.2f} s" + (f"; wrote {args.out}" if args.out else ""), file=sys.stderr)
     return 0

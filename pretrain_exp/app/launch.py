@@ -20,6 +20,11 @@ in this process (one node, N = 1) or starts torchrun as a child:
 Workers never import Hydra; only global rank 0 writes results. Preemption and timeouts: a requeued job
 (submitit's checkpointing, ``hydra.launcher.max_num_timeout``) re-runs the same Hydra job (every node's task) in
 the same run dir, which resumes from the run's newest checkpoint (see :mod:`pretrain_exp.app.experiment`).
+
+torchrun runs in a process group of its own, its output copied to this process's console (:func:`_copy_output`:
+rank 0's lines without torchrun's ``[default0]:`` prefix when the console shows bare lines); an interruption of this
+process stops it with ``SIGTERM`` (it stops its ranks) and copies no more of its output
+(:mod:`pretrain_exp.core.interrupt`).
 """
 
 from __future__ import annotations
@@ -27,12 +32,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import IO, Iterator, List, Optional
 
 import torch
 from omegaconf import OmegaConf
@@ -40,6 +47,8 @@ from omegaconf import OmegaConf
 from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.app.validate import check_machine
 from pretrain_exp.core.errors import LaunchError, TrainingError
+from pretrain_exp.core.interrupt import OWN_GROUP, track
+from pretrain_exp.core.logs import CONSOLE_ENV, console_is_plain
 from pretrain_exp.core.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -130,6 +139,30 @@ def torchrun_argv(nproc: int, config_path: Path, log_dir: Path, nodes: Nodes = N
             f"--log-dir={log_dir}", "--redirects=3", "--tee=3", "-m", "pretrain_exp.app.worker", str(config_path)]
 
 
+#: torchrun's prefix of its ranks' output lines (``--tee``): ``[default<local rank>]:``
+RANK_PREFIX = re.compile(rb"^\[default(\d+)\]:")
+
+
+def _copy_output(src: IO[bytes], dst: IO[str], plain: bool, muted: threading.Event) -> threading.Thread:
+    """Copy ``src`` (a pipe of torchrun's output) to ``dst`` line by line until it closes, in a daemon thread;
+    nothing once ``muted`` is set. With ``plain``, rank 0's lines lose torchrun's ``[default0]:`` prefix and the
+    other ranks' read ``rank <r>: ...``."""
+    def copy() -> None:
+        for raw in iter(src.readline, b""):
+            if muted.is_set():
+                continue
+            m = RANK_PREFIX.match(raw) if plain else None
+            if m:
+                raw = raw[m.end():] if m.group(1) == b"0" else b"rank " + m.group(1) + b": " + raw[m.end():]
+            dst.write(raw.decode("utf-8", "replace"))
+            dst.flush()
+        src.close()
+
+    t = threading.Thread(target=copy, name="torchrun-output", daemon=True)
+    t.start()
+    return t
+
+
 @contextlib.contextmanager
 def _worker_config(cfg: ExperimentConfig, resolved: Path) -> Iterator[Path]:
     """The config file the workers read: ``config.resolved.yaml``, or, when the config holds credentials (which
@@ -174,12 +207,25 @@ def launch(cfg: ExperimentConfig) -> dict | None:
         node_dir = Path(tempfile.mkdtemp(prefix=f"pretrain_exp-{nodes.rdzv_id}-node{nodes.rank}-"))
         config_path, log_dir = save_resolved_config(cfg, node_dir), RunDir(node_dir).torchrun_logs
     # the run dir must be on a filesystem every node sees; OLMo-core refuses to checkpoint across nodes unless told
-    env = os.environ if nodes.count == 1 else {"OLMO_SHARED_FS": "1", **os.environ}
+    env = dict(os.environ) if nodes.count == 1 else {"OLMO_SHARED_FS": "1", **os.environ}
+    plain = console_is_plain(cfg.verbose)
+    env[CONSOLE_ENV] = "plain" if plain else "full"
     with _worker_config(cfg, config_path) as worker_config:
         argv = torchrun_argv(cfg.training.nproc_per_node, worker_config, log_dir, nodes)
         log.info("starting %d of %d ranks (node %d of %d): %s", cfg.training.nproc_per_node, world, nodes.rank,
                  nodes.count, " ".join(argv))
-        proc = subprocess.run(argv, env=env)
+        proc = track(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      stdin=subprocess.DEVNULL, **OWN_GROUP))
+        muted = threading.Event()
+        copies = [_copy_output(proc.stdout, sys.stdout, plain, muted),
+                  _copy_output(proc.stderr, sys.stderr, plain, muted)]
+        try:
+            proc.wait()
+        except BaseException:  # interrupted: the caller stops torchrun; its dying words stay in the rank logs
+            muted.set()
+            raise
+        for t in copies:
+            t.join()
     if proc.returncode != 0:
         raise TrainingError(f"torchrun with {cfg.training.nproc_per_node} ranks on node {nodes.rank} of "
                             f"{nodes.count} exited with status {proc.returncode}; rank logs: {log_dir}")

@@ -16,14 +16,17 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import PurePosixPath
-from typing import Iterable, List
+from typing import Iterable, List, Optional
 
+#: the device layout: a run resumes on any layout that divides its global batch (every step trains the same global
+#: rows), so these keys are not part of a run's identity or name
+LAYOUT_KEYS = ("training.nproc_per_node", "training.nnodes", "training.micro_batch_size", "training.data_parallel")
 #: config keys that may change between invocations on the same run dir (they don't change what is trained)
 MUTABLE_KEYS = ("eval.", "wandb.", "release.", "run_dir", "cache_dir", "name", "run_name", "data.token_dir",
                 "insertion.verify", "insertion.audit",
                 "training.max_retries", "training.retry_base_delay_s", "training.num_threads", "training.cleanup",
                 "training.keep_last_checkpoints", "training.export_hf", "training.report_to",
-                "training.gradient_checkpointing", "verbose")
+                "training.gradient_checkpointing", "verbose", *LAYOUT_KEYS)
 #: override keys already spelled in the plain name, or not about what is trained (groups included)
 _NOT_IN_SUFFIX = ("seed", "model.checkpoint_step", "experiment", "eval", "wandb", "release", "hydra", "local",
                   "sweep")
@@ -72,6 +75,33 @@ def _resolve_suffix() -> str:
         return run_suffix(HydraConfig.get().overrides.task)
     except Exception:  # noqa: BLE001  (a Hydra config without task overrides: no suffix)
         return ""
+
+
+def own_run_dir(hydra_overrides: Optional[Iterable[str]] = None, sweep: Optional[bool] = None) -> str:
+    """The one way out of a refused run dir: ``give this run its own run dir: name=<new name>`` (in a sweep: ``give
+    this sweep its own dir: ...``); where the command line pins the dir (``hydra.run.dir=``, in a sweep
+    ``hydra.sweep.dir=``), which ``name=`` does not move, that key is named too.
+
+    :param hydra_overrides: Hydra's own overrides of the command line (``hydra.overrides.hydra``); ``None``: the
+        running Hydra job's, if any. ``sweep``: a multirun (``None``: the running job's mode).
+    """
+    if hydra_overrides is None or sweep is None:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        try:
+            hc = HydraConfig.get() if HydraConfig.initialized() else None
+        except ValueError:  # no Hydra job in this process
+            hc = None
+        if hydra_overrides is None:
+            hydra_overrides = list(hc.overrides.hydra) if hc is not None else []
+        if sweep is None:
+            sweep = hc is not None and hc.mode == RunMode.MULTIRUN
+    key, what = (("hydra.sweep.dir", "this sweep its own dir") if sweep
+                 else ("hydra.run.dir", "this run its own run dir"))
+    if any(_key(str(o)) == key for o in hydra_overrides):
+        return f"give {what}: {key}=<another dir> (or drop {key} and set name=<new name>)"
+    return f"give {what}: name=<new name>"
 
 
 def name_part(value: str) -> str:

@@ -1,18 +1,27 @@
 """A sweep's config checked before its jobs are launched: :class:`CheckFirstJob`, a Hydra callback
 (``hydra.callbacks`` in ``conf/config.yaml``) that, in a multirun, composes and validates the first job's config
 with the sweeper's own override expansion before the launcher runs or submits anything, so a config that is invalid
-for every job is refused once (one ``error:`` line, exit status 2) instead of once per SLURM array task."""
+for every job is refused once (one ``error:`` line, exit status 2) instead of once per SLURM array task; so is a
+first job whose run dir holds another run, and, under ``hydra/launcher=slurm*``, launcher settings SLURM would refuse
+(:func:`~pretrain_exp.app.slurm_check.check_launcher`). A submission sbatch refuses all the same ends the same way
+(:func:`exit_on_submission_error`), and a sweep dir it created holding nothing but the failed submission is
+removed."""
 
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
-from typing import Any, List
+from pathlib import Path
+from typing import Any, List, Optional
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 log = logging.getLogger("pretrain_exp")
+#: the sweep being launched by this process: its dir, whether that existed before, its resolved launcher settings
+#: (set by :meth:`CheckFirstJob.on_multirun_start`, read by :func:`exit_on_submission_error`)
+_launching: dict = {}
 
 
 def first_job_overrides(config: DictConfig) -> List[str] | None:
@@ -37,8 +46,6 @@ class CheckFirstJob(Callback):
     ``on_multirun_end``: print the sweep dir and the command of its report."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from pathlib import Path
-
         sweep = Path(str(config.hydra.sweep.dir)).resolve()
         print(f"sweep dir: {sweep}")
         print(f"report: pretrain-exp-report {sweep}   (or python -m pretrain_exp.report {sweep})")
@@ -49,18 +56,84 @@ class CheckFirstJob(Callback):
         from pretrain_exp.app.validate import to_config
         from pretrain_exp.core.errors import PretrainExpError
 
+        sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
+        _launching.clear()
+        _launching.update(dir=sweep_dir, existed=sweep_dir.exists(), launcher=None)
         overrides = first_job_overrides(config)
         if overrides is None:
             log.info("sweep config check skipped: sweeper %s", config.hydra.sweeper.get("_target_"))
-            return
+            return check_slurm_launcher(config)
         job = GlobalHydra.instance().config_loader().load_sweep_config(config, overrides)
+        first_dir = first_job_dir(job, sweep_dir)
         with open_dict(job):
             job.run_dir = "<first job of the sweep>"  # not resolved: nothing is written while checking
             del job["hydra"]
+        shown = " ".join(overrides) or "(no overrides)"
         try:
-            to_config(job)
+            exp = to_config(job, overrides)
+            if first_dir is not None:  # a re-run into the same sweep dir: the first job's run dir as the CLI checks it
+                from pretrain_exp.app.experiment import RunDirConflict, check_same_run
+                from pretrain_exp.app.run_name import own_run_dir
+
+                try:
+                    check_same_run(exp, first_dir)
+                except RunDirConflict as e:  # the way out as the sweep's command line has it (hydra.sweep.dir=)
+                    way_out = own_run_dir(list(config.hydra.overrides.hydra), sweep=True)
+                    raise RunDirConflict(e.key, e.what, e.restore, way_out) from None
         except PretrainExpError as e:
-            shown = " ".join(overrides) or "(no overrides)"
             msg = " | ".join(line.strip() for line in str(e).splitlines() if line.strip())
             print(f"error: {msg} (the sweep's first job: {shown}); nothing was launched", file=sys.stderr)
             sys.exit(2)
+        check_slurm_launcher(config)
+
+
+def check_slurm_launcher(config: DictConfig) -> None:
+    """Under Hydra's submitit SLURM launcher, refuse settings SLURM would refuse (one ``error:`` line, exit status 2;
+    :func:`~pretrain_exp.app.slurm_check.check_launcher`) before anything is submitted; other launchers pass."""
+    from pretrain_exp.app.slurm_check import check_launcher, is_slurm_launcher
+    from pretrain_exp.core.errors import PretrainExpError
+
+    if not is_slurm_launcher(config.hydra.launcher.get("_target_")):
+        return
+    try:
+        launcher = OmegaConf.to_container(config.hydra.launcher, resolve=True)
+    except Exception:  # noqa: BLE001  (a setting resolved only by the launcher: sbatch's answer is the check)
+        return
+    _launching["launcher"] = launcher
+    try:
+        check_launcher(launcher)
+    except PretrainExpError as e:
+        print(f"error: {e}; nothing was submitted", file=sys.stderr)
+        sys.exit(2)
+
+
+def first_job_dir(job: DictConfig, sweep_dir: Path) -> Optional[Path]:
+    """The run dir of a sweep's first job (``sweep_dir/hydra.sweep.subdir`` with job number 0), where it holds
+    a run's ``config.resolved.yaml``; ``None`` otherwise or where the subdir does not resolve before launch."""
+    from pretrain_exp.core.rundir import RunDir
+
+    try:
+        with open_dict(job):
+            job.hydra.job.num = 0
+        path = sweep_dir / str(job.hydra.sweep.subdir)
+    except Exception:  # noqa: BLE001  (a subdir resolved only by the launcher: the job checks itself)
+        return None
+    return path.resolve() if RunDir(path).config.is_file() else None
+
+
+def exit_on_submission_error(e: BaseException) -> None:
+    """A SLURM submission that failed (:func:`~pretrain_exp.app.slurm_check.submission_error_line`) as one
+    ``error:`` line and exit status 2, removing the sweep dir where this process created it and it holds no job;
+    re-raise ``e`` for any other error."""
+    from pretrain_exp.app.slurm_check import submission_error_line
+    from pretrain_exp.core.secrets import redact
+
+    line = submission_error_line(e, _launching.get("launcher"))
+    if line is None:
+        raise e
+    sweep_dir = _launching.get("dir")
+    if sweep_dir is not None and not _launching.get("existed") and sweep_dir.is_dir() \
+            and {p.name for p in sweep_dir.iterdir()} <= {"multirun.yaml", ".submitit"}:
+        shutil.rmtree(sweep_dir, ignore_errors=True)
+    print(f"error: {redact(line)}", file=sys.stderr)
+    sys.exit(2)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -377,15 +377,21 @@ def report_to_list(value) -> list:
     return [] if names in ([], ["none"]) else names
 
 
-def to_config(cfg: DictConfig) -> ExperimentConfig:
+def to_config(cfg: DictConfig, overrides: Optional[Sequence[str]] = None) -> ExperimentConfig:
     """Convert a composed (or loaded ``config.resolved.yaml``) config into a validated :class:`ExperimentConfig`.
 
+    :param overrides: the command line's overrides of a composed config (Hydra's task overrides): a continued run
+        (``parent=``) then takes what the command line does not set from its parent
+        (:func:`~pretrain_exp.app.parent.with_parent`); ``None`` for a config that holds the result already.
     :raises ConfigError: for a missing mandatory value, a wrong type or a violated cross-field rule.
     """
+    from pretrain_exp.app.parent import with_parent
     from pretrain_exp.frameworks.registry import typed_node as typed_framework
     from pretrain_exp.insertion.types import typed_node
 
     try:
+        if overrides is not None and OmegaConf.is_config(cfg):
+            cfg = with_parent(cfg, overrides)
         if not OmegaConf.is_config(cfg) or OmegaConf.get_type(cfg) is not ExperimentConfig:
             raw = cfg if OmegaConf.is_config(cfg) else OmegaConf.create(cfg)
             base = OmegaConf.structured(ExperimentConfig)

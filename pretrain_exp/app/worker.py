@@ -5,7 +5,9 @@ runs the experiment; rank 0 alone writes files, logs metrics and runs evals. Ran
 launching process's does and its records go to the run dir's ``pretrain_exp.log`` as well
 (:func:`~pretrain_exp.core.logs.run_logging`, ``verbose`` from the config); the other ranks log warnings and errors
 only (torchrun's ``--log-dir`` keeps their output). Exit status 2 with one line on stderr for an error of the
-user's making.
+user's making. ``SIGINT`` / ``SIGTERM`` (torchrun passes on what stops the launching process) stop the rank at once
+with its child processes, silently, with exit status 130 / 143 (:mod:`pretrain_exp.core.interrupt`; the launching
+process prints the line).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Callable, List, Optional
 from pretrain_exp.app.validate import load_resolved
 from pretrain_exp.core.distributed import is_main_process, rank
 from pretrain_exp.core.errors import PretrainExpError
+from pretrain_exp.core.interrupt import Interrupted, exit_now, interruptible, stop_children
 from pretrain_exp.core.logs import run_logging
 from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.core.secrets import install_log_redaction, redact
@@ -39,7 +42,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                          fmt=f"[%(asctime)s][rank {rank()}][%(name)s][%(levelname)s] - %(message)s"):
             run(cfg)
 
-    return exit_status(go)
+    with interruptible():
+        try:
+            return exit_status(go)
+        except Interrupted as e:
+            stop_children()
+            exit_now(e.exit_status)
+            return e.exit_status  # (not reached)
 
 
 def exit_status(fn: Callable[[], object]) -> int:

@@ -13,8 +13,13 @@
 
 Libraries that print through a handler of their own (:data:`OWN_HANDLERS`: transformers, datasets,
 huggingface_hub, lm-eval) are routed to the root logger, so their records reach the file and pass the same filter.
-The format is Hydra's (``[time][logger][LEVEL] - message``). A phase (training a segment, evaluating a step) shows
-one transient rich progress bar on a terminal (:func:`phase_progress`); log lines print above it.
+The file's format is Hydra's (``[time][logger][LEVEL] - message``), and so is the console's when it is not a
+terminal (a pipe, a SLURM job's output file) or with ``verbose``; on a terminal the console shows the bare message
+(:class:`PlainFormatter`: ``step 5/12: loss ...``; ``warning: ...`` / ``error: ...`` for warnings and errors, naming
+the library they come from). A phase (training a segment, evaluating a step) shows one transient rich progress bar
+on a terminal (:func:`phase_progress`); log lines print above it. What the engines write straight to the process's
+stderr (lm-eval's and datasets' tqdm bars, the ``git`` lm-eval runs for its results' commit hash) is kept off the
+console unless ``verbose`` while :func:`engine_output_to_log` is active: it goes to the log file.
 """
 
 from __future__ import annotations
@@ -30,12 +35,69 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
+from pretrain_exp.core.interrupt import received, signals_deferred
+
 #: Hydra's job log format
 FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 #: loggers whose INFO records reach the console (with their children); every other logger's from WARNING
 CONSOLE_INFO = ("pretrain_exp", "hydra", "__main__")
 #: libraries that print through a handler of their own instead of the root logger's
 OWN_HANDLERS = ("transformers", "datasets", "huggingface_hub", "lm_eval")
+#: ``logging`` ``extra`` of a record kept off the console (the log file only)
+FILE_ONLY = {"console": False}
+#: environment variable handing the console's form to child processes (torchrun ranks): ``plain`` or ``full``
+CONSOLE_ENV = "PRETRAIN_EXP_CONSOLE"
+#: shortest time (seconds) a rate is computed over: the resolution of the ``%.1f s`` the lines print
+MEASURABLE_S = 0.1
+
+
+def rate(amount: float, seconds: float, unit: str, fmt: str = "{:,.0f}") -> str:
+    """`` (<amount/seconds> <unit>/s)`` for a log line, or ``""`` when ``seconds`` is below :data:`MEASURABLE_S`
+    (a rate over a time the line prints as ``0.0 s`` means nothing)."""
+    if not seconds >= MEASURABLE_S:
+        return ""
+    return f" ({fmt.format(amount / seconds)} {unit}/s)"
+
+
+def console_is_plain(verbose: bool = False) -> bool:
+    """Whether the console shows bare messages (:class:`PlainFormatter`): not with ``verbose``; else as
+    :data:`CONSOLE_ENV` says (set by a parent process for its children), else when stdout is a terminal."""
+    if verbose:
+        return False
+    env = os.environ.get(CONSOLE_ENV)
+    if env in ("plain", "full"):
+        return env == "plain"
+    return sys.stdout.isatty()
+
+
+def child_logging(fmt: str = FORMAT, quiet: bool = False) -> None:
+    """The logging of a helper process a run starts (the audit beside training, the window stream), whose stderr is
+    the run's console: INFO records in ``fmt``; warnings and errors only with ``quiet`` (the run logs what the
+    helper did) and on a terminal (:func:`console_is_plain`), where they show as :class:`PlainFormatter` has them."""
+    plain = console_is_plain()
+    logging.basicConfig(level=logging.WARNING if plain or quiet else logging.INFO, format=fmt)
+    if plain:
+        for h in logging.getLogger().handlers:
+            h.setFormatter(PlainFormatter())
+
+
+class PlainFormatter(logging.Formatter):
+    """The console's format on a terminal: the message alone; a warning or error starts with ``warning:`` /
+    ``error:`` (once), followed by ``(<library>)`` for a record from outside the project, and shows the last line
+    of its exception (the traceback is in the log file)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        msg = record.getMessage()
+        if record.levelno >= logging.WARNING:
+            tag = "error" if record.levelno >= logging.ERROR else "warning"
+            if not _under(record.name, CONSOLE_INFO):
+                tag += f" ({record.name.split('.')[0]})"
+            if not msg.lower().startswith(("warning:", "error:")):
+                msg = f"{tag}: {msg}"
+        if record.exc_info and record.exc_info[1] is not None:
+            e = record.exc_info[1]
+            msg += f" ({type(e).__name__}: {' '.join(str(e).split())})" if str(e) else f" ({type(e).__name__})"
+        return msg
 
 
 @dataclass(frozen=True)
@@ -87,13 +149,16 @@ def is_harmless(record: logging.LogRecord) -> bool:
 
 class ConsoleFilter(logging.Filter):
     """The console's filter (module docstring): the INFO records of :data:`CONSOLE_INFO`, every other logger's from
-    WARNING unless :func:`is_harmless`; everything when ``verbose``."""
+    WARNING unless :func:`is_harmless`; everything when ``verbose``; none marked :data:`FILE_ONLY`, and none once
+    the run is interrupted (:func:`~pretrain_exp.core.interrupt.received`: it prints one line)."""
 
     def __init__(self, verbose: bool = False):
         super().__init__()
         self.verbose = bool(verbose)
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "console", True) is False or received() is not None:  # interrupted: the run's line only
+            return False
         if self.verbose:
             return True
         if _under(record.name, CONSOLE_INFO):
@@ -115,6 +180,12 @@ class ConsoleHandler(logging.StreamHandler):
     @stream.setter
     def stream(self, value) -> None:  # StreamHandler.__init__ / setStream assign it; the live sys.stdout wins
         pass
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Write the record whole: a Ctrl-C arriving meanwhile takes effect after it
+        (:func:`~pretrain_exp.core.interrupt.signals_deferred`)."""
+        with signals_deferred():
+            super().emit(record)
 
 
 class RunLogFile(logging.FileHandler):
@@ -212,7 +283,9 @@ def run_logging(log_file: Optional[Path], verbose: bool = False, console_level: 
     console = ConsoleHandler()
     console.setLevel(min(console_level, logging.DEBUG) if verbose else console_level)
     console.addFilter(ConsoleFilter(verbose))
-    console.setFormatter(formatter)
+    console.setFormatter(PlainFormatter() if console_is_plain(verbose) else formatter)
+    saved_engine = dict(_ENGINE_OUTPUT)
+    _ENGINE_OUTPUT.update(log_file=log_file, verbose=verbose)
     ours: list = [console]
     if log_file is not None:
         Path(log_file).parent.mkdir(parents=True, exist_ok=True)
@@ -240,6 +313,43 @@ def run_logging(log_file: Optional[Path], verbose: bool = False, console_level: 
         root.setLevel(root_level)
         _project.setLevel(project_level)
         hf.setLevel(hf_level)
+        _ENGINE_OUTPUT.clear()
+        _ENGINE_OUTPUT.update(saved_engine)
+
+
+#: where :func:`engine_output_to_log` sends the engines' stderr: the active :func:`run_logging`'s log file and
+#: verbosity
+_ENGINE_OUTPUT: dict = {}
+
+
+@contextlib.contextmanager
+def engine_output_to_log() -> Iterator[None]:
+    """While the block runs, the process's stderr (file descriptor 2 and ``sys.stderr``: what engines print
+    themselves, tqdm bars, the output of the programs they run) is appended to the active :func:`run_logging`'s log
+    file (``os.devnull`` without one), unless that is ``verbose``. Outside :func:`run_logging` it changes nothing."""
+    if not _ENGINE_OUTPUT or _ENGINE_OUTPUT.get("verbose"):
+        yield
+        return
+    target = _ENGINE_OUTPUT.get("log_file") or os.devnull
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError:
+        os.close(saved)
+        yield
+        return
+    python_stderr = sys.stderr
+    try:
+        os.dup2(fd, 2)
+        os.close(fd)
+        sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)  # whatever sys.stderr was
+        yield
+    finally:
+        sys.stderr.flush()
+        sys.stderr = python_stderr
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 @contextlib.contextmanager

@@ -93,6 +93,7 @@ class RunDir:
     AUDIT = "audit.json"
     RESULTS = "results.json"
     METRICS = "metrics.jsonl"
+    LAYOUTS = "layouts.jsonl"
     WANDB_ID = "wandb_id.txt"
     TRAINER_LOG = "trainer_log.csv"
     MANIFEST_PARQUET = "manifest.parquet"
@@ -203,6 +204,21 @@ class RunDir:
         return self.path / self.METRICS
 
     @property
+    def layouts(self) -> Path:
+        """``layouts.jsonl``: one line per trained segment, ``{"from_step", "to_step", "world_size", ...}``, the
+        device layout that trained it (a run may resume on another one)."""
+        return self.path / self.LAYOUTS
+
+    def read_layouts(self) -> List[dict]:
+        """``layouts.jsonl`` as a list of dicts in file order; ``[]`` if absent.
+
+        :raises DataError: for a malformed line, naming the file and line (:func:`~pretrain_exp.core.io.read_jsonl`).
+        """
+        from pretrain_exp.core.io import read_jsonl
+
+        return [rec for _, rec in read_jsonl(self.layouts)] if self.layouts.is_file() else []
+
+    @property
     def wandb_id(self) -> Path:
         """``wandb_id.txt``: the W&B run id a resumed run continues."""
         return self.path / self.WANDB_ID
@@ -301,6 +317,16 @@ class RunDir:
         """The kept HF exports ``hf/step<N>/`` (folders; with ``marker``, those holding that file, e.g.
         ``config.json``) as ``[(N, path), ...]`` by step."""
         return [(s, d) for s, d in step_dirs(self.hf, marker=marker) if d.is_dir()]
+
+    def hf_models(self, start_step: int = 0) -> Dict[int, Path]:
+        """Global step -> HF model dir of every kept model, sorted by step: the HF exports ``hf/step<N>/`` and the
+        HF Trainer's ``checkpoints/checkpoint-<k>/`` holding a ``config.json`` (global step ``start_step + k``, the
+        run's ``model.checkpoint_step`` plus the Trainer's count); an export wins over a checkpoint of its step."""
+        found: Dict[int, Path] = dict(self.hf_exports(marker="config.json"))
+        for k, d in self.checkpoint_dirs(self.HF_CHECKPOINT, marker="trainer_state.json"):
+            if (d / "config.json").is_file():
+                found.setdefault(start_step + k, d)
+        return dict(sorted(found.items()))
 
     @property
     def dynamic(self) -> Path:

@@ -151,7 +151,7 @@ class RunDirLock:
                     slurm = f", SLURM job {rec['slurm_job']}" if rec.get("slurm_job") else ""
                     raise LaunchError(f"run dir {self.path.parent} is in use by pid {rec.get('pid')} on host "
                                       f"{rec.get('host')}{slurm} (since {since}; lock file {self.path}); wait for it "
-                                      "to end or use another run dir (hydra.run.dir=...)")
+                                      "to end, or give this run its own run dir: name=<new name>")
                 log.warning("taking over the stale lock of %s (pid %s on %s): %s", self.path.parent, rec.get("pid"),
                             rec.get("host"), why)
                 with contextlib.suppress(FileNotFoundError):

@@ -29,6 +29,7 @@ import numpy as np
 
 from pretrain_exp.core.errors import ConfigError, DataError
 from pretrain_exp.core.io import file_lock
+from pretrain_exp.core.logs import rate
 from pretrain_exp.data.order import DataOrder
 from pretrain_exp.data.remote import DEFAULT_THREADS, _progress, changed_size_error, redact
 from pretrain_exp.data.token_files import TokenFiles
@@ -236,8 +237,8 @@ def _prefetch_ranges(files: TokenFiles, ranges: Ranges, threads: int, chunk_byte
             files._present[fi] = present[fi]
         stats.requests = files.reader.requests - requests_before
         stats.seconds = time.monotonic() - t0
-    log.info("window prefetch: %.1f MB in %d requests, %.1f s (%.1f MB/s)", stats.fetched_bytes / 1e6,
-             stats.requests, stats.seconds, stats.mb_per_s)
+    log.info("window prefetch: %.1f MB in %d requests, %.1f s%s", stats.fetched_bytes / 1e6,
+             stats.requests, stats.seconds, rate(stats.fetched_bytes / 1e6, stats.seconds, "MB", "{:.1f}"))
     return stats
 
 

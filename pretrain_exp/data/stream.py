@@ -52,7 +52,9 @@ import numpy as np
 
 from pretrain_exp.core.commands import stop_process
 from pretrain_exp.core.errors import DataError
+from pretrain_exp.core.interrupt import OWN_GROUP, track
 from pretrain_exp.core.io import write_json
+from pretrain_exp.core.logs import child_logging, rate
 
 log = logging.getLogger(__name__)
 
@@ -290,8 +292,8 @@ class WindowStream:
             if (root / "pyproject.toml").is_file():  # a checkout (an installed package is found as it is)
                 env["PYTHONPATH"] = str(root) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
             want_path(self.progress).unlink(missing_ok=True)  # an earlier run's reader
-            self.proc = subprocess.Popen([sys.executable, "-m", "pretrain_exp.data.stream", str(spec_path)],
-                                         stdin=subprocess.DEVNULL, env=env, pass_fds=(fd,))
+            self.proc = track(subprocess.Popen([sys.executable, "-m", "pretrain_exp.data.stream", str(spec_path)],
+                                               stdin=subprocess.DEVNULL, env=env, pass_fds=(fd,), **OWN_GROUP))
             atexit.register(self.close)
             # the first progress record before anyone waits on it (the child rewrites it from here on)
             _write_progress(self.progress, self.key, self.first_row, self.first_row + self.num_rows,
@@ -447,8 +449,8 @@ class _Streamer:
         self.ready_row = self.end_row
         self.write("done")
         secs = time.monotonic() - t0
-        log.info("window stream: rows [%d, %d) complete: %.1f MB fetched in %.1f s (%.1f MB/s)", self.first_row,
-                 self.end_row, fetched / 1e6, secs, fetched / 1e6 / max(secs, 1e-9))
+        log.info("window stream: rows [%d, %d) complete: %.1f MB fetched in %.1f s%s", self.first_row,
+                 self.end_row, fetched / 1e6, secs, rate(fetched / 1e6, secs, "MB", "{:.1f}"))
 
 
 def _watch_parent(parent: int) -> None:
@@ -466,7 +468,7 @@ def main(argv=None) -> None:
 
     argv = sys.argv[1:] if argv is None else argv
     spec = json.loads(Path(argv[0]).read_text())
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    child_logging()
     threading.Thread(target=_watch_parent, args=(int(spec["parent"]),), daemon=True).start()
     files = TokenFiles(spec["paths"], np.dtype(spec["dtype"]), cache_dir=spec["cache_dir"], progress=False)
     order = DataOrder(files, spec["sequence_length"], spec["global_batch_size"], spec["seed"], spec["first_epoch"],

@@ -37,6 +37,7 @@ import numpy as np
 
 from pretrain_exp.core.errors import CheckpointError
 from pretrain_exp.core.io import write_json
+from pretrain_exp.core.logs import MEASURABLE_S, rate
 from pretrain_exp.data.order import step_row_offset
 
 log = logging.getLogger(__name__)
@@ -273,6 +274,9 @@ _WORKER: dict = {}  #: a pool worker's index, row reader, L and block size (set 
 
 def _init_worker(index: ItemIndex, read_row: Callable[[int], np.ndarray], sequence_length: int,
                  block_tokens: int) -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C stops the run, which stops the pool (no tracebacks)
     _WORKER.update(index=index, read_row=read_row, L=sequence_length, block=block_tokens)
 
 
@@ -476,7 +480,7 @@ class AuditResult:
         return {"mode": mode, "ngram": self.n, "source": SOURCE, "plan_digest": self.plan_digest,
                 "window_rows": self.window.rows, "window_tokens": self.window.tokens,
                 "held_out_rows": self.held_out.rows, "held_out_tokens": self.held_out.tokens,
-                "seconds": seconds, "tokens_per_s": scanned / seconds if seconds > 0 else None,
+                "seconds": seconds, "tokens_per_s": scanned / seconds if seconds >= MEASURABLE_S else None,
                 "contaminated_controls": self.contaminated_controls(plan), "items": items}
 
     def save(self, path: str | Path, plan, mode: str) -> None:
@@ -537,8 +541,8 @@ def audit_plan(plan, read_row: Callable[[int], np.ndarray], window_rows: np.ndar
     held = scan_rows(index, row_blocks(read_row, held_out_rows, L, block_tokens), L)
     res = AuditResult(n, window, held, index.ngrams, index.lengths, plan.digest())
     secs = window.seconds + held.seconds
-    log.info("audit: %d items against %d window + %d held-out tokens (%d-grams) in %.1f s (%.2e tokens/s, %d "
-             "process(es)); %d items occur in the window, %d controls among them", plan.num_items, window.tokens,
-             held.tokens, n, secs, (window.tokens + held.tokens) / max(secs, 1e-9), max(1, workers),
+    log.info("audit: %d items against %d window + %d held-out tokens (%d-grams) in %.1f s%s, %d process(es); %d "
+             "items occur in the window, %d controls among them", plan.num_items, window.tokens,
+             held.tokens, n, secs, rate(window.tokens + held.tokens, secs, "tokens", "{:.2e}"), max(1, workers),
              sum(res.found_in_window(i) for i in range(plan.num_items)), len(res.contaminated_controls(plan)))
     return res

@@ -38,7 +38,9 @@ import numpy as np
 
 from pretrain_exp.core.commands import stop_process
 from pretrain_exp.core.errors import InsertionError
+from pretrain_exp.core.interrupt import OWN_GROUP, track
 from pretrain_exp.core.io import write_json
+from pretrain_exp.core.logs import child_logging
 from pretrain_exp.insertion.audit import AuditResult
 
 log = logging.getLogger(__name__)
@@ -97,8 +99,9 @@ class BackgroundAudit:
         if (root / "pyproject.toml").is_file():  # a checkout (an installed package is found as it is)
             env["PYTHONPATH"] = str(root) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.started = time.monotonic()
-        self.proc = subprocess.Popen([sys.executable, "-m", "pretrain_exp.insertion.audit_job",
-                                      str(self.tmp / "spec.json")], env=env, stdin=subprocess.DEVNULL)
+        self.proc = track(subprocess.Popen([sys.executable, "-m", "pretrain_exp.insertion.audit_job",
+                                            str(self.tmp / "spec.json")], env=env, stdin=subprocess.DEVNULL,
+                                           **OWN_GROUP))
         atexit.register(self.close)
         log.info("audit: %d items against %d window rows and %d held-out rows, beside training (process %d, %d "
                  "scanning process(es) at lower priority)", self.plan.num_items,
@@ -196,7 +199,7 @@ def main(argv=None) -> None:
     its message to ``error.txt`` beside the spec and exit with status 1."""
     argv = sys.argv[1:] if argv is None else argv
     spec_path = Path(argv[0])
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    child_logging(quiet=True)  # the run logs the audit's counts and seconds when it collects it
     try:
         os.nice(NICE)
     except OSError:

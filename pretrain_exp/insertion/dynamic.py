@@ -402,8 +402,8 @@ def apply_additions(plan, record: dict, path: Path | str = "dynamic record"):
         another config or plan), naming the file.
     """
     if record["plan_digest"] != plan.digest():
-        raise CheckpointError(f"{path}: decided on another plan than this config's; use a new run dir "
-                              "(hydra.run.dir=...) or restore the original config")
+        raise CheckpointError(f"{path}: decided on another plan than this config's; restore the original config "
+                              "and inputs to resume that run, or give this run its own run dir: name=<new name>")
     return extend_plan(plan, np.asarray(record["item_ids"], np.int64), np.asarray(record["positions"], np.int64))
 
 

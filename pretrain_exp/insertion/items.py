@@ -36,7 +36,7 @@ import numpy as np
 
 from pretrain_exp.core.errors import ConfigError, DataError, InsertionError
 from pretrain_exp.core.io import read_jsonl
-from pretrain_exp.core.logs import phase_progress
+from pretrain_exp.core.logs import phase_progress, rate
 from pretrain_exp.insertion.schema import EosPolicy, InsertionExperimentConf, PlacementKind, parse_repetitions
 
 __all__ = ["Item", "ItemSet", "LoadContext", "RawItem", "apply_eos", "apply_eos_csr", "assign_dup_counts",
@@ -225,8 +225,7 @@ def encode_texts(texts: Sequence[str], tokenizer, what: str, batch: Optional[int
             progress(b)
     ids = np.concatenate(parts) if parts else np.empty(0, np.int64)
     dt = time.perf_counter() - t0
-    log.info(f"{what}: tokenized {len(texts):,} texts, {ids.size:,} tokens in {dt:.1f} s "
-             f"({ids.size / max(dt, 1e-9):,.0f} tokens/s)")
+    log.info(f"{what}: tokenized {len(texts):,} texts, {ids.size:,} tokens in {dt:.1f} s{rate(ids.size, dt, 'tokens')}")
     return ids, lengths
 
 

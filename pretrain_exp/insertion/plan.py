@@ -199,6 +199,35 @@ class Plan:
             raise InsertionError(f"cannot withhold {unknown}: the plan's experiments are {self.experiments}")
         return self.select([n for n in self.experiments if n not in set(names)])
 
+    def then(self, later: "Plan") -> "Plan":
+        """This plan's items and spans, then those of ``later`` (a run continued from this plan's run, whose window
+        starts where this one's ends): item ids of ``later`` are shifted by :attr:`num_items`, its experiments
+        follow this plan's, the window spans both. What a continued run's evals measure
+        (:mod:`pretrain_exp.app.parent`); every span keeps its global token position.
+
+        :raises InsertionError: for another sequence length or global batch size, or an experiment in both.
+        """
+        if (later.sequence_length, later.global_batch_size) != (self.sequence_length, self.global_batch_size):
+            raise InsertionError(f"cannot join plans of L x B {self.sequence_length} x {self.global_batch_size} and "
+                                 f"{later.sequence_length} x {later.global_batch_size}")
+        both = sorted(set(self.experiments) & set(later.experiments))
+        if both:
+            raise InsertionError(f"cannot join plans that both hold experiment(s) {both}")
+        ids = np.concatenate([self.span_item_ids, later.span_item_ids + self.num_items]).astype(np.int32)
+        positions = np.concatenate([self.span_positions, later.span_positions])
+        by_pos = np.argsort(positions, kind="stable")
+        return Plan(self.sequence_length, self.global_batch_size, (min(self.window[0], later.window[0]),
+                    max(self.window[1], later.window[1])), self.experiments + later.experiments,
+                    token_offsets=np.concatenate([self.token_offsets, later.token_offsets[1:] + self.tokens.size]),
+                    tokens=np.concatenate([self.tokens, later.tokens.astype(self.tokens.dtype)]),
+                    item_experiment=np.concatenate([self.item_experiment,
+                                                    later.item_experiment + len(self.experiments)]).astype(np.int32),
+                    item_dup_count=np.concatenate([self.item_dup_count, later.item_dup_count]).astype(np.int32),
+                    span_positions=positions[by_pos], span_item_ids=ids[by_pos],
+                    span_dup_index=np.concatenate([self.span_dup_index, later.span_dup_index])[by_pos],
+                    item_noise_seed=np.concatenate([self.item_noise_seed, later.item_noise_seed]),
+                    noise_sigma={**self.noise_sigma, **later.noise_sigma})
+
     def save(self, path: str | Path) -> None:
         """Write ``plan.npz`` atomically (no pickled objects)."""
         atomic_write(Path(path), lambda f: np.savez(

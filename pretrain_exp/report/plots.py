@@ -107,7 +107,9 @@ _LOSS_KEY = re.compile(r"^(?P<exp>.+)/dup(?P<dup>\d+)/mean_loss$")
 
 def plot_loss_vs_step(results: dict, path: Path):
     """PNG of mean insertion loss vs global step, one line per experiment and dup count, from every evaluated
-    step (``results["by_step"]``): learning while an item is inserted, forgetting after its last insertion."""
+    step (``results["by_step"]``): learning while an item is inserted, forgetting after its last insertion. A
+    continued run's ``by_step`` holds its parent's steps too (:mod:`pretrain_exp.app.parent`): a dotted line marks
+    the parent's last step, where this run starts."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -120,16 +122,20 @@ def plot_loss_vs_step(results: dict, path: Path):
                 m = _LOSS_KEY.match(key)
                 if m and not missing(value):
                     series.setdefault((m["exp"], int(m["dup"])), []).append((int(step), value))
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    fig, ax = plt.subplots(figsize=(6.8, 3.8))
     multi = len({e for e, _ in series}) > 1
     for (exp, dup), pts in sorted(series.items()):
         pts.sort()
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{exp + ' ' if multi else ''}dup {dup}")
+    parent, name = results.get("parent"), results.get("run_name")
+    if parent:
+        ax.axvline(parent["step"], color="0.4", linestyle=":", linewidth=1, label=f"continued at step {parent['step']}")
+        name = f"{name}, continuing {parent.get('run_name') or 'its parent'}"
     ax.set_xlabel("global step")
     ax.set_ylabel("mean loss per token (nats)")
-    set_titles(ax, "mean insertion loss by global step", results.get("run_name"))
-    if series:
-        ax.legend(fontsize=8)
+    set_titles(ax, "mean insertion loss by global step", name)
+    if series:  # beside the axes: the lines may fill any corner (a continued run's curves fall, then rise)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     save_png(fig, path)

@@ -37,8 +37,11 @@ A sweep dir gives one bundle per finished job, ``<out>/<job dir name>/``, pushed
 
 Push (:func:`push_bundle`) goes through ``huggingface_hub``'s public API: ``create_repo`` (a model and a dataset repo
 of the same id), ``upload_folder`` of ``model/`` to ``--revision`` (default ``main``) and of ``dataset/``, and
-``create_branch`` + ``upload_folder`` per revision. The token is ``huggingface_hub``'s own (``HF_TOKEN`` or ``hf auth
-login``); it is never read into a file or a message here.
+``create_branch`` + ``upload_folder`` per revision. Repos and branches that exist are pushed to as they are (the Hub
+answers ``409`` to creating them): the bundle's files replace those of the same path, other files stay, unchanged files
+are not sent again (a repeated push commits nothing); an existing public repo is refused with ``--private``, which
+would not make it private. The token is ``huggingface_hub``'s own (``HF_TOKEN`` or ``hf auth login``); it is never
+read into a file or a message here.
 """
 
 from __future__ import annotations
@@ -185,14 +188,9 @@ class LocalPaths:
 
 
 def model_dirs(run_dir: str | Path, config: dict) -> Dict[int, Path]:
-    """Global step -> HF model dir of every kept model of a run (module docstring), sorted by step."""
-    rd = RunDir(run_dir)
-    found: Dict[int, Path] = dict(rd.hf_exports(marker="config.json"))
-    start = int((config.get("model") or {}).get("checkpoint_step") or 0)
-    for k, d in rd.checkpoint_dirs(RunDir.HF_CHECKPOINT, marker="trainer_state.json"):
-        if (d / "config.json").is_file():
-            found.setdefault(start + k, d)
-    return dict(sorted(found.items()))
+    """Global step -> HF model dir of every kept model of a run (module docstring), sorted by step
+    (:meth:`RunDir.hf_models <pretrain_exp.core.rundir.RunDir.hf_models>`)."""
+    return RunDir(run_dir).hf_models(int((config.get("model") or {}).get("checkpoint_step") or 0))
 
 
 def _model_files(src: Path) -> List[Path]:
@@ -702,7 +700,9 @@ def push_bundle(bundle: str | Path, repo_id: str, private: bool = False, revisio
 
     :returns: ``{"model": commit url, "dataset": commit url, "branches": {name: commit url}}``.
     :raises PushError: offline, without a token, for a refused token or any failed request; the bundle is left as
-        it is, so the same command retries (files already on the Hub are skipped by ``huggingface_hub``).
+        it is, so the same command retries (files already on the Hub are skipped by ``huggingface_hub``). With
+        ``private``, also for an existing public repo (``create_repo`` leaves an existing repo as it is), before
+        anything is uploaded.
     """
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -715,7 +715,12 @@ def push_bundle(bundle: str | Path, repo_id: str, private: bool = False, revisio
     msg = f"pretrain_exp release of {rec['run_name']} (plan sha256 {rec['plan_sha256'][:12]})"
     out: Dict[str, Any] = {"branches": {}}
     try:
-        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+        for kind in ("model", "dataset"):  # an existing repo is kept as it is (the Hub answers 409)
+            api.create_repo(repo_id, private=private, exist_ok=True, repo_type=kind)
+            if private and not api.repo_info(repo_id, repo_type=kind).private:
+                raise PushError(f"{kind} repo {repo_id} exists and is public, and --private (release.private) does "
+                                "not change an existing repo: make it private on the Hub, or push without --private "
+                                "(release.private=false); nothing was uploaded")
         if revision != "main":
             api.create_branch(repo_id, branch=revision, exist_ok=True)
         out["model"] = api.upload_folder(repo_id=repo_id, folder_path=bundle / "model", revision=revision,
@@ -724,9 +729,10 @@ def push_bundle(bundle: str | Path, repo_id: str, private: bool = False, revisio
             api.create_branch(repo_id, branch=name, exist_ok=True)
             out["branches"][name] = api.upload_folder(repo_id=repo_id, folder_path=bundle / "revisions" / name,
                                                       revision=name, commit_message=f"{msg}: {name}").commit_url
-        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="dataset")
         out["dataset"] = api.upload_folder(repo_id=repo_id, repo_type="dataset", folder_path=bundle / "dataset",
                                            commit_message=msg).commit_url
+    except PushError:
+        raise
     except HfHubHTTPError as e:
         status = getattr(e.response, "status_code", None)
         why = ("the Hub refused the token (HTTP {}): log in again with `hf auth login` or set HF_TOKEN to a token "

@@ -27,7 +27,7 @@ from tests.gpu.test_gpu_scale import cli
 pytestmark = [pytest.mark.gpu, pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-BF16_LOSS_TOL = 1e-2  #: |loss - OLMo-core's loss| of the continued step (module docstring)
+BF16_LOSS_TOL = 1e-3  #: |loss - OLMo-core's loss| of the continued step (module docstring: far below it)
 GPU_BF16 = ("--device", "cuda", "--bf16")
 
 

@@ -52,7 +52,8 @@ def test_float8_config_converts_the_linear_layers_and_keeps_the_loss():
         with torch.autocast("cuda", dtype=autocast.as_pt()):
             loss = m(ids[:, :-1], labels=ids[:, 1:]).loss
         loss.backward()
-        assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
+        grads = [p.grad for p in m.parameters() if p.grad is not None]
+        assert len(grads) == len(list(m.parameters())) and all(g.is_cuda and torch.isfinite(g).all() for g in grads)
         losses.append(loss.item())
     assert losses[1] == pytest.approx(losses[0], rel=0.01), losses
 

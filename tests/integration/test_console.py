@@ -5,10 +5,13 @@ engine progress bars or loss dicts, no harmless engine warnings), the engines' d
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
+from tests.conftest import CACHE_DIR
 from tests.integration.test_cli import cli
+from tests.terminal import in_terminal
 
 #: a line of the console that only the engines print (model repr, parameter groups, callback order, their own
 #: progress bars, the HF Trainer's loss dicts, Python warnings)
@@ -32,12 +35,13 @@ def _step_lines(lines: list) -> list:
 def test_olmo_core_console_is_one_line_per_step_and_the_log_file_holds_the_engine(tmp_path):
     """``framework=olmo_core training=tiny insertion=fictional_bios_small`` (12 steps in 3 segments, 3 evals): 769
     console lines on the engines' defaults (OLMo-core's model repr at every HF export, its parameter groups, callback
-    order and multi-line metric blocks), 39 here."""
+    order and multi-line metric blocks), 39 here with the order and audit cached, up to 52 with a cache of its own
+    (the permutation built, the audit beside training started and collected)."""
     runs = tmp_path / "runs"
     proc = cli("framework=olmo_core", "training=tiny", "insertion=fictional_bios_small", "wandb=disabled",
                "training.num_threads=1", runs=runs)
     lines = _console(proc)
-    assert len(lines) <= 50, "\n".join(lines)
+    assert len(lines) <= 52, "\n".join(lines)
     assert not [line for line in lines if ENGINE_NOISE.search(line)], "\n".join(lines)
     assert _step_lines(lines) == list(range(1, 13)), "\n".join(lines)
     for kept in ("plan: 16 items", "verified plan:", "evaluating step 12:", "insertion loss at step 12",
@@ -81,3 +85,43 @@ def test_resumed_hf_segments_print_no_missing_keys_or_engine_output(tmp_path):
     assert "tokenizer has new PAD/BOS/EOS tokens" in shown and "Loading weights" in shown
     assert "missing keys" not in shown and "past_key_values" not in shown
     assert _step_lines(verbose) == [1, 2, 3, 4]
+
+
+#: what a terminal's console must not show: a logger prefix, a traceback, tqdm bars, git's complaint, a rate over
+#: an unmeasurable time
+NOT_ON_A_TERMINAL = re.compile(r"^\[\d{4}-\d\d-\d\d |\]\[pretrain_exp\.|Traceback|it/s\]|\d+%\||fatal:| 0\.0 s \(")
+
+
+@pytest.mark.slow
+def test_on_a_terminal_the_console_shows_bare_lines_and_the_log_file_the_full_format(tmp_path):
+    """``experiment=tiny`` and the lm-eval path on a pseudo-terminal: the project's lines without the logger's
+    prefix (``step 5/12: loss ...``), no engine output; the run's ``pretrain_exp.log`` keeps the full format and
+    what lm-eval's ``git describe`` said outside a repository."""
+    runs = tmp_path / "runs"
+    env = {"PRETRAIN_EXP_RUNS": str(runs), "PRETRAIN_EXP_CACHE": str(CACHE_DIR), "WANDB_SILENT": "true"}
+    con = in_terminal(["experiment=tiny", "wandb=disabled", "training.num_threads=1"], env)
+    assert con.rc == 0, con.raw[-3000:]
+    lines = con.lines
+    assert not [line for line in lines if NOT_ON_A_TERMINAL.search(line)], "\n".join(lines)
+    steps = [line for line in lines if line.startswith("step ")]
+    assert [int(re.match(r"step (\d+)/12: loss \d", s).group(1)) for s in steps] == list(range(1, 13)), steps
+    assert all(re.fullmatch(r"step \d+/12: loss [\d.]+, grad norm [\d.]+, lr [\d.e+-]+, [\d,]+ tokens/s", s)
+               for s in steps[:5]), steps[:5]
+    for kept in ("plan: 16 items", "verified plan:", "evaluating step 12:", "held-out perplexity"):
+        assert any(line.startswith(kept) for line in lines), kept
+    assert lines[-1].startswith("run dir: ")
+    run_dir = Path(lines[-1].split("run dir: ")[1])
+    assert "][pretrain_exp.app.console][INFO] - step 12/12: loss" in (run_dir / "pretrain_exp.log").read_text()
+
+    # lm-eval, from a folder outside any git repository: its git complaint and bars go to the log file
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    lm = in_terminal(["experiment=tiny", "training.num_steps=0", "eval=[lm_eval]",
+                      "eval.tasks.lm_eval.tasks=[arc_easy]", "eval.tasks.lm_eval.limit=2", "wandb=disabled",
+                      "training.num_threads=1"],
+                     env | {"GIT_CEILING_DIRECTORIES": str(tmp_path)}, cwd=outside)
+    assert lm.rc == 0, lm.raw[-3000:]
+    assert not [line for line in lm.lines if NOT_ON_A_TERMINAL.search(line)], "\n".join(lm.lines)
+    assert "evaluating step 0: lm_eval" in lm.lines
+    lm_dir = Path(lm.lines[-1].split("run dir: ")[1])
+    assert "fatal: not a git repository" in (lm_dir / "pretrain_exp.log").read_text()

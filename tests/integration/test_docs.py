@@ -18,6 +18,7 @@ composed and is skipped: :data:`SKIPPED_ARE` lists the kinds, and a test checks 
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import os
@@ -198,10 +199,60 @@ def test_the_docs_name_commands():
     assert len(skipped) <= 8, skipped  # placeholders stay the exception
 
 
+#: what validating a documented command may fail on here, where the command needs what only the reader has: the
+#: network (the checkpoint hosts and the Hub are unreachable offline; the error is the download's), a run an
+#: earlier documented command makes (``parent=runs/<name>``), or a path on the reader's machine
+OFFLINE_ERRORS = (r"^https?://\S+: download failed after \d+ consecutive attempts.*(URLError|Name or service)",
+                  r"^parent: \S+/runs/[\w.-]+ is not a run dir",
+                  r"^model\.path=/\S+: not an OLMo-core step<N> checkpoint")
+
+
+def validate_as_the_cli_does(cfg, overrides):
+    """What the CLI does with a composed config before it runs anything: :func:`pretrain_exp.app.validate.to_config`
+    with the command line's overrides (on the config without Hydra's node, as the task function gets it)."""
+    from omegaconf import OmegaConf
+
+    from pretrain_exp.app.validate import to_config
+
+    cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+    return to_config(cfg, list(overrides))
+
+
 @pytest.mark.parametrize("where,overrides", UNIQUE, ids=[w for w, _ in UNIQUE])
 def test_documented_command_composes(where, overrides, tmp_path, _hydra):
     cfg = _compose(overrides, tmp_path)
     assert cfg.framework.name and cfg.training is not None
+
+
+@pytest.mark.slow  # ~1 s a command (70 of them): the validation's plugins, tokenizers and checkpoint settings
+@pytest.mark.parametrize("where,overrides", UNIQUE, ids=[w for w, _ in UNIQUE])
+def test_documented_command_passes_the_clis_validation(where, overrides, tmp_path, _hydra, monkeypatch):
+    """Each documented command passes the CLI's validation; offline, a command that needs the network or what
+    only the reader has fails on that (:data:`OFFLINE_ERRORS`), never on its config."""
+    from pretrain_exp.core.errors import PretrainExpError
+    from pretrain_exp.core.retry import RetryPolicy
+
+    cfg = _compose(overrides, tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(RetryPolicy, "delay", lambda self, failures: 0.0)  # a download offline fails at once
+    try:
+        exp = validate_as_the_cli_does(cfg, overrides)
+    except PretrainExpError as e:
+        assert any(re.search(p, str(e)) for p in OFFLINE_ERRORS), f"{where}: {type(e).__name__}: {e}"
+    else:
+        assert exp.framework.name == cfg.framework.name
+
+
+@pytest.mark.slow  # the validation's plugins and checkpoint settings: ~5 s
+def test_a_validation_error_is_caught(tmp_path, _hydra):
+    """A documented line that composes but breaks a rule of the CLI's validation fails the check."""
+    from pretrain_exp.core.errors import ConfigError
+
+    bad = overrides_of("python -m pretrain_exp experiment=tiny training.precision=fp8")  # fp8 is OLMo-core's
+    with pytest.raises(ConfigError, match="training.precision"):
+        validate_as_the_cli_does(_compose(bad, tmp_path), bad)
+    ok = overrides_of("python -m pretrain_exp experiment=tiny")
+    assert validate_as_the_cli_does(_compose(ok, tmp_path), ok).name == "tiny"
 
 
 def test_a_composition_error_is_caught(tmp_path, _hydra):
@@ -300,8 +351,9 @@ def tiny_runs_root(tmp_path_factory):
     env = {**os.environ, "PRETRAIN_EXP_RUNS": str(root / "runs"), "WANDB_MODE": "disabled",
            "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-m", "pretrain_exp", "experiment=tiny", "wandb=disabled"], cwd=root,
-                         env=env, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-3000:]
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:]
+    (root / "console.txt").write_text(out.stdout, encoding="utf-8")  # what the run printed, in its order
     return root
 
 
@@ -310,12 +362,110 @@ def test_the_docs_have_snippets():
     assert any(w.startswith("docs/reference/") for w, _ in SNIPPETS)
 
 
+TINY_RUN = "runs/tiny-tiny_llama-step0-seed0"
+
+
+def _eval_table_lines(out, ns):
+    """The step x dup count table of mean insertion losses the pages print: one column per dup count of the
+    tiny run, one row per evaluated step (its evals/step<N>/)."""
+    import json
+
+    from pretrain_exp.core.rundir import RunDir
+
+    dups = sorted({r["dup_count"] for r in json.loads(open(f"{TINY_RUN}/results.json").read())["per_dup"]})
+    steps = [s for s, _ in RunDir(TINY_RUN).eval_steps()]
+    assert out[0].split() == ["dup_count", *map(str, dups)] and out[1].split() == ["step"], out
+    assert [int(line.split()[0]) for line in out[2:2 + len(steps)]] == steps, out
+    return out[2 + len(steps):]
+
+
+def _check_table(out, ns):
+    assert _eval_table_lines(out, ns) == []
+
+
+def _check_table_and_columns(out, ns):
+    rest = _eval_table_lines(out, ns)
+    columns = set(ast.literal_eval(rest[0])) if len(rest) == 1 else set()
+    assert {"item_id", "step", "eval", "experiment", "dup_count", "loss"} <= columns, rest
+
+
+def _check_rundir(out, ns):
+    """``step {task: record}`` per evaluated step, in step order, then the per-dup rows and the HF exports."""
+    steps = [s for s, _ in ns["rd"].eval_steps()]
+    assert steps == sorted(steps) and len(out) == len(steps) + 1, out
+    assert all(line.startswith(f"{s} {{'insertion_loss': {{") for s, line in zip(steps, out)), out
+    assert out[-1].startswith("[{'experiment': 'fictional_bios', 'dup_count': 0"), out[-1][:200]
+
+
+def _check_capabilities(out, ns):
+    """The comment's declaration, both capabilities held, the refusal of an insertion type's on a framework."""
+    assert out[:2] == ["Capabilities(kind='insertion type', names=frozenset({'embedding_noise'}))", "True True"]
+    assert len(out) == 3 and out[2].startswith("unknown framework capability 'embedding_noise'; known: ["), out
+
+
+def _check_items_per_group(out, ns):
+    """The page's table: items per group at alpha = 0.05, power 0.8, for sd 0.49."""
+    assert out == ["0.1 378", "0.2 96", "0.3 43", "0.5 17"]
+
+
+def _check_last_step(out, ns):
+    """One step, each item of the plan once, counted per experiment and dup count."""
+    import json
+
+    plan = json.loads(open(f"{TINY_RUN}/results.json").read())["plan"]
+    last = ns["last"]
+    assert last["step"].nunique() == 1 and len(last) == last["item_id"].nunique() == plan["num_items"]
+    assert out[0].split() == ["mean", "count"] and sum(int(line.split()[-1]) for line in out[2:]) == plan["num_items"]
+
+
+def _check_plan(out, ns):
+    """The plan's counts as results.json records them."""
+    import json
+
+    plan = json.loads(open(f"{TINY_RUN}/results.json").read())["plan"]
+    assert out == [f"{plan['num_items']} {plan['num_insertions']} {plan['inserted_tokens']} {plan['experiments']}"]
+
+
+def _check_per_dup(out, ns):
+    """A line per experiment and dup count, as results.json has them."""
+    rows = ns["results"]["per_dup"]
+    assert [line.split()[:3] for line in out] == [
+        [r["experiment"], str(r["dup_count"]), str(round(r["mean_loss"], 3))] for r in rows] and len(rows) >= 2
+
+
+#: what each ```python snippet of the docs prints, as the page around it says (a line of the snippet -> a check of
+#: its printed lines and its namespace); a snippet without one fails
+SNIPPET_OUTPUT = {
+    'print(df[df["eval"] == "insertion_loss"].groupby(["step", "dup_count"])["loss"].mean().unstack())\n'
+    "print(df.columns.tolist())": _check_table_and_columns,
+    'print(df[df["eval"] == "insertion_loss"].groupby(["step", "dup_count"])["loss"].mean().unstack())': _check_table,
+    "for step, _ in rd.eval_steps():": _check_rundir,
+    "print(GaussianConf.capabilities)": _check_capabilities,
+    "print(delta, items_per_group(delta, sd, alpha=0.05, power=0.8))": _check_items_per_group,
+    'print(last.groupby(["experiment", "dup_count"])["loss"].agg(["mean", "count"]))': _check_last_step,
+    "print(plan.num_items, plan.num_insertions, int(plan.lengths.sum()), plan.experiments)": _check_plan,
+    'for row in results["per_dup"]:': _check_per_dup,
+}
+
+
+def snippet_check(code: str):
+    """The :data:`SNIPPET_OUTPUT` check of ``code`` (the first whose line it holds), or ``None``."""
+    return next((check for line, check in SNIPPET_OUTPUT.items() if line in code), None)
+
+
+def test_every_snippet_has_its_documented_output():
+    missing = [where for where, code in SNIPPETS if snippet_check(code) is None]
+    assert not missing, f"snippets without a check of what they print (SNIPPET_OUTPUT): {missing}"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("where,code", SNIPPETS, ids=[w for w, _ in SNIPPETS])
 def test_python_snippet_runs_on_the_tiny_run(where, code, tiny_runs_root, monkeypatch, capsys):
     monkeypatch.chdir(tiny_runs_root)
-    exec(compile(code, where, "exec"), {"__name__": "__docs__"})
-    assert capsys.readouterr().out.strip(), f"{where} printed nothing"
+    ns = {"__name__": "__docs__"}
+    exec(compile(code, where, "exec"), ns)
+    out = capsys.readouterr().out.strip().splitlines()
+    snippet_check(code)(out, ns)
 
 
 @pytest.mark.slow
@@ -326,9 +476,328 @@ def test_the_docs_build_without_warnings(tmp_path):
         if os.environ.get("CI"):
             pytest.fail("the docs extra is not installed (make test installs it: pip install -e '.[docs]')")
         pytest.skip("the docs extra is not installed (pip install -e '.[docs]')")
+    sources = _doc_sources()
     out = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-n", "-q", "-b", "html",
                           "-d", str(tmp_path / "doctrees"), str(DOCS), str(tmp_path / "html")],
                          cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert out.returncode == 0, (out.stdout + out.stderr)[-6000:]
     assert (tmp_path / "html" / "reference" / "config.html").is_file()
+    assert _doc_sources() == sources, "the docs build changed files under docs/"
     shutil.rmtree(tmp_path / "html", ignore_errors=True)
+
+
+def _doc_sources():
+    """Path -> content of every source file under docs/ (the build output and caches left out)."""
+    return {p: p.read_bytes() for p in DOCS.rglob("*")
+            if p.is_file() and "_build" not in p.parts and "__pycache__" not in p.parts}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the reference pages are committed, generated Markdown (docs/reference_pages.py, make reference)
+
+
+def _reference_pages():
+    spec = importlib.util.spec_from_file_location("reference_pages", DOCS / "reference_pages.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_config_reference_is_committed_and_current():
+    """``docs/reference/config.md`` holds every field of the schema in the file itself (it reads on the repository
+    host, without a build) and equals what the dataclasses generate now; when stale, the message names the command
+    that refreshes it."""
+    pages = _reference_pages()
+    page = DOCS / "reference" / "config.md"
+    text = page.read_text(encoding="utf-8")
+    assert [m.group("what") for m in pages.REGION.finditer(text)] == ["config-schema"]
+    for row in ("| `training.num_steps` |", "| `insertion.experiments.<name>.repetitions` |", "| option | what |"):
+        assert row in text, row
+    assert pages.refreshed(text) == text, f"{page.relative_to(ROOT)} is stale: run {pages.REFRESH}"
+
+
+def test_a_stale_page_is_told_with_the_command_that_refreshes_it(tmp_path):
+    """The check would catch a field added to a dataclass: a page whose generated table lacks a row is stale."""
+    pages = _reference_pages()
+    text = (DOCS / "reference" / "config.md").read_text(encoding="utf-8")
+    stale = tmp_path / "config.md"
+    stale.write_text(text.replace("| `training.num_steps` |", "| `training.no_such_field` |"), encoding="utf-8")
+    assert pages.stale_pages([stale]) == [stale]
+    assert pages.stale_pages([stale], write=True) == [stale]
+    assert stale.read_text(encoding="utf-8") == pages.refreshed(text) and pages.stale_pages([stale]) == []
+    assert "make reference" in pages.REFRESH
+
+
+@pytest.mark.slow
+def test_the_command_reference_is_committed_and_current():
+    """``docs/reference/commands.md`` holds every command's ``--help`` text, equal to what the commands print now
+    (``python docs/reference_pages.py --check``: it runs them)."""
+    text = (DOCS / "reference" / "commands.md").read_text(encoding="utf-8")
+    pages = _reference_pages()
+    helped = [m.group("what") for m in pages.REGION.finditer(text)]
+    scripts = re.findall(r"^\| `(pretrain-exp[\w-]*)` \| `([\w. -]+)` \|", text, re.M)
+    assert len(scripts) >= 9
+    assert {f"command-help: {module}" for _, module in scripts} == set(helped)
+    assert text.count("usage: ") >= len(scripts) - 1  # Hydra's help says "Usage:"
+    out = subprocess.run([sys.executable, str(DOCS / "reference_pages.py"), "--check"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+
+
+def test_read_the_docs_builds_the_site_as_make_docs_does():
+    """``.readthedocs.yaml``: Sphinx on ``docs/conf.py`` with warnings as errors (``make docs``'s ``-W``; conf.py is
+    nitpicky itself), the project installed with the extras the build imports, a Python the project supports."""
+    import yaml
+
+    rtd = yaml.safe_load((ROOT / ".readthedocs.yaml").read_text(encoding="utf-8"))
+    make = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert rtd["version"] == 2
+    assert rtd["sphinx"]["configuration"] == "docs/conf.py" and rtd["sphinx"]["fail_on_warning"] is True
+    assert re.search(r"^docs:.*\n\t\$\(PY\) -m sphinx -W .* docs docs/_build/html", make, re.M)
+    assert "nitpicky = True" in (DOCS / "conf.py").read_text(encoding="utf-8")
+    (install,) = rtd["python"]["install"]
+    assert install["method"] == "pip" and install["path"] == "."
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    extras = set(re.findall(r"^([\w-]+) = \[", pyproject.split("[project.optional-dependencies]")[1].split("\n[")[0],
+                            re.M))
+    assert {"docs", "olmo"} <= set(install["extra_requirements"]) <= extras
+    major, minor = map(int, str(rtd["build"]["tools"]["python"]).split("."))
+    lowest = re.search(r'^requires-python = ">=(\d+)\.(\d+)"', pyproject, re.M).groups()
+    assert (major, minor) >= tuple(map(int, lowest))
+    pin = re.search(r"torch==([\d.]+)", make).group(1)
+    assert any(f"torch=={pin}" in cmd for cmd in rtd["build"]["jobs"]["pre_install"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# documented results of commands: run names and eval lists, composed
+
+
+def _commented_commands(marker: str):
+    """``(where, command, what the comment says)`` of each command line of a bash block whose ``# <marker> ...``
+    comment (on its line or the next) documents what it gives."""
+    found = []
+    for path in DOC_FILES:
+        rel = path.relative_to(ROOT)
+        for info, start, body in _blocks(path.read_text(encoding="utf-8")):
+            if info not in ("", "bash", "sh", "shell"):
+                continue
+            for n, line in enumerate(body):
+                cmd, _, comment = line.partition("  # ")
+                if not cmd.strip().startswith(COMMANDS):
+                    continue
+                if not comment and n + 1 < len(body) and body[n + 1].lstrip().startswith("# "):
+                    comment = body[n + 1].lstrip()[2:]
+                if comment.strip().startswith(marker):
+                    found.append((f"{rel}:{start + n}", cmd.strip(), comment.strip()[len(marker):].strip()))
+    return found
+
+
+def test_documented_run_names_are_the_run_names(tmp_path, _hydra):
+    """``# run dir: runs/<name>`` after a command is the run dir that command gets: the composed ``run_name``
+    (preset, model, step, seed) plus the suffix of its overrides (:func:`pretrain_exp.app.run_name.run_suffix`, what
+    ``${run_suffix:}`` gives in a Hydra run)."""
+    from pretrain_exp.app.run_name import run_suffix
+
+    documented = _commented_commands("run dir:")
+    assert len(documented) >= 4 and any("-texts-" in what for _, _, what in documented)
+    template = (ROOT / "conf" / "config.yaml").read_text(encoding="utf-8")
+    assert re.search(r"^run_name: .*\$\{run_suffix:\}$", template, re.M)  # the suffix ends the name
+    for where, cmd, what in documented:
+        overrides = overrides_of(cmd)
+        cfg = _compose(overrides, tmp_path)
+        name, suffix = str(cfg.run_name), run_suffix(overrides)
+        name = name if suffix and name.endswith(suffix) else name + suffix  # outside a Hydra run it resolves to ""
+        assert what.split()[0] == f"runs/{name}", f"{where}: {cmd} gives runs/{name}, the docs say {what}"
+
+
+def test_documented_eval_lists_are_what_hydra_composes(tmp_path, _hydra):
+    """``# eval.tasks: a, b`` after a command is exactly the list of tasks it composes (``eval=x`` replaces the
+    default list, ``+eval=x`` adds to it)."""
+    documented = _commented_commands("eval.tasks:")
+    assert any("+eval=" in cmd for _, cmd, _ in documented)
+    assert any(re.search(r"(?<![+\w])eval=\w", cmd) for _, cmd, _ in documented)
+    for where, cmd, what in documented:
+        tasks = [t.strip() for t in what.split("(")[0].split(",")]
+        got = list(_compose(overrides_of(cmd), tmp_path).eval.tasks)
+        assert got == tasks, f"{where}: {cmd} composes eval.tasks {got}, the docs say {tasks}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# what the tiny run prints and writes, against what the docs show of it
+
+#: the console forms the docs quote (an inline code span starting so)
+CONSOLE_FORMS = ("step ", "training steps ", "evaluating step ", "run dir: ")
+#: the logger prefix a console line may carry (``[time][logger][LEVEL] - ``)
+_PREFIX = re.compile(r"^\[[^\]]*\]\[[^\]]*\]\[[A-Z]+\] - ")
+
+
+def _console(root):
+    return [_PREFIX.sub("", line).rstrip() for line in (root / "console.txt").read_text(encoding="utf-8").splitlines()]
+
+
+def _form_regex(span: str) -> str:
+    """A documented console line as a regex: numbers, ``...``, ``<placeholders>`` and one-letter names (``a``,
+    ``N``) stand for any word, everything else is literal."""
+    span = re.sub(r"<[^>]*>", "<>", " ".join(span.split()))
+    out = []
+    for word in span.split(" "):
+        core, tail = re.match(r"^(.*?)([,:;]*)$", word).groups()
+        if re.fullmatch(r"[\d,./e+-]+|\.\.\.|<>|[a-zA-Z]", core) and re.search(r"[\d.<>]|^[a-zA-Z]$", core):
+            out.append(r"\S+" + re.escape(tail))
+        elif re.fullmatch(r"\d+/\d+", core) or re.fullmatch(r"[\d.,]+/\d+", core):
+            out.append(r"\S+" + re.escape(tail))
+        else:
+            out.append(re.escape(word))
+    return "^" + " ".join(out) + "$"
+
+
+def _documented_console_forms():
+    forms = set()
+    for path in (DOCS / "getting-started" / "quickstart.md", DOCS / "reference" / "commands.md",
+                 DOCS / "guides" / "evals.md"):
+        for span in re.findall(r"`([^`]+)`", _outside_blocks(path.read_text(encoding="utf-8"))):
+            if span.startswith(CONSOLE_FORMS) and re.search(r"\d|\.\.\.|<", span) and "=" not in span:
+                forms.add(span)
+    return sorted(forms)
+
+
+def test_the_console_forms_are_found():
+    forms = _documented_console_forms()
+    assert any(f.startswith("step ") and "loss" in f for f in forms), forms
+    assert any(f.startswith("run dir: ") for f in forms), forms
+    assert re.match(_form_regex("step 5/12: loss 10.35, grad norm 0.807, lr 4.14e-03, 1,173 tokens/s"),
+                    "step 1/12: loss 10.79, grad norm 0.438, lr 0.00e+00, 297 tokens/s")
+    assert not re.match(_form_regex("step 5/12: loss 10.35, grad norm 0.807"), "step 1/12: loss 10.79, norm 0.4")
+
+
+def _table_headers(lines):
+    """The column names of each rich table (its ``┃ a ┃ b ┃`` header lines)."""
+    return [tuple(c.strip() for c in line.strip().strip("┃").split("┃")) for line in lines
+            if line.strip().startswith("┃")]
+
+
+@pytest.mark.slow
+def test_the_tiny_run_prints_and_writes_what_the_docs_show(tiny_runs_root):
+    """The quickstart's and the command reference's console lines, run name, table columns and run-dir files, each
+    found in a real ``experiment=tiny`` run."""
+    console = _console(tiny_runs_root)
+    printed = "\n".join(console)
+    for form in _documented_console_forms():
+        assert any(re.match(_form_regex(form), line) for line in console), f"no console line is like `{form}`"
+    quick = (DOCS / "getting-started" / "quickstart.md").read_text(encoding="utf-8")
+    # the run name and the last line
+    (name,) = set(re.findall(r"`runs/(tiny-[^/`]+)/?`", quick))
+    last = [line for line in console if line.strip()][-1]
+    assert last == f"run dir: {tiny_runs_root / 'runs' / name}", last
+    # the results tables: the demo's, as the quickstart shows it, has the tiny run's columns
+    documented = [block for info, _, block in _blocks(quick) if any("┃" in line for line in block)]
+    assert documented and _table_headers(documented[0]) == _table_headers(console)[:len(_table_headers(documented[0]))]
+    for column in re.findall(r"^\| `([^`]+)`", quick, re.M):
+        assert column in printed, f"the quickstart explains the column `{column}`, which the run does not print"
+    # the files the quickstart names (a bare name anywhere in the run dir, `evals/step<N>/...` at every step)
+    run = tiny_runs_root / "runs" / name
+    steps = sorted(int(p.name[4:]) for p in (run / "evals").glob("step*"))
+    assert steps == [4, 8, 12]
+    files = {w for span in re.findall(r"`([^`\s]+)`", _outside_blocks(quick))
+             for w in [span] if not w.startswith(ROOTS + ("runs/", "../", "python", "make"))
+             and re.search(r"\.(jsonl|json|png|parquet|log|npz)$|^[a-z]+/$", w)}
+    assert {"manifest.jsonl", "results.json", "plots/loss_vs_dup.png", "metrics.jsonl"} <= files, files
+    for word in sorted(files):
+        if "<N>" in word:
+            assert all((run / word.replace("<N>", str(s))).exists() for s in steps), word
+        elif "/" in word:
+            assert (run / word).exists(), word
+        else:
+            assert next(run.rglob(word), None) is not None, word
+
+
+@pytest.mark.slow
+def test_documented_model_dirs_are_what_an_hf_run_keeps(tiny_runs_root):
+    """A model dir the docs hand to lm-eval (``pretrained=runs/<run>/...``) exists in an ``hf`` run (the tiny run,
+    ``<N>`` its last step) and holds an HF model; a dir the run does not keep (``hf/step<N>`` without
+    ``training.export_hf=every``) is caught."""
+    run = next((tiny_runs_root / "runs").iterdir())
+    dirs = [(path.name, d) for path in DOC_FILES for info, _, body in _blocks(path.read_text(encoding="utf-8"))
+            for line in body if line.lstrip().startswith("lm_eval ")
+            for d in re.findall(r"pretrained=runs/<run>/(\S+)", line)]
+    assert dirs
+    for where, rel in dirs:
+        model = run / rel.replace("<N>", "12")
+        assert (model / "config.json").is_file(), f"{where}: an hf run has no {rel} ({sorted(os.listdir(run))})"
+    assert not (run / "hf" / "step12" / "config.json").exists()
+
+
+@pytest.mark.slow
+def test_the_api_example_reads_one_step(tiny_runs_root, monkeypatch, capsys):
+    """The Python API page's first example counts each item once per dup group: it selects a step, so its ``count``
+    column is the items per dup count of ``items.jsonl``."""
+    import json
+
+    monkeypatch.chdir(tiny_runs_root)
+    (where, code) = next((w, c) for w, c in SNIPPETS if w.startswith("docs/reference/api.md"))
+    scope = {"__name__": "__docs__"}
+    exec(compile(code, where, "exec"), scope)
+    run = next((tiny_runs_root / "runs").iterdir())
+    per_dup = {}
+    for line in (run / "items.jsonl").read_text(encoding="utf-8").splitlines():
+        item = json.loads(line)
+        per_dup[item["dup_count"]] = per_dup.get(item["dup_count"], 0) + 1
+    frame = [v for k, v in scope.items() if k not in ("df", "pretrain_exp") and hasattr(v, "groupby")][-1]
+    counts = frame.groupby("dup_count")["item_id"].count().to_dict()
+    assert counts == per_dup, f"{where}: counts {counts}, items per dup count {per_dup}"
+
+
+@pytest.mark.slow
+def test_the_inspector_prints_what_the_docs_show(tiny_runs_root):
+    """The audit guide's inspector view of the tiny run (``step=2 row=4``): its span labels (experiment, item,
+    ``dup index`` 0-based as in the placements table) are the inspector's."""
+    guide = (DOCS / "guides" / "audit-and-inspect.md").read_text(encoding="utf-8")
+    shown = next(block for info, _, block in _blocks(guide) if any("⟦" in line for line in block))
+    flat = lambda lines: re.sub(r"\s+", " ", " ".join(line.strip("│ ") for line in lines))  # noqa: E731
+    labels = re.findall(r"⟦([^⟧]+)⟧", flat(shown))
+    assert labels
+    run = next((tiny_runs_root / "runs").iterdir())
+    out = subprocess.run([sys.executable, "-m", "pretrain_exp.inspect", str(run), "step=2", "row=4"],
+                         cwd=tiny_runs_root, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "COLUMNS": "112", "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert re.findall(r"⟦([^⟧]+)⟧", flat(out.stdout.splitlines())) == labels
+    # one term for one number: the span's label and the placements table both say "dup index" (0-based)
+    assert "┃ dup index ┃" in "\n".join(shown) and all(" dup index " in label for label in labels), labels
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the guides: what to type first, how it works last
+
+GUIDES = sorted((DOCS / "guides").glob("*.md"))
+#: implementation and test details: a test file, a source file, "tested", an API role
+IMPLEMENTATION = re.compile(r"`(?:tests/|benchmarks/[\w/]+\.py|(?:pretrain_exp|frameworks|evals)/[\w/]*\.py)[^`]*`"
+                            r"|\btested\b|\{py:[a-z]+\}")
+
+
+def _guide_problems(text: str):
+    """Why a guide does not lead with what to type or keeps implementation details outside its last section."""
+    lines = text.splitlines()
+    heads = [(i, line.strip()) for i, line in enumerate(lines) if line.startswith("## ")]
+    first_head = heads[0][0] if heads else len(lines)
+    first_block = next((i for i, line in enumerate(lines) if line.lstrip().startswith("```")), len(lines))
+    problems = []
+    if first_block > first_head:
+        problems.append("no command block before its first section")
+    if not heads or heads[-1][1] != "## How it works":
+        problems.append("its last section is not '## How it works'")
+    end = heads[-1][0] if heads and heads[-1][1] == "## How it works" else len(lines)
+    prose = _outside_blocks("\n".join(lines[:end])).splitlines()
+    problems += [f"line {n}: {m}" for n, line in enumerate(prose, 1) for m in IMPLEMENTATION.findall(line)]
+    return problems
+
+
+def test_each_guide_leads_with_what_to_type_and_ends_with_how_it_works():
+    """Every guide under docs/guides opens with the commands to type (a code block before its first section) and
+    keeps test files, source files and API roles to its last section, ``## How it works``."""
+    assert len(GUIDES) >= 10
+    bad = {g.name: p for g in GUIDES if (p := _guide_problems(g.read_text(encoding="utf-8")))}
+    assert not bad, bad
+    assert _guide_problems("# T\n\n## A\n\n```bash\nx\n```\n\nsee `tests/unit/x.py`\n") == [
+        "no command block before its first section", "its last section is not '## How it works'",
+        "line 9: `tests/unit/x.py`"]

@@ -37,8 +37,6 @@ def harness(*args: str, out: Path) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("setup", list(SETUPS))
 def test_killed_runs_rerun_to_bit_identical_results(setup, tmp_path):
-    if setup != "hf":
-        pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
     trials = TRIALS or TIER_TRIALS.get(setup, 0)
     [rep] = harness("--setup", setup, "--trials", str(trials), "--work", str(tmp_path), out=tmp_path / "r.json")
     print(f"{setup}: {rep['ok']}/{rep['n']} bit-identical in {rep['seconds']:.0f} s")  # shown with -s / -rA

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,12 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from pretrain_exp.frameworks.olmo_core.checkpoint import load_model
 from tests.conftest import CACHE_DIR, ROOT
-
-pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
-
-from pretrain_exp.frameworks.olmo_core.checkpoint import load_model  # noqa: E402
-from tests.unit.frameworks.olmo_core.test_framework import (  # noqa: E402
+from tests.unit.frameworks.olmo_core.test_framework import (
     RUN,
     assert_two_ranks_train_what_one_trains,
     trained_rows,
@@ -36,12 +32,6 @@ pytestmark = pytest.mark.slow
 #: 4 steps of 4 rows (one segment), 8 bios at dup counts 0/1/2/4, rows logged by every rank
 OLMO_CORE = [*(o for o in RUN if not o.startswith(("training.num_steps", "training.checkpoint_interval"))),
              "training.num_steps=4", "training.checkpoint_interval=4", "eval=[]"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cli_env(runs: Path, **extra: str) -> dict:
@@ -57,8 +47,14 @@ def run_cli(args, run_dir: Path, runs: Path) -> None:
 
 
 def run_two_nodes(args, run_dir: Path, runs: Path) -> None:
-    """Both nodes' CLI processes at once, as the two SLURM tasks of one job."""
-    port = str(free_port())
+    """Both nodes' CLI processes at once, as the two SLURM tasks of one job. The rendezvous store is this
+    process's, bound (to a port the system picks) before the nodes start and held until they end: each node's
+    torchrun finds the endpoint's port taken and connects to it as a client, as torch's c10d rendezvous backend
+    does where another process on the host holds the store (no port picked, released and bound again)."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True, wait_for_workers=False)
+    port = str(store.port)
     procs = []
     for node in (0, 1):
         env = cli_env(runs, SLURM_JOB_ID="4242", SLURM_JOB_NUM_NODES="2", SLURM_NODEID=str(node),
@@ -75,6 +71,7 @@ def run_two_nodes(args, run_dir: Path, runs: Path) -> None:
                     p.kill()
         time.sleep(0.5)
     outs = [p.communicate()[0] for p in procs]
+    del store  # held while the nodes ran
     for node, (p, out) in enumerate(zip(procs, outs)):
         logs = "".join(f.read_text() for f in sorted(run_dir.glob("torchrun/**/stderr.log")))
         assert p.returncode == 0, f"node {node}:\n{out[-3000:]}\n{logs[-3000:]}"

@@ -28,7 +28,7 @@ try:
 except ImportError:  # Python 3.10
     tomllib = None
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(tomllib is None, reason="reads pyproject.toml with tomllib")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(tomllib is None, reason="Python 3.10 has no tomllib")]
 
 TINY = ["experiment=tiny", "training.num_steps=2", "insertion.experiments.fictional_bios.repetitions=[0,1]",
         "wandb=disabled"]

@@ -112,6 +112,7 @@ def check_bundle(run_dir: Path, out: Path, steps: list, repo: str | None = None)
     transformers.AutoTokenizer.from_pretrained(out / "model")
 
 
+@pytest.mark.slow  # its fixture trains a tiny run through the CLI (a subprocess)
 def test_release_of_a_tiny_hf_run(hf_run, tmp_path):
     out = tmp_path / "bundle"
     proc = run_module("pretrain_exp.release", str(hf_run), str(out))
@@ -127,6 +128,7 @@ def test_release_of_a_tiny_hf_run(hf_run, tmp_path):
     assert bad.returncode == 2 and bad.stderr.startswith(f"error: {out} exists")
 
 
+@pytest.mark.slow  # its fixture trains a tiny run through the CLI (a subprocess)
 def test_bad_input_is_one_clear_error(hf_run, tmp_path):
     proc = run_module("pretrain_exp.release", str(tmp_path / "nope"), str(tmp_path / "out"), check=False)
     assert proc.returncode == 2 and proc.stderr.strip() == f"error: {tmp_path / 'nope'}: no such run or sweep dir"
@@ -183,6 +185,76 @@ def test_push_offline_refused_token_and_retry(hf_run, tmp_path):
         sent = {h.get("authorization") for m, _, h, _ in hub.requests if m == "POST"}  # every write
         assert sent == {f"Bearer {wrong}", f"Bearer {TOKEN}"}
     check_bundle(hf_run, out, steps=[2, 4], repo=REPO)
+
+
+def commit_paths(hub: HubServer, since: int = 0) -> list:
+    """The paths of the files the commit requests after ``hub.requests[since]`` carried (inline or LFS)."""
+    return sorted(json.loads(line)["value"]["path"] for m, p, _, body in hub.requests[since:]
+                  if m == "POST" and "/commit/" in p for line in body.decode().splitlines()
+                  if json.loads(line)["key"] in ("file", "lfsFile"))
+
+
+@pytest.mark.slow
+def test_push_to_an_existing_repo_and_branch_with_revision_and_license(hf_run, tmp_path):
+    """``--revision`` and ``--license`` on repos that already exist (``create_repo`` answers ``409``) and a branch
+    that exists with a file of its own (``create_branch`` answers ``409``): the final model lands on that branch,
+    beside its file, and ``main`` is left alone; the cards carry the license. The same push again commits nothing
+    (the Hub's preupload ``oid`` of each unchanged file); a bundle with another license commits only the cards.
+    ``--private`` is refused on the existing public repo, before anything is uploaded."""
+    from huggingface_hub import DatasetCard, HfApi, ModelCard
+    from huggingface_hub.errors import HfHubHTTPError
+
+    def tree(folder: Path) -> dict:
+        return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+    with HubServer(TOKEN) as hub:
+        api = HfApi(endpoint=hub.base, token=TOKEN)
+        api.create_repo(REPO)
+        api.create_repo(REPO, repo_type="dataset")
+        api.create_branch(REPO, branch="candidate")
+        api.upload_file(path_or_fileobj=b"kept\n", path_in_repo="NOTES.md", repo_id=REPO, revision="candidate")
+        with pytest.raises(HfHubHTTPError) as conflict:  # what the Hub answers for an existing repo / branch
+            api.create_repo(REPO)
+        assert conflict.value.response.status_code == 409
+        with pytest.raises(HfHubHTTPError) as conflict:
+            api.create_branch(REPO, branch="candidate")
+        assert conflict.value.response.status_code == 409
+
+        env = {"HF_ENDPOINT": hub.base, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_XET": "1",
+               "HF_HOME": str(tmp_path / "hf_home"), "HF_TOKEN": TOKEN}
+        push = ["--push", REPO, "--revision", "candidate"]
+        out = tmp_path / "apache"
+        private = run_module("pretrain_exp.release", str(hf_run), str(out), *push, "--license", "apache-2.0",
+                             "--private", env=env, check=False)  # would not make the existing public repo private
+        last = private.stderr.splitlines()[-1]  # after huggingface_hub's request log
+        assert private.returncode == 2 and last.startswith(f"error: model repo {REPO} exists and is public"), last
+        assert "--private" in last and hub.commits == [("model", REPO, "candidate")]  # the NOTES.md one
+        run_module("pretrain_exp.release", str(hf_run), str(out), *push, "--license", "apache-2.0", env=env)
+        model, dataset = hub.repos[("model", REPO)], hub.repos[("dataset", REPO)]
+        assert model["branches"]["main"] == {} and not model["private"]
+        assert model["branches"]["candidate"] == tree(out / "model") | {"NOTES.md": b"kept\n"}
+        revisions = json.loads((out / "release.json").read_text())["revisions"]
+        assert set(model["branches"]) == {"main", "candidate", *revisions}
+        assert dataset["branches"]["main"] == tree(out / "dataset")
+        for card in (ModelCard(model["branches"]["candidate"]["README.md"].decode()),
+                     ModelCard(model["branches"][next(iter(revisions))]["README.md"].decode()),
+                     DatasetCard(dataset["branches"]["main"]["README.md"].decode())):
+            assert card.data.license == "apache-2.0"
+            assert "`apache-2.0` (set with `--license`)" in card.text
+
+        commits, sent = len(hub.commits), len(hub.requests)
+        again = run_module("pretrain_exp.release", str(hf_run), str(out), *push, "--license", "apache-2.0", env=env)
+        assert f"pushed {REPO}" in again.stdout
+        assert len(hub.commits) == commits and commit_paths(hub, sent) == []
+
+        sent = len(hub.requests)
+        out_mit = tmp_path / "mit"
+        run_module("pretrain_exp.release", str(hf_run), str(out_mit), *push, "--license", "mit", env=env)
+        assert commit_paths(hub, sent) == sorted(["README.md"] * (2 + len(revisions)))
+        assert model["branches"]["candidate"] == tree(out_mit / "model") | {"NOTES.md": b"kept\n"}
+        assert ModelCard(model["branches"]["candidate"]["README.md"].decode()).data.license == "mit"
+        assert DatasetCard(dataset["branches"]["main"]["README.md"].decode()).data.license == "mit"
+        assert model["branches"]["main"] == {}
 
 
 @pytest.mark.slow
@@ -273,6 +345,7 @@ def reproduce_block(card_text: str) -> list:
     return section.split("```bash\n", 1)[1].split("```", 1)[0].strip().splitlines()
 
 
+@pytest.mark.slow  # its fixture trains a tiny run through the CLI (a subprocess)
 def test_release_card_names_the_code_and_the_bundle_files_and_no_local_path(file_run, tmp_path):
     from huggingface_hub import DatasetCard, ModelCard
 

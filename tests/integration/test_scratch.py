@@ -51,7 +51,6 @@ def rerun_from(run_dir: Path, copy: Path, keep_step: int, ckpt_glob: str, step_o
 
 
 def test_olmo_core_from_scratch_trains_resumes_and_memorizes_by_dup_count(tmp_path):
-    pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
     from pretrain_exp.frameworks.olmo_core.checkpoint import load_model
     from pretrain_exp.frameworks.olmo_core.presets import builder_config
 

@@ -1,7 +1,9 @@
 """A 2-node job on a real SLURM cluster through ``hydra/launcher=slurm_multinode`` (skipped unless ``sinfo`` shows a
 partition with two nodes up, e.g. two ``slurmd -N <name>`` daemons on one host: Slurm's multiple-slurmd mode with
 distinct ``NodeName`` / ``Port`` lines, selected through ``SLURM_CONF``: ``tests/integration/slurm_two_nodes.sh up
-DIR`` starts such a private cluster next to any other).
+DIR`` starts such a private cluster next to any other; ``.ci/run`` starts one and names its ``slurm.conf`` in
+``$PRETRAIN_EXP_TEST_SLURM_CONF_2``, which this module's SLURM commands use, so that the single-node cluster of
+``test_slurm.py`` stays the default one).
 
 SLURM starts one task per node; each runs the Hydra job, whose launcher starts ``torch.distributed.run --nnodes 2
 --node-rank $SLURM_NODEID`` with a c10d rendezvous (``MASTER_ADDR=127.0.0.1`` through the launcher's setup lines,
@@ -17,11 +19,16 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from tests.conftest import CACHE_DIR, ROOT
+
+#: the environment of this module's SLURM commands: ``SLURM_CONF`` from ``$PRETRAIN_EXP_TEST_SLURM_CONF_2`` if set
+SLURM_ENV = os.environ | ({"SLURM_CONF": os.environ["PRETRAIN_EXP_TEST_SLURM_CONF_2"]}
+                          if os.environ.get("PRETRAIN_EXP_TEST_SLURM_CONF_2") else {})
 
 
 def two_node_partition() -> str | None:
@@ -29,7 +36,8 @@ def two_node_partition() -> str | None:
     if shutil.which("sinfo") is None:
         return None
     try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%P %D %t"], capture_output=True, text=True, timeout=20)
+        out = subprocess.run(["sinfo", "-h", "-o", "%P %D %t"], capture_output=True, text=True, timeout=20,
+                             env=SLURM_ENV)
     except (OSError, subprocess.TimeoutExpired):
         return None
     for line in out.stdout.splitlines() if out.returncode == 0 else []:
@@ -44,6 +52,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.slurm,
               pytest.mark.skipif(PARTITION is None, reason="no SLURM partition with two nodes answers `sinfo`")]
 
 
+def release_requeue_hold(job_id: str, proc: subprocess.Popen) -> None:
+    """SLURM makes a requeued batch job eligible again only ~2 minutes later (pending, reason ``BeginTime``): set
+    its start time to now as soon as it waits for that, so the test does not wait for the cluster's hold."""
+    while proc.poll() is None:
+        reason = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%r"], capture_output=True, text=True,
+                                env=SLURM_ENV).stdout.strip()
+        if reason == "BeginTime":
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True,
+                           env=SLURM_ENV)
+            return
+        time.sleep(0.5)
+
+
 def test_a_two_node_job_trains_once_and_resumes_after_requeue(tmp_path):
     sweep_dir = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "pretrain_exp", "-m", "hydra/launcher=slurm_multinode",
@@ -53,8 +74,8 @@ def test_a_two_node_job_trains_once_and_resumes_after_requeue(tmp_path):
            "experiment=tiny", "wandb=disabled", "training.num_threads=1", "training.nnodes=2",
            "training.num_steps=16", "training.checkpoint_interval=4", "eval=[insertion_loss]", "seed=0",
            "insertion.experiments.fictional_bios.repetitions=[0,1,2,4]"]
-    env = os.environ | {"PRETRAIN_EXP_CACHE": str(CACHE_DIR), "PRETRAIN_EXP_RUNS": str(tmp_path / "runs"),
-                        "PYTHONPATH": str(ROOT), "WANDB_SILENT": "true"}
+    env = SLURM_ENV | {"PRETRAIN_EXP_CACHE": str(CACHE_DIR), "PRETRAIN_EXP_RUNS": str(tmp_path / "runs"),
+                       "PYTHONPATH": str(ROOT), "WANDB_SILENT": "true"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     job = sweep_dir / "0"
     try:
@@ -63,9 +84,11 @@ def test_a_two_node_job_trains_once_and_resumes_after_requeue(tmp_path):
             assert proc.poll() is None and time.time() < deadline, "job never wrote a checkpoint"
             time.sleep(0.5)
         (job_id,) = {p.name.split("_")[0] for p in (sweep_dir / ".submitit").iterdir() if p.name[:1].isdigit()}
-        nodes = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%D"], capture_output=True, text=True).stdout
+        nodes = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%D"], capture_output=True, text=True,
+                               env=SLURM_ENV).stdout
         assert nodes.strip() == "2"
-        subprocess.run(["scancel", "--signal=USR2", "--full", job_id], check=True)
+        subprocess.run(["scancel", "--signal=USR2", "--full", job_id], check=True, env=SLURM_ENV)
+        threading.Thread(target=release_requeue_hold, args=(job_id, proc), daemon=True).start()
         out, _ = proc.communicate(timeout=1200)
     finally:
         if proc.poll() is None:

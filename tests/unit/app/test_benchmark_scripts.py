@@ -59,3 +59,19 @@ def test_first_step_benchmark_prints_every_phase_and_the_total(tmp_path, monkeyp
     res = json.loads((tmp_path / "work" / "results.json").read_text())
     assert set(res) == {"cold", "warm, audit off"}
     assert all(r["events"]["first step"]["step"] == 1 for runs in res.values() for r in runs)
+
+
+@pytest.mark.slow
+def test_batch_view_benchmark_prints_the_viewer_beside_a_bare_read(tmp_path, monkeypatch, capsys):
+    """The official-run viewer's benchmark at toy sizes: every case of its table, a step's bytes and requests."""
+    _run(monkeypatch, "batch_view.py", "--files", "20", "--instances", "50", "--sequence-length", "128",
+         "--global-batch-size", "8", "--local-rows", "20", "--repeat", "1", "--latency-ms", "1", "--keep",
+         str(tmp_path / "work"))
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
+    cases = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in table[1:]}
+    assert len(cases) == 9
+    for name in ("remote step, command, warm", "remote step, in process, warm (fetch only)",
+                 "remote step, bare requests + numpy.frombuffer of the same ranges"):
+        wall, cpu, nbytes, requests = (c.strip(" |") for c in cases[name])
+        assert float(wall) > 0 and nbytes == f"{8 * 128 * 4:,}" and requests == "8"
+    assert "local 20 rows, bare numpy.memmap slices of the same rows" in cases

@@ -109,9 +109,85 @@ def test_slurm_presets_are_one_task_per_node(launcher, gpus, tmp_path):
     assert lc.max_num_timeout > 0  # requeue is safe: re-runs resume from the job's checkpoints
 
 
+def test_slurm_8gpu_submission_script_and_partition_check(tmp_path, monkeypatch):
+    """``hydra/launcher=slurm_8gpu`` with ``training.nproc_per_node=8``, beyond composing: Hydra's submitit launcher,
+    built from the composed preset, writes the sbatch script of one node, one task, 8 GPUs, 64 CPUs and 512 GB,
+    SIGUSR2 120 s before the time limit (submitit's requeue), running submitit's job runner with this interpreter
+    (nothing is submitted: the ``PATH`` here holds an ``srun`` that submitit only looks for, and no ``sbatch``, so
+    the script stays in submitit's folder); the pre-submission check accepts it on a partition of 8-GPU nodes and
+    names ``gpus_per_node`` on one of 4."""
+    from hydra.utils import instantiate
+
+    from pretrain_exp.app.slurm_check import check_launcher, parse_sinfo
+
+    job = ["experiment=tiny", "training.nproc_per_node=8", "training.micro_batch_size=1"]
+    make_config(*job, run_dir=tmp_path / "run")  # the job's own config is valid
+    sweep = tmp_path / "sweep"
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = hydra_compose("config", return_hydra_config=True, overrides=[
+            "hydra/launcher=slurm_8gpu", "hydra.launcher.partition=gpu",
+            f"run_dir={tmp_path / 'run'}", f"hydra.sweep.dir={sweep}", *job])
+    launcher = instantiate(cfg.hydra.launcher)
+    launcher.config = cfg
+    bin_dir = tmp_path / "bin"  # commands that are looked for, never run
+
+    def found(name: str) -> None:
+        (bin_dir / name).write_text("#!/bin/sh\nexit 1\n")
+        (bin_dir / name).chmod(0o755)
+
+    bin_dir.mkdir()
+    found("srun")
+    monkeypatch.setenv("PATH", str(bin_dir))
+    with pytest.raises(OSError):  # no sbatch to run: nothing is submitted, even on a SLURM login node
+        launcher.launch([["seed=1"]], initial_job_idx=0)
+    (script,) = (sweep / ".submitit").glob(".submission_file_*.sh")
+    lines = script.read_text().splitlines()
+    sbatch = sorted(x for x in lines if x.startswith("#SBATCH --") and "put=" not in x and "error=" not in x)
+    assert sbatch == ["#SBATCH --cpus-per-task=64", "#SBATCH --gpus-per-node=8", "#SBATCH --job-name=pretrain_exp",
+                      "#SBATCH --mem=512GB", "#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=1",
+                      "#SBATCH --open-mode=append", "#SBATCH --partition=gpu",
+                      "#SBATCH --signal=USR2@120", "#SBATCH --time=240", "#SBATCH --wckey=submitit"]
+    assert lines[-1].startswith("srun ") and f"{sys.executable} -u -m submitit.core._submit " in lines[-1]
+
+    found("sbatch")  # check_launcher first asks whether sbatch is there
+    check_launcher(launcher.params, parse_sinfo("gpu*|4|128|1031000|gpu:h100:8(S:0-1)|2-00:00:00"))
+    with pytest.raises(LaunchError, match=r"hydra\.launcher\.gpus_per_node=8: partition 'gpu' has 4 GPU\(s\) per "
+                                          r"node; .*set hydra\.launcher\.gpus_per_node=4"):
+        check_launcher(launcher.params, parse_sinfo("gpu*|4|128|1031000|gpu:a100:4|2-00:00:00"))
+
+
 @pytest.mark.slow  # a fresh interpreter importing the worker and every framework (~10 s)
 def test_the_worker_never_imports_hydra():
     code = ("import sys, pretrain_exp.app.worker, pretrain_exp.app.experiment, pretrain_exp.frameworks.hf.framework; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('hydra', 'hydra_plugins')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_torchrun_output_is_copied_with_rank_0_bare_on_a_terminal_and_nothing_once_muted():
+    """torchrun's ``--tee`` lines reach the console: on a terminal rank 0's without ``[default0]:`` and the other
+    ranks' as ``rank <r>: ...``; elsewhere as they are; after an interruption (``muted``) nothing more."""
+    import io
+    import os
+    import threading
+
+    from pretrain_exp.app.launch import _copy_output
+
+    text = b"[default0]:step 1/3: loss 11.5\n[default1]:warning: slow disk\nSetting OMP_NUM_THREADS\n"
+    for plain, want in ((True, "step 1/3: loss 11.5\nrank 1: warning: slow disk\nSetting OMP_NUM_THREADS\n"),
+                        (False, text.decode())):
+        r, w = os.pipe()
+        out = io.StringIO()
+        t = _copy_output(os.fdopen(r, "rb"), out, plain, threading.Event())
+        with os.fdopen(w, "wb") as f:
+            f.write(text)
+        t.join(10)
+        assert out.getvalue() == want
+    r, w = os.pipe()
+    out, muted = io.StringIO(), threading.Event()
+    muted.set()
+    t = _copy_output(os.fdopen(r, "rb"), out, True, muted)
+    with os.fdopen(w, "wb") as f:
+        f.write(b"[default0]:Traceback (most recent call last):\n")
+    t.join(10)
+    assert out.getvalue() == ""

@@ -13,8 +13,6 @@ from pretrain_exp.app.settings import log_overrides
 from pretrain_exp.core.errors import ConfigError
 from tests.conftest import CACHE_DIR, ROOT, make_config
 
-pytest.importorskip("olmo_core")
-
 
 @pytest.fixture(scope="module")
 def olmo2_tiny_source():

@@ -117,7 +117,6 @@ def test_offline_run_has_one_step_axis_tables_and_artifacts(tmp_path, tiny_model
 
 @pytest.mark.slow
 def test_olmo_core_gets_activation_checkpointing_and_forwards_all_its_metrics(tmp_path, monkeypatch):
-    pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
     from pretrain_exp.app.experiment import Experiment

@@ -13,8 +13,6 @@ import pytest
 
 from tests.conftest import ROOT
 
-pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
-
 spec = importlib.util.spec_from_file_location("gpu_throughput", ROOT / "benchmarks" / "gpu_throughput.py")
 bench = importlib.util.module_from_spec(spec)
 sys.modules["gpu_throughput"] = bench  # dataclasses look their module up

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import importlib.util
 from typing import ClassVar
 
 import pytest
@@ -28,8 +27,6 @@ from pretrain_exp.frameworks.registry import FRAMEWORKS, get_framework_class
 from pretrain_exp.insertion.schema import InsertionExperimentConf
 from pretrain_exp.insertion.types import TYPES, schema
 from tests.conftest import ROOT
-
-HAS_OLMO = importlib.util.find_spec("olmo_core") is not None
 
 
 def test_an_unknown_capability_is_refused_when_the_plugin_class_is_defined():
@@ -59,7 +56,7 @@ def test_has_reads_the_declaration_and_refuses_a_name_of_another_kind():
 
 
 def _plugins():
-    frameworks = [n for n in FRAMEWORKS if n == "hf" or HAS_OLMO]
+    frameworks = list(FRAMEWORKS)  # the olmo extra is installed with the tests
     return ([(FRAMEWORK, get_framework_class(n)) for n in frameworks]
             + [(INSERTION_TYPE, schema(n)) for n in TYPES]
             + [(EVAL, EVALS[n].config) for n in EVALS])
@@ -77,7 +74,6 @@ def test_every_registered_plugin_declares_its_kinds_capabilities_and_no_flag_bes
     assert has(schema("gaussian"), EMBEDDING_NOISE) and not has(schema("texts"), EMBEDDING_NOISE)
 
 
-@pytest.mark.skipif(not HAS_OLMO, reason="needs the olmo extra")
 def test_the_frameworks_declare_what_they_did_before():
     caps = {n: get_framework_class(n).capabilities.names for n in FRAMEWORKS}
     assert caps == {

@@ -141,3 +141,74 @@ def test_a_phase_off_a_terminal_prints_nothing(capsys, enabled):
             done.append(k)
     assert done == [1, 2, 3, 4]
     assert capsys.readouterr().out == ""
+
+
+# --- the console on a terminal ----------------------------------------------------------------------------------
+
+
+def test_a_terminal_console_shows_bare_lines_and_the_log_file_the_full_format(tmp_path, capsys, monkeypatch):
+    """On a terminal (here: ``PRETRAIN_EXP_CONSOLE=plain``, as a launching process hands it to its ranks) the
+    console's lines carry no logger prefix; warnings and errors say so, naming a library's; an exception shows its
+    last line only. The log file keeps Hydra's format; ``verbose`` shows it on the console too."""
+    from pretrain_exp.core.logs import CONSOLE_ENV, FILE_ONLY
+
+    monkeypatch.setenv(CONSOLE_ENV, "plain")
+    log = tmp_path / "pretrain_exp.log"
+    with run_logging(log):
+        logging.getLogger("pretrain_exp.app.console").info("step 5/12: loss 10.35, grad norm 0.807")
+        logging.getLogger("pretrain_exp.app.audit_hook").warning("audit: control bios[3] in the window")
+        logging.getLogger("lm_eval.api.task").warning("a doc without an answer")
+        logging.getLogger("pretrain_exp.app.cli").info("interrupted (SIGINT)", extra=FILE_ONLY)
+        try:
+            raise ValueError("bad row\nsecond line")
+        except ValueError:
+            logging.getLogger("pretrain_exp.app.experiment").exception("error: training failed")
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["step 5/12: loss 10.35, grad norm 0.807", "warning: audit: control bios[3] in the window",
+                   "warning (lm_eval): a doc without an answer", "error: training failed (ValueError: bad row second "
+                   "line)"]
+    kept = log.read_text()
+    assert "][pretrain_exp.app.console][INFO] - step 5/12: loss 10.35" in kept
+    assert "][pretrain_exp.app.cli][INFO] - interrupted (SIGINT)" in kept and "Traceback" in kept
+
+    with run_logging(tmp_path / "v.log", verbose=True):
+        logging.getLogger("pretrain_exp.app.console").info("step 6/12: loss 10.2")
+    assert "][pretrain_exp.app.console][INFO] - step 6/12: loss 10.2" in capsys.readouterr().out
+    monkeypatch.setenv(CONSOLE_ENV, "full")  # a pipe, a SLURM job's output file: the full format
+    with run_logging(None):
+        logging.getLogger("pretrain_exp.app.console").info("step 7/12: loss 10.1")
+    assert "][pretrain_exp.app.console][INFO] - step 7/12: loss 10.1" in capsys.readouterr().out
+
+
+def test_what_engines_print_to_stderr_goes_to_the_log_file_unless_verbose(tmp_path, capfd):
+    """lm-eval runs ``git describe`` (which says ``fatal: not a git repository`` outside one) and draws tqdm bars
+    on ``sys.stderr``: inside :func:`engine_output_to_log` they reach the log file, not the console; with
+    ``verbose`` the console; outside a run nothing changes."""
+    import subprocess
+
+    from pretrain_exp.core.logs import engine_output_to_log
+
+    log = tmp_path / "run" / "pretrain_exp.log"
+    outside = tmp_path / "not_a_repo"
+    outside.mkdir()
+    env = os.environ | {"GIT_CEILING_DIRECTORIES": str(tmp_path)}
+    with run_logging(log):
+        with engine_output_to_log():
+            subprocess.run(["git", "describe", "--always"], cwd=outside, env=env, stdout=subprocess.DEVNULL)
+            print("building contexts: 100%|##########| 3/3 [00:00<00:00, 71089.90it/s]", file=sys.stderr)  # tqdm's
+    shown = capfd.readouterr()
+    assert "fatal" not in shown.err + shown.out and "building contexts" not in shown.err + shown.out
+    kept = log.read_text()
+    assert "fatal: not a git repository" in kept and "building contexts" in kept
+    with run_logging(tmp_path / "v.log", verbose=True):
+        with engine_output_to_log():
+            subprocess.run(["git", "describe", "--always"], cwd=outside, env=env, stdout=subprocess.DEVNULL)
+    assert "fatal: not a git repository" in capfd.readouterr().err
+
+
+def test_a_rate_is_printed_only_over_a_measurable_time():
+    from pretrain_exp.core.logs import rate
+
+    assert rate(787, 0.0, "tokens") == "" and rate(1.43e13, 0.04, "tokens", "{:.2e}") == ""
+    assert rate(13312, 0.1, "tokens") == " (133,120 tokens/s)"
+    assert rate(5.0, 2.0, "MB", "{:.1f}") == " (2.5 MB/s)"

@@ -12,7 +12,7 @@ import yaml
 import pretrain_exp
 from tests.conftest import ROOT
 
-tomllib = pytest.importorskip("tomllib")
+tomllib = pytest.importorskip("tomllib", reason="Python 3.10 has no tomllib")
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
 

@@ -166,7 +166,6 @@ def test_the_source_check_sees_each_way_of_spelling_the_layout(tmp_path):
 def test_run_dir_of_a_tiny_olmo_core_run(tmp_path):
     """Two 2-step segments with kept HF exports and an eval at each: every path RunDir names is where the run put
     it, its readers return what the run wrote, and the framework finds its checkpoints through it."""
-    pytest.importorskip("olmo_core")
     from pretrain_exp.app import experiment
     from pretrain_exp.frameworks.olmo_core.framework import COMPLETE
     from pretrain_exp.insertion.plan import Plan

@@ -382,7 +382,6 @@ def test_object_store_urls_go_through_olmo_core_io(mix, tmp_path, monkeypatch, s
 def s3_endpoint(mix):
     """A local S3 endpoint (moto's server on 127.0.0.1) whose bucket ``ai2-llm`` holds the mix under the same keys
     as ``http://olmo-data.org/``; boto3 (under ``olmo_core.io``) finds it through ``AWS_ENDPOINT_URL_S3``."""
-    pytest.importorskip("moto.server", reason="moto[server] is not installed (pip install -e .[dev])")
     import boto3
     from moto.server import ThreadedMotoServer
 
@@ -408,12 +407,55 @@ def s3_endpoint(mix):
     server.stop()
 
 
-def test_s3_urls_against_a_local_s3_endpoint(mix, s3_endpoint, tmp_path):
-    """``s3://`` token files through OLMo-core's own S3 client (boto3) against moto's S3 server: the size index,
-    rows equal to the local copies', and a window prefetch of exactly the window's bytes."""
+@pytest.fixture
+def r2_endpoint(s3_endpoint, tmp_path, monkeypatch):
+    """moto's S3 server as a Cloudflare R2 endpoint: OLMo-core reads ``r2://`` with boto3 under the profile named by
+    ``R2_PROFILE`` (here from a credentials file of its own) at ``R2_ENDPOINT_URL``."""
+    from olmo_core import io as olmo_io
+
+    creds = tmp_path / "aws-credentials"
+    creds.write_text("[r2-test]\naws_access_key_id = r2\naws_secret_access_key = r2\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    monkeypatch.setenv("R2_PROFILE", "r2-test")
+    monkeypatch.setenv("R2_ENDPOINT_URL", s3_endpoint)
+    olmo_io._get_s3_client.cache_clear()
+    yield s3_endpoint
+    olmo_io._get_s3_client.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def gcs_endpoint(mix):
+    """A local Google Cloud Storage endpoint (``gcp-storage-emulator`` on 127.0.0.1, bound to a free port by the
+    OS) whose bucket ``ai2-llm`` holds the mix under the same keys as ``http://olmo-data.org/``, uploaded with
+    ``olmo_core.io.upload``; the GCS client under ``olmo_core.io`` finds it through ``STORAGE_EMULATOR_HOST``."""
+    from gcp_storage_emulator.server import create_server
+    from olmo_core import io as olmo_io
+
+    server = create_server("127.0.0.1", 0, in_memory=True, default_bucket="ai2-llm")
+    server.start()
+    endpoint = "http://127.0.0.1:%d" % server._api._httpd.server_address[1]
+    env = {"STORAGE_EMULATOR_HOST": endpoint, "NO_GCE_CHECK": "True"}  # no probe of a GCE metadata server
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    olmo_io._get_gcs_client.cache_clear()
+    for url in mix[1][:6]:
+        olmo_io.upload(local(mix, url), "gs://ai2-llm/" + url[len(OLMO_DATA):])
+    yield endpoint
+    olmo_io._get_gcs_client.cache_clear()
+    for k, v in old.items():
+        os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    server.stop()
+
+
+@pytest.mark.parametrize("scheme", ["s3", "r2", "gs"])
+def test_object_store_urls_against_a_local_endpoint(mix, scheme, request, tmp_path):
+    """``s3://``, ``r2://`` and ``gs://`` token files through OLMo-core's own clients (boto3; google-cloud-storage)
+    against local endpoints (moto's S3 server, also as R2; gcp-storage-emulator): the size index, rows equal to the
+    local copies', a window prefetch of exactly the window's bytes, a missing object."""
+    request.getfixturevalue({"s3": "s3_endpoint", "r2": "r2_endpoint", "gs": "gcs_endpoint"}[scheme])
     urls = mix[1][:6]
-    files = TokenFiles(urls, U32, cache_dir=tmp_path, prefixes={OLMO_DATA: "s3://ai2-llm/"}, progress=False)
-    assert all(files.remote) and files.paths[0].startswith("s3://ai2-llm/preprocessed/")
+    files = TokenFiles(urls, U32, cache_dir=tmp_path, prefixes={OLMO_DATA: f"{scheme}://ai2-llm/"}, progress=False)
+    assert all(files.remote) and files.paths[0].startswith(f"{scheme}://ai2-llm/preprocessed/")
     local_files = TokenFiles([local(mix, u) for u in urls], U32)
     assert np.array_equal(files.num_tokens, local_files.num_tokens)
     order = DataOrder(files, L, B, SEED, cache_dir=tmp_path)
@@ -424,5 +466,5 @@ def test_s3_urls_against_a_local_s3_endpoint(mix, s3_endpoint, tmp_path):
     stats = prefetch_ranges(files, ranges, threads=4, progress=False)
     assert stats.fetched_bytes == sum(total_bytes(r) for r in ranges.values())
     check_window(files, ranges)
-    with pytest.raises(DataError, match=r"^s3://ai2-llm/preprocessed/nope\.npy: token file not found$"):
-        TokenFiles(["s3://ai2-llm/preprocessed/nope.npy"], U32, cache_dir=tmp_path, progress=False)
+    with pytest.raises(DataError, match=rf"^{scheme}://ai2-llm/preprocessed/nope\.npy: token file not found$"):
+        TokenFiles([f"{scheme}://ai2-llm/preprocessed/nope.npy"], U32, cache_dir=tmp_path, progress=False)

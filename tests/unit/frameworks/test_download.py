@@ -48,7 +48,7 @@ class Server:
 
     def fault(self, path: str, *actions: tuple) -> None:
         """Queue actions for the next requests of ``path``: ``("status", code)``, ``("drop", n)``,
-        ``("reset", n)``, ``("ignore_range",)``."""
+        ``("reset", n)``, ``("ignore_range",)``, ``("stall", seconds)`` (no answer before then)."""
         self.faults.setdefault(path, []).extend(actions)
 
     def paths(self, suffix: str = "") -> list[str]:
@@ -76,6 +76,8 @@ class Handler(BaseHTTPRequestHandler):
             action = queue.pop(0) if queue else ("none",)
         if action[0] == "status":
             return self._empty(action[1])
+        if action[0] == "stall":  # answer nothing for a while, then as usual
+            time.sleep(action[1])
         file = state.root / path.lstrip("/")
         if not file.is_file():
             return self._empty(404)
@@ -329,11 +331,11 @@ def test_retries_exhausted(server, olmo2, tmp_path, kw, sleeps):
 
 
 def test_connection_refused_is_retried(tmp_path, kw, sleeps):
-    with socket.socket() as s:  # a port nobody listens on
+    with socket.socket() as s:  # a port bound and not listening (held, so nobody else listens there)
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with pytest.raises(CheckpointError, match=f"127.0.0.1:{port}/x.bin"):
-        download_file(f"http://127.0.0.1:{port}/x.bin", tmp_path / "x.bin", **kw)
+        with pytest.raises(CheckpointError, match=f"127.0.0.1:{port}/x.bin"):
+            download_file(f"http://127.0.0.1:{port}/x.bin", tmp_path / "x.bin", **kw)
     assert len(sleeps) == 3
 
 
@@ -398,3 +400,28 @@ def test_cli(server, olmo2, olmo_core, tmp_path, capsys):
     assert dl.main(["olmo_core", base, "7", str(tmp_path / "b"), "--max-retries", "0"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and f"{server.base}/olmo3/stage2/step7/.metadata.json" in err
+
+
+def test_cli_train_ranks_and_timeout(server, olmo_core, tmp_path, capsys):
+    """``--train-ranks N`` fetches ``train/rank0..N-1.pt`` only, each required; ``--timeout`` is the socket timeout:
+    an answer slower than it fails the download (no retry left), one within it arrives."""
+    base, src = olmo_core
+    args = ["olmo_core", base, str(CORE_STEP)]
+    assert dl.main([*args, str(tmp_path / "one"), "--train-ranks", "1"]) == 0
+    ckpt = Path(capsys.readouterr().out.strip())
+    assert sorted(p.name for p in (ckpt / "train").iterdir()) == ["rank0.pt"]
+    assert (ckpt / "train" / "rank0.pt").read_bytes() == (src / "train" / "rank0.pt").read_bytes()
+    assert not any(p.endswith("rank1.pt") for p in server.paths())
+    assert dl.main([*args, str(tmp_path / "three"), "--train-ranks", "3", "--max-retries", "0"]) == 2
+    assert "train/rank2.pt" in capsys.readouterr().err
+    assert dl.main([*args, str(tmp_path / "all")]) == 0
+    ckpt = Path(capsys.readouterr().out.strip())
+    assert sorted(p.name for p in (ckpt / "train").iterdir()) == ["rank0.pt", "rank1.pt"]
+
+    cfg = f"/{CORE_DIR}/config.json"
+    server.fault(cfg, ("stall", 3.0))
+    assert dl.main([*args, str(tmp_path / "slow"), "--timeout", "0.5", "--max-retries", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "timed out" in err and "config.json" in err, err
+    server.fault(cfg, ("stall", 1.0))
+    assert dl.main([*args, str(tmp_path / "slow"), "--timeout", "30", "--max-retries", "0"]) == 0

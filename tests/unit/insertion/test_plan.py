@@ -857,3 +857,37 @@ def test_copies_that_do_not_fit_say_how_many_steps_would():
     msg = str(ei.value)
     assert "do not fit in rows [0, 96) (12288 tokens)" in msg
     assert "training.num_steps=616" in msg and "fewer items or repetitions" in msg and "\n" not in msg
+
+
+def test_then_joins_a_continued_runs_plan_after_its_parents():
+    """``Plan.then``: the parent's items keep their ids, the child's follow; every span keeps its position and
+    writes the same tokens into the same rows; experiments and windows are joined; clashes are refused."""
+    rng = np.random.default_rng(7)
+    L, B = 64, 4
+    first = build_plan({"bios": make_items("bios", [20, 30, 25, 12], [0, 1, 4, 2], rng)}, {"bios": conf()},
+                       (0, 40 * L * B), L, B, seed=1, vocab_size=VOCAB)
+    later = build_plan({"new": make_items("new", [15, 18], [3, 0], rng)}, {"new": conf()},
+                       (40 * L * B, 60 * L * B), L, B, seed=2, vocab_size=VOCAB)
+    both = first.then(later)
+    assert both.experiments == ["bios", "new"] and both.window == (0, 60 * L * B)
+    assert both.num_items == 6 and both.num_insertions == first.num_insertions + later.num_insertions
+    assert list(both.item_dup_count) == [0, 1, 4, 2, 3, 0]
+    assert list(both.item_experiment) == [0, 0, 0, 0, 1, 1]
+    for i in range(4):
+        assert np.array_equal(both.item_tokens(i), first.item_tokens(i))
+    for i in range(2):
+        assert np.array_equal(both.item_tokens(4 + i), later.item_tokens(i))
+    assert np.all(np.diff(both.span_positions) >= 0)
+    for plan in (first, later):  # each training row gets exactly what its own plan wrote
+        for q in plan.affected_rows():
+            mine, joined = np.zeros(L, np.int64), np.zeros(L, np.int64)
+            plan.apply(int(q), mine)
+            both.apply(int(q), joined)
+            assert np.array_equal(mine, joined)
+    assert both.digest() != first.digest()
+    with pytest.raises(InsertionError, match=r"both hold experiment\(s\) \['bios'\]"):
+        first.then(first)
+    other = build_plan({"new": make_items("new", [15], [1], rng)}, {"new": conf()}, (0, 10 * L * 2), L, 2, seed=2,
+                       vocab_size=VOCAB)
+    with pytest.raises(InsertionError, match="L x B 64 x 4 and 64 x 2"):
+        first.then(other)

@@ -247,6 +247,23 @@ def test_base_series_checkpoints_are_continued(tmp_path, tiny_model_dir):
     assert sorted(p.name for p in (run_dir / "evals").iterdir()) == ["step8"]
 
 
+def benchmark_sweep(root: Path) -> tuple:
+    """Two finished jobs ``root/0`` (with a benchmark eval) and ``root/1``, each evaluated at steps 4 and 8;
+    returns ``(benchmark metrics, insertion-loss metrics)`` of their results.json."""
+    metrics = {"arc/dup0/acc": 0.25, "arc/dup4/acc": 0.75, "arc/dup8/acc": 0.5,
+               "arc/contamination_effect_acc": 0.375, "arc/contamination_effect_acc_ci_low": 0.125,
+               "arc/contamination_effect_acc_ci_high": 0.625}
+    loss = {"bios/dup0/mean_loss": 3.0, "bios/dup4/mean_loss": 2.5}
+    for job, seed in (("0", 0), ("1", 1)):
+        d = root / job
+        d.mkdir(parents=True)
+        (d / "config.resolved.yaml").write_text(f"seed: {seed}\n")
+        res = {"seed": seed, "step": 8, "per_dup": [], "metrics": {"benchmark": metrics} if seed == 0 else {},
+               "by_step": {"4": {"insertion_loss": loss}, "8": {"insertion_loss": loss}}}
+        (d / "results.json").write_text(json.dumps(res))
+    return metrics, loss
+
+
 @pytest.mark.slow
 def test_report_of_benchmark_and_forgetting_results(tmp_path):
     """A job with a benchmark eval gets its clean vs contaminated row (benchmark.csv / .png, report.md) and a job
@@ -256,17 +273,7 @@ def test_report_of_benchmark_and_forgetting_results(tmp_path):
     from pretrain_exp import load_sweep
     from pretrain_exp.report import write_report
 
-    metrics = {"arc/dup0/acc": 0.25, "arc/dup4/acc": 0.75, "arc/dup8/acc": 0.5,
-               "arc/contamination_effect_acc": 0.375, "arc/contamination_effect_acc_ci_low": 0.125,
-               "arc/contamination_effect_acc_ci_high": 0.625}
-    loss = {"bios/dup0/mean_loss": 3.0, "bios/dup4/mean_loss": 2.5}
-    for job, seed in (("0", 0), ("1", 1)):
-        d = tmp_path / job
-        d.mkdir()
-        (d / "config.resolved.yaml").write_text(f"seed: {seed}\n")
-        res = {"seed": seed, "step": 8, "per_dup": [], "metrics": {"benchmark": metrics} if seed == 0 else {},
-               "by_step": {"4": {"insertion_loss": loss}, "8": {"insertion_loss": loss}}}
-        (d / "results.json").write_text(json.dumps(res))
+    metrics, loss = benchmark_sweep(tmp_path)
     rep = write_report(tmp_path)
     frame = rep["frame"]  # the report's own table: load_sweep's
     assert frame.drop(columns=["path"]).equals(load_sweep(tmp_path).drop(columns=["path"]))
@@ -295,6 +302,41 @@ def test_report_of_benchmark_and_forgetting_results(tmp_path):
     assert (meta.run_group, meta.job_type) == ("sweep-x", "report")
     media = {p.name.split("_")[0] for p in (wandb_dir / "files" / "media").rglob("*") if p.is_file()}
     assert media, "no tables or images in the W&B run"
+
+
+@pytest.mark.slow
+def test_report_cli_wandb_offline(tmp_path, capsys):
+    """``pretrain-exp-report DIR --out OUT --wandb offline --wandb-project P``: an offline W&B run under OUT/wandb,
+    in project P, named ``report-<out dir name>``, grouped with the sweep (its dir name), holding every CSV the
+    report wrote as a table and every PNG as an image; without ``--wandb`` no W&B run is written."""
+    from pretrain_exp.core.io import sha256_file
+    from pretrain_exp.report.cli import main
+    from tests.wandb_records import history
+
+    sweep, out = tmp_path / "sweep-y", tmp_path / "out-y"
+    benchmark_sweep(sweep)
+    assert main([str(sweep), "--out", str(tmp_path / "plain")]) == 0
+    assert not (tmp_path / "plain" / "wandb").exists()
+    capsys.readouterr()
+    assert main([str(sweep), "--out", str(out), "--wandb", "offline", "--wandb-project", "proj-y"]) == 0
+    written = [Path(line[len("wrote "):]) for line in capsys.readouterr().out.splitlines() if line.startswith("wrote ")]
+    csvs, pngs = [p for p in written if p.suffix == ".csv"], [p for p in written if p.suffix == ".png"]
+    assert csvs and pngs
+    (wb,) = (out / "wandb").glob("offline-run-*/run-*.wandb")
+    deadline = time.monotonic() + 60  # W&B's service may still be flushing its transaction log on a busy machine
+    while not history(wb) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    (meta,) = of_type(wb, "run")
+    assert (meta.project, meta.display_name, meta.run_group, meta.job_type) == \
+        ("proj-y", "report-out-y", "sweep-y", "report")
+    (row,) = history(wb)  # one wandb.log: {"report/<name>": table, "plots/<name>": image}, flattened
+    kinds = {k.rsplit("/", 1)[0]: v for k, v in row.items() if k.endswith("/_type")}
+    tables = sorted(k for k, v in kinds.items() if k.startswith("report/") and v == "table-file")
+    images = sorted(k for k, v in kinds.items() if k.startswith("plots/") and v == "image-file")
+    assert len(tables) == len(csvs) and len(images) == len(pngs)
+    with_rows = [len(list(csv.reader(p.read_text().splitlines()))) - 1 for p in csvs]
+    assert sorted(row[f"{k}/nrows"] for k in tables) == sorted(with_rows)
+    assert sorted(row[f"{k}/sha256"] for k in images) == sorted(sha256_file(p) for p in pngs)
 
 
 def test_the_docs_document_the_outputs_a_run_and_a_report_write():

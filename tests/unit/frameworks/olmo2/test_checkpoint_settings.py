@@ -19,13 +19,10 @@ import yaml
 
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.data.token_files import write_token_file
+from pretrain_exp.frameworks.olmo2.convert import adamw_config, parameter_map
+from pretrain_exp.frameworks.olmo2.framework import Olmo2Framework, check_continuation, masked_rows
 from tests.conftest import CACHE_DIR, ROOT, make_config
 from tests.unit.frameworks.olmo2 import olmo2_checkpoint as fx
-
-pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
-
-from pretrain_exp.frameworks.olmo2.convert import adamw_config, parameter_map  # noqa: E402
-from pretrain_exp.frameworks.olmo2.framework import Olmo2Framework, check_continuation, masked_rows  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers
 import yaml
 
 from pretrain_exp.core.errors import CheckpointError, ConfigError
@@ -33,9 +34,6 @@ from pretrain_exp.frameworks.olmo2.convert import (
 )
 from pretrain_exp.frameworks.olmo2.data_order import data_order, train_position
 from tests.unit.frameworks.olmo2 import olmo2_checkpoint as fx
-
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -12,13 +12,10 @@ import pytest
 import torch
 
 from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.frameworks.olmo2.framework import Olmo2Framework
 from tests.conftest import make_config
 from tests.unit.frameworks.olmo2 import olmo2_checkpoint as fx
-
-pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
-
-from pretrain_exp.frameworks.olmo2.framework import Olmo2Framework  # noqa: E402
-from tests.unit.frameworks.olmo_core.test_framework import (  # noqa: E402
+from tests.unit.frameworks.olmo_core.test_framework import (
     assert_two_ranks_train_what_one_trains,
     cli,
     kill_after_first_checkpoint_and_rerun,

@@ -20,8 +20,6 @@ from pretrain_exp.frameworks.olmo2.convert import load_converted
 from pretrain_exp.frameworks.olmo2.presets import TINY_CHECKPOINTS, tiny_checkpoint
 from tests.conftest import CACHE_DIR
 
-pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 TEXT = "From fairest creatures we desire increase, that thereby beauty's rose might never die."

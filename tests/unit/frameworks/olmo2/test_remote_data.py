@@ -15,7 +15,6 @@ from tests.conftest import make_config
 from tests.remote_server import MIX_SOURCES, OLMO_DATA, RangeServer
 from tests.unit.frameworks.olmo2 import olmo2_checkpoint as fx
 
-pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 INSTANCES_PER_FILE = 4

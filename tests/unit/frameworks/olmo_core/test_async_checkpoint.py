@@ -9,15 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from olmo_core.train import Trainer
 from safetensors.torch import load_file
 
 from tests.conftest import make_config
-
-pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
-
-from olmo_core.train import Trainer  # noqa: E402
-
-from tests.unit.frameworks.olmo_core.test_framework import RUN, weights  # noqa: E402
+from tests.unit.frameworks.olmo_core.test_framework import RUN, weights
 
 
 def evals(run_dir: Path) -> dict:

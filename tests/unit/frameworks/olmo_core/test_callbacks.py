@@ -15,10 +15,7 @@ from pretrain_exp.data.order import DataOrder
 from pretrain_exp.data.rows import TrainingRows
 from pretrain_exp.data.schedule import rows_for
 from pretrain_exp.data.token_files import TokenFiles, write_token_file
-
-pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
-
-from pretrain_exp.frameworks.olmo_core.callbacks import Insertions, apply_insertions  # noqa: E402
+from pretrain_exp.frameworks.olmo_core.callbacks import Insertions, apply_insertions
 
 L, B = 16, 4
 

@@ -21,15 +21,12 @@ import pytest
 import torch
 
 from pretrain_exp.core.errors import CheckpointError
+from pretrain_exp.frameworks.noise_feed import NoiseFeed
+from pretrain_exp.frameworks.olmo_core import framework as olmo_core_framework
+from pretrain_exp.frameworks.olmo_core.checkpoint import check_train_state, load_model, save_hf
+from pretrain_exp.frameworks.olmo_core.presets import tiny_checkpoint
 from pretrain_exp.insertion.plan import Plan
 from tests.conftest import CACHE_DIR, ROOT, make_config
-
-pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
-
-from pretrain_exp.frameworks.noise_feed import NoiseFeed  # noqa: E402
-from pretrain_exp.frameworks.olmo_core import framework as olmo_core_framework  # noqa: E402
-from pretrain_exp.frameworks.olmo_core.checkpoint import check_train_state, load_model, save_hf  # noqa: E402
-from pretrain_exp.frameworks.olmo_core.presets import tiny_checkpoint  # noqa: E402
 
 #: 6 steps of 4 rows x 128 tokens in segments of 2; 8 bios at dup counts 0/1/2/4
 RUN = ["framework=olmo_core", "training=tiny", "training.num_steps=6", "training.global_batch_size=4",
@@ -67,15 +64,33 @@ def trained_rows(run_dir: Path) -> dict:
     return out
 
 
+def last_logged_step(run_dir: Path) -> int:
+    """The latest step whose rows a rank logged (``rows/rank<r>.jsonl``, written as the step's batch is taken);
+    0 before any (a line the run is still writing is not counted)."""
+    steps = [0]
+    for f in (run_dir / "rows").glob("rank*.jsonl"):
+        for line in f.read_text().splitlines():
+            try:
+                steps.append(json.loads(line)["step"])
+            except (ValueError, KeyError):
+                pass
+    return max(steps)
+
+
 def kill_after_first_checkpoint_and_rerun(args, run_dir: Path, runs: Path, last_step: int) -> None:
-    """Start ``python -m pretrain_exp *args`` in ``run_dir``, SIGKILL it about a second after its first checkpoint
-    (mid-segment), check it had not finished, and run the same command again to the end."""
+    """Start ``python -m pretrain_exp *args`` in ``run_dir``, SIGKILL it as soon as it takes the batch of the step
+    after its first checkpoint (mid-segment: an event of the run, not a time after the checkpoint), check it had
+    not finished, and run the same command again to the end."""
     p = cli(*args, f"hydra.run.dir={run_dir}", runs=runs, wait=False)
     deadline = time.monotonic() + 600
-    while not any((d / ".metadata.json").is_file() for d in (run_dir / "checkpoints").glob("step*")):
+    done = []
+    while not done:
+        done = [int(d.name[4:]) for d in (run_dir / "checkpoints").glob("step*") if (d / ".metadata.json").is_file()]
         assert p.poll() is None and time.monotonic() < deadline, "run ended before its first checkpoint"
-        time.sleep(0.2)
-    time.sleep(1.0)  # into the next segment
+        time.sleep(0.05)
+    while last_logged_step(run_dir) <= min(done):  # into the next segment
+        assert p.poll() is None and time.monotonic() < deadline, "run ended before the step after its checkpoint"
+        time.sleep(0.05)
     p.send_signal(signal.SIGKILL)
     p.wait()
     assert not (run_dir / "checkpoints" / f"step{last_step}").exists()

@@ -9,15 +9,13 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import olmo_core.data as olmo_data
 import pytest
 
 from pretrain_exp.data.order import permutation_path
+from pretrain_exp.frameworks.olmo_core.global_indices import global_indices_file, share_global_indices
 from tests.unit.frameworks.olmo_core.test_order import corpus  # noqa: F401  (the fixture)
 from tests.unit.frameworks.olmo_core.test_order import SEED, B, L, olmo_dataset, olmo_loader_single
-
-olmo_data = pytest.importorskip("olmo_core.data", reason="ai2-olmo-core is not installed")
-
-from pretrain_exp.frameworks.olmo_core.global_indices import global_indices_file, share_global_indices  # noqa: E402
 
 
 def _batches(loader, epoch):

@@ -10,13 +10,10 @@ import shutil
 import pytest
 import torch
 
+from pretrain_exp.app.experiment import run
+from pretrain_exp.frameworks.olmo_core.checkpoint import OlmoCoreCheckpoint, load_model
+from pretrain_exp.report.cli import main as report_main
 from tests.conftest import CACHE_DIR, make_config
-
-pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
-
-from pretrain_exp.app.experiment import run  # noqa: E402
-from pretrain_exp.frameworks.olmo_core.checkpoint import OlmoCoreCheckpoint, load_model  # noqa: E402
-from pretrain_exp.report.cli import main as report_main  # noqa: E402
 
 #: 2 steps of 4 rows x 128 tokens, one segment per step; 8 ARC-Easy questions (4 inserted once, 4 clean) and
 #: 4 fictional bios (2 inserted once, 2 controls)

@@ -10,16 +10,13 @@ itself, the subject is our order.
 from __future__ import annotations
 
 import numpy as np
+import olmo_core.data as olmo_data
 import pytest
 import torch
+from olmo_core.data import data_loader as olmo_loader
 
 from pretrain_exp.data.order import DataOrder
 from pretrain_exp.data.token_files import TokenFiles, dtype_for_vocab, write_token_file
-
-olmo_data = pytest.importorskip(
-    "olmo_core.data", reason="ai2-olmo-core is not installed (pip install -e .[olmo]); OLMo-core order not checked"
-)
-olmo_loader = pytest.importorskip("olmo_core.data.data_loader")
 
 L = 32  #: sequence length
 B = 8  #: global batch size in rows (instances)

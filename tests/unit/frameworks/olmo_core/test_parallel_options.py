@@ -6,17 +6,13 @@ what is checked, then built into OLMo-core's ``TransformerTrainModuleConfig``.""
 from __future__ import annotations
 
 import pytest
+from olmo_core.distributed.parallel import DataParallelType
+from olmo_core.nn.attention.backend import AttentionBackendName
 
 from pretrain_exp.core.errors import ConfigError
+from pretrain_exp.frameworks.olmo_core.framework import OlmoCoreFramework
+from pretrain_exp.frameworks.olmo_core.presets import builder_config
 from tests.conftest import make_config
-
-pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
-
-from olmo_core.distributed.parallel import DataParallelType  # noqa: E402
-from olmo_core.nn.attention.backend import AttentionBackendName  # noqa: E402
-
-from pretrain_exp.frameworks.olmo_core.framework import OlmoCoreFramework  # noqa: E402
-from pretrain_exp.frameworks.olmo_core.presets import builder_config  # noqa: E402
 
 
 def framework(tmp_path, *overrides) -> OlmoCoreFramework:

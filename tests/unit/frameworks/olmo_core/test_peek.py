@@ -9,8 +9,6 @@ import pytest
 from pretrain_exp.data.schedule import rows_for
 from tests.conftest import make_config
 
-pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
-
 RUN = ["framework=olmo_core", "training=tiny", "training.num_steps=4", "training.global_batch_size=4",
        "training.micro_batch_size=2", "training.checkpoint_interval=2", "training.num_threads=1",
        "data.held_out_rows=8", "insertion.experiments.fictional_bios.num_items=8",

@@ -6,18 +6,14 @@ shard the weights). On CPU the config is what is checked (applying it needs torc
 from __future__ import annotations
 
 import pytest
+from olmo_core.config import DType
+from olmo_core.float8 import AOFloat8LinearConfig, Float8Config
+from olmo_core.train.train_module import TransformerTrainModuleConfig
 
+from pretrain_exp.core.config import Precision
+from pretrain_exp.frameworks.olmo_core.framework import OlmoCoreFramework, precision_config
+from pretrain_exp.frameworks.olmo_core.presets import tiny_checkpoint
 from tests.conftest import CACHE_DIR, make_config
-
-pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
-
-from olmo_core.config import DType  # noqa: E402
-from olmo_core.float8 import AOFloat8LinearConfig, Float8Config  # noqa: E402
-from olmo_core.train.train_module import TransformerTrainModuleConfig  # noqa: E402
-
-from pretrain_exp.core.config import Precision  # noqa: E402
-from pretrain_exp.frameworks.olmo_core.framework import OlmoCoreFramework, precision_config  # noqa: E402
-from pretrain_exp.frameworks.olmo_core.presets import tiny_checkpoint  # noqa: E402
 
 
 def framework(tmp_path, *overrides) -> OlmoCoreFramework:

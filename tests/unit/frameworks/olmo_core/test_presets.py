@@ -11,12 +11,10 @@ import shutil
 import pytest
 import torch
 
-pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
-
-from pretrain_exp.core.config import ModelConf  # noqa: E402
-from pretrain_exp.data.assets import tokenizer_dir  # noqa: E402
-from pretrain_exp.frameworks.olmo_core.checkpoint import load_model, model_config  # noqa: E402
-from pretrain_exp.frameworks.olmo_core.presets import random_init_checkpoint  # noqa: E402
+from pretrain_exp.core.config import ModelConf
+from pretrain_exp.data.assets import tokenizer_dir
+from pretrain_exp.frameworks.olmo_core.checkpoint import load_model, model_config
+from pretrain_exp.frameworks.olmo_core.presets import random_init_checkpoint
 
 
 @pytest.mark.skipif(importlib.util.find_spec("flash_attn") is not None, reason="flash-attn is installed here")

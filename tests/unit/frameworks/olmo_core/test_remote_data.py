@@ -15,7 +15,6 @@ from tests.conftest import CACHE_DIR, make_config
 from tests.remote_server import OLMO_DATA, RangeServer, build_mix
 from tests.unit.frameworks.olmo2.test_remote_data import no_proxy, prefixes, weights  # noqa: F401
 
-pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 L, B = 64, 4

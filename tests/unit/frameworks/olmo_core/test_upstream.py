@@ -9,21 +9,18 @@ import ast
 from pathlib import Path
 
 import numpy as np
+import olmo_core.data as olmo_data
 import pytest
+from olmo_core.data import data_loader as olmo_loader
+from olmo_core.distributed import parallel
+from olmo_core.train.callbacks import CheckpointerCallback
 
+from pretrain_exp.data.schedule import rows_for
+from pretrain_exp.data.token_files import write_token_file
+from pretrain_exp.frameworks.olmo_core import upstream
+from pretrain_exp.frameworks.olmo_core.upstream import MEMBERS, Member, OlmoCoreChanged
 from tests.unit.core.test_layers import ROOT, modules
 from tests.unit.frameworks.olmo_core.test_order import SIZES, B, L, coded, expected, olmo_loader_rank, our_order
-
-olmo_data = pytest.importorskip("olmo_core.data", reason="ai2-olmo-core is not installed")
-
-from olmo_core.data import data_loader as olmo_loader  # noqa: E402
-from olmo_core.distributed import parallel  # noqa: E402
-from olmo_core.train.callbacks import CheckpointerCallback  # noqa: E402
-
-from pretrain_exp.data.schedule import rows_for  # noqa: E402
-from pretrain_exp.data.token_files import write_token_file  # noqa: E402
-from pretrain_exp.frameworks.olmo_core import upstream  # noqa: E402
-from pretrain_exp.frameworks.olmo_core.upstream import MEMBERS, Member, OlmoCoreChanged  # noqa: E402
 
 
 @pytest.mark.parametrize("key", sorted(MEMBERS))

@@ -26,7 +26,6 @@ from pretrain_exp.data.order import permutation_path
 from pretrain_exp.data.token_files import write_token_file
 from tests.conftest import CACHE_DIR, ROOT, compose, make_config
 
-pytest.importorskip("olmo_core", reason="ai2-olmo-core is not installed (pip install -e .[olmo])")
 pytestmark = pytest.mark.slow  # the fixture is two OLMo-core runs (~1 min on 2 cores)
 
 from pretrain_exp.frameworks.olmo_core.checkpoint import check_train_state, load_model  # noqa: E402
@@ -182,16 +181,20 @@ def test_layouts_with_and_without_trainer_or_optimizer_state(fixture, tmp_path):
                        run_dir=tmp_path).model.checkpoint_step == 3
 
 
-def test_a_bare_tokenizer_json_takes_eos_and_pad_from_the_checkpoint(fixture, tmp_path):
+@pytest.mark.parametrize("named", ["file", "dir"])
+def test_a_bare_tokenizer_json_takes_eos_and_pad_from_the_checkpoint(fixture, tmp_path, named):
     """A run whose OLMo-core ``TokenizerConfig`` named a bare ``tokenizer.json`` (no ``tokenizer_config.json`` to
-    name EOS and pad): the checkpoint's ``config.json`` ``dataset.tokenizer`` ids are used and the run trains (it
-    stopped with "has no EOS token"). The checkpoint is OLMo-core's; only the identifier string names the file."""
+    name EOS and pad), as the file itself or as the dir holding only it: the checkpoint's ``config.json``
+    ``dataset.tokenizer`` ids are used and the run trains (it stopped with "has no EOS token"). The checkpoint is
+    OLMo-core's; only the identifier string names the file or dir."""
     from pretrain_exp.data.assets import tokenizer_dir
     from pretrain_exp.data.tokenize import load_tokenizer
 
     bare = tmp_path / "tok" / "tokenizer.json"
     bare.parent.mkdir()
     shutil.copy(tokenizer_dir("dolma2", CACHE_DIR) / "tokenizer.json", bare)
+    if named == "dir":
+        bare = bare.parent
     with pytest.raises(DataError, match="has no EOS token"):
         load_tokenizer(str(bare), CACHE_DIR)
     ckpt = tmp_path / "ckpt" / "step3"
@@ -210,6 +213,29 @@ def test_a_bare_tokenizer_json_takes_eos_and_pad_from_the_checkpoint(fixture, tm
 
 
 # --- against OLMo-core's own continuation ---------------------------------------------------------------
+
+
+def test_the_batch_viewer_shows_the_rows_olmo_core_trained(fixture, tmp_path):
+    """``pretrain-exp-inspect <checkpoint> step=K`` (its ``config.json`` only) gives, for steps 4-6, the instances
+    OLMo-core's own continuation trained, in its row order, with the tokens of those instances."""
+    env = os.environ | {"PRETRAIN_EXP_CACHE": str(CACHE_DIR)}
+    cmd = [sys.executable, "-m", "pretrain_exp.inspect", str(fixture["step3"])]
+    proc = subprocess.run([*cmd, "step=4"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    print(proc.stdout[:1500], proc.stderr, sep="\n")
+    assert proc.stdout.count("--- step 4, row ") == 8
+    assert f"8 rows: {8 * 32 * 4:,} bytes of tokens fetched" in proc.stderr
+    out = tmp_path / "rows.jsonl"
+    proc = subprocess.run([*cmd, "step=4-6", "--out", str(out)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    for k in (4, 5, 6):
+        mine = [r for r in rows if r["step"] == k]
+        assert [r["instance"] for r in mine] == fixture["steps"][k]["index"]
+        for r in mine:
+            want = np.fromfile(r["path"], dtype=np.uint32)[r["file_offset"]:r["file_offset"] + 32]
+            assert r["token_ids"] == want.tolist()
 
 
 def test_one_step_continuation_equals_olmo_cores(fixture, tmp_path):
