@@ -126,7 +126,10 @@ def with_retries(fn: Callable[[], T], max_retries: int, base_delay_s: float, wha
 class Experiment:
     """One run's prepared state (data order, plan, framework); :meth:`run` executes the loop."""
 
-    def __init__(self, cfg: ExperimentConfig):
+    def __init__(self, cfg: ExperimentConfig, audit_beside: bool = True):
+        """Prepare the run of ``cfg`` (module docstring, steps 1 and 2). ``audit_beside=False``: do not start the
+        audit beside training (``insertion.audit=on``) here; the torchrun launcher builds an ``Experiment`` only to
+        surface config and data errors before the ranks start, and rank 0 runs and collects the audit."""
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -171,7 +174,8 @@ class Experiment:
                 if local_rank() == 0:
                     self.stream.start()
                 self.order.gate = self.stream.gate()
-        self.auditor.start()  # insertion.audit=on, not audited yet: beside training from here
+        if audit_beside:
+            self.auditor.start()  # insertion.audit=on, not audited yet: beside training from here
         self.hf = HFExport(self.rundir, t.export_hf, self.end_step, self.main)  #: the run's HF exports
         #: ``insertion.dynamic``: the hook that decides each segment's additions
         self.dynamic_insertion = None if self.dynamic is None else DynamicInsertion(

@@ -201,7 +201,9 @@ def launch(cfg: ExperimentConfig) -> dict | None:
         run_dir.mkdir(parents=True, exist_ok=True)
         check_same_run(cfg, run_dir)
         config_path = save_resolved_config(cfg, run_dir)
-        Experiment(cfg)  # assets, tokens, plan + verification here: config and data errors surface before torchrun
+        # assets, tokens, plan + verification here: config and data errors surface before torchrun; the audit beside
+        # training is rank 0's, which collects it into items.jsonl and results.json
+        Experiment(cfg, audit_beside=False)
         log_dir = RunDir(run_dir).torchrun_logs
     else:  # the other nodes write nothing into the run dir: their workers read a node-local copy of the config
         node_dir = Path(tempfile.mkdtemp(prefix=f"pretrain_exp-{nodes.rdzv_id}-node{nodes.rank}-"))

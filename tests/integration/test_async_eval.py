@@ -4,6 +4,7 @@ ones)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from pretrain_exp.report.pending import MARKER, describe_pending, pending_evals
@@ -38,7 +40,7 @@ def test_async_evals_match_inline_and_survive_a_kill(tmp_path, tiny_model_dir):
     inline = _evals(runs / "inline")
     assert len(inline) == 6  # steps 4 and 8 x insertion_loss, memorization, perplexity
 
-    # async, killed (the whole process group: the run and its eval process) right after it started the evals of
+    # async, killed (the whole process tree: the run and its eval process) right after it started the evals of
     # step 4, before they could write anything
     run_dir = runs / "async"
     env = os.environ | {"PRETRAIN_EXP_RUNS": str(runs), "PRETRAIN_EXP_CACHE": str(CACHE_DIR), "WANDB_SILENT": "true"}
@@ -49,7 +51,12 @@ def test_async_evals_match_inline_and_survive_a_kill(tmp_path, tiny_model_dir):
     deadline = time.monotonic() + 600
     while not marker.is_file() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
+    tree = [psutil.Process(proc.pid)]
+    tree += tree[0].children(recursive=True)  # the eval process runs in a session of its own
+    for p in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.send_signal(signal.SIGKILL)
+    psutil.wait_procs(tree[1:], timeout=30)
     proc.wait()
     assert marker.is_file(), "the run never started the evals of step 4"
     assert pending_evals(run_dir) == {4: ["insertion_loss", "memorization", "perplexity"]}
