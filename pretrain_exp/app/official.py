@@ -45,7 +45,6 @@ from pretrain_exp.core.errors import CheckpointError, ConfigError
 MAX_HITS = 1000  #: search hits kept
 BLOCK_ROWS = 4096  #: rows fetched at once by a range query
 THREADS = 32  #: parallel range requests
-RENDER_ROWS = 64  #: rows decoded and rendered at once
 
 
 @dataclass(frozen=True)
@@ -233,92 +232,6 @@ def tokenizer_file(identifier: Optional[str], cache_dir: str | Path, given: Opti
     return path
 
 
-class ByteDecoder:
-    """``Tokenizer.decode_batch(rows, skip_special_tokens=False)`` of a byte-level BPE tokenizer (GPT-2 / dolma2: a
-    ``ByteLevel`` decoder, no normalizer), vectorized over a table of each id's bytes: a row's bytes are gathered
-    with numpy and decoded as UTF-8 with U+FFFD for ill-formed sequences (Rust's ``from_utf8_lossy``, as
-    ``tokenizers`` does; Python's ``"replace"`` follows the same maximal-subpart rule). Added tokens are their
-    content (valid UTF-8, so decoding a row whole equals ``tokenizers``' decoding between them), ids outside the
-    vocabulary are dropped. About 10x faster than ``decode_batch`` on rows of thousands of tokens.
-
-    :param flat: ``uint8`` bytes of every id, concatenated.
-    :param offsets: ``int64`` ``(V + 2,)``: id ``i`` is ``flat[offsets[i]:offsets[i + 1]]``; id ``V`` is empty
-        and stands for any id out of range.
-    """
-
-    def __init__(self, flat: np.ndarray, offsets: np.ndarray):
-        self.flat, self.offsets = flat, offsets
-        self.size = len(offsets) - 2  #: ids in the table
-
-    @classmethod
-    def from_table(cls, table: List[bytes]) -> "ByteDecoder":
-        """From the bytes of each id (``b""`` for an id that decodes to nothing)."""
-        lengths = [len(t) for t in table] + [0]
-        return cls(np.frombuffer(b"".join(table), np.uint8),
-                   np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]))
-
-    @classmethod
-    def from_spec(cls, spec: dict) -> Optional["ByteDecoder"]:
-        """The decoder of a parsed ``tokenizer.json``, or ``None`` when its decoder is not plain byte-level."""
-        model = spec.get("model") or {}
-        if ((spec.get("decoder") or {}).get("type") != "ByteLevel" or spec.get("normalizer") is not None
-                or not isinstance(model.get("vocab"), dict)):
-            return None
-        # GPT-2's bytes_to_unicode (openai/gpt-2 encoder.py): printable bytes map to themselves, the rest to 256+
-        printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-        char_of = dict(zip(printable, printable))
-        extra = (b for b in range(256) if b not in char_of)
-        char_of.update((b, 256 + i) for i, b in enumerate(extra))
-        to_latin1 = {c: b for b, c in char_of.items()}  # str.translate table: each char back to its byte
-        special = {int(t["id"]): t["content"] for t in spec.get("added_tokens") or []}
-        table = [b""] * (max([*model["vocab"].values(), *special, -1]) + 1)
-        try:
-            for token, i in model["vocab"].items():
-                table[i] = token.translate(to_latin1).encode("latin-1")
-        except UnicodeEncodeError:  # a char outside the byte map: not a byte-level vocabulary
-            return None
-        for i, content in special.items():
-            table[i] = content.encode()
-        return cls.from_table(table)
-
-    @classmethod
-    def cached(cls, path: Path, cache_dir: Path) -> Optional["ByteDecoder"]:
-        """:meth:`from_spec` of the ``tokenizer.json`` at ``path``, kept as
-        ``<cache_dir>/tokenizers/decode-<hash of path, size, mtime>.npz`` (``flat``, ``offsets``) so a later process
-        loads it in milliseconds. ``None`` as :meth:`from_spec`."""
-        import hashlib
-
-        from pretrain_exp.core.io import atomic_path
-
-        st = path.stat()
-        key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
-        keep = cache_dir / "tokenizers" / f"decode-{key}.npz"
-        if keep.is_file():
-            with np.load(keep) as z:
-                return cls(z["flat"], z["offsets"]) if z["byte_level"] else None
-        dec = cls.from_spec(json.loads(path.read_text()))
-        try:
-            with atomic_path(keep) as tmp, open(tmp, "wb") as fh:
-                np.savez(fh, byte_level=np.asarray(dec is not None),
-                         flat=dec.flat if dec else np.empty(0, np.uint8),
-                         offsets=dec.offsets if dec else np.zeros(2, np.int64))
-        except OSError:  # a read-only cache: decode without keeping the table
-            pass
-        return dec
-
-    def decode_rows(self, rows: np.ndarray) -> List[str]:
-        """Texts of ``rows`` (``int64`` ids, ``(n, L)``)."""
-        ids = np.where((rows >= 0) & (rows < self.size), rows, self.size).reshape(-1)
-        starts, lengths = self.offsets[ids], self.offsets[ids + 1] - self.offsets[ids]
-        ends = np.cumsum(lengths)
-        # byte k of the output is flat[starts[t] + (k - first byte of token t)] for its token t
-        index = np.repeat(starts - (ends - lengths), lengths) + np.arange(int(ends[-1]) if ends.size else 0)
-        data = self.flat[index].tobytes()
-        bounds = np.concatenate([[0], ends[rows.shape[1] - 1::rows.shape[1]]]) if rows.shape[1] else \
-            np.zeros(len(rows) + 1, np.int64)
-        return [data[a:b].decode("utf-8", "replace") for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
-
-
 class BatchView:
     """Rows of an official run's training order, fetched on demand.
 
@@ -369,14 +282,9 @@ class BatchView:
         return Tokenizer.from_file(str(self.tokenizer_path))
 
     def decode(self, rows: np.ndarray) -> List[str]:
-        """Texts of token rows ``(n, L)`` as ``Tokenizer.decode_batch(rows, skip_special_tokens=False)`` gives them
-        (:class:`ByteDecoder` where the tokenizer's decoder is byte-level, else ``decode_batch`` itself)."""
-        fast = getattr(self, "_fast", False)
-        if fast is False:
-            fast = self._fast = ByteDecoder.cached(self.tokenizer_path, self.cache_dir)
-        if fast is None:
-            return self.tokenizer.decode_batch([r.tolist() for r in rows], skip_special_tokens=False)
-        return fast.decode_rows(np.asarray(rows, np.int64).reshape(len(rows), -1))
+        """Texts of token rows ``(n, L)``: ``Tokenizer.decode_batch(rows, skip_special_tokens=False)``."""
+        return self.tokenizer.decode_batch(np.asarray(rows, np.int64).reshape(len(rows), -1).tolist(),
+                                           skip_special_tokens=False)
 
     def rows_of_steps(self, first: int, last: int, row: Optional[int] = None) -> np.ndarray:
         """Training-order rows ``q`` of steps ``first..last`` (1-based, inclusive), or only their row ``row``.
@@ -428,25 +336,20 @@ class BatchView:
             info["rank"] = (q % self.B) % self.world_size
         return out, info
 
-    def records(self, q: np.ndarray, text: bool = True, ids: str = "list") -> Iterator[dict]:
+    def records(self, q: np.ndarray, text: bool = True) -> Iterator[dict]:
         """One dict per row of ``q``, fetched in blocks of :data:`BLOCK_ROWS`: the :meth:`fetch` fields as ints,
-        ``path`` (the token file, URLs without credentials), ``token_ids`` (``ids``: ``"list"`` of ints, ``"array"``
-        the ``int64`` row itself, ``"text"`` an :class:`IdsText`) and, with ``text``, ``text``."""
+        ``path`` (the token file, URLs without credentials), ``token_ids`` (a list of ints) and, with ``text``,
+        ``text``."""
         from pretrain_exp.core.secrets import redact_url
 
         for a in range(0, q.size, BLOCK_ROWS):
             tokens, info = self.fetch(q[a:a + BLOCK_ROWS])
-            # rendered RENDER_ROWS at a time: temporaries of a few MB reuse the heap instead of fresh pages
-            texts = [t for b in range(0, len(tokens), RENDER_ROWS) for t in self.decode(tokens[b:b + RENDER_ROWS])] \
-                if text else [None] * len(tokens)
-            rendered = None if ids != "text" else \
-                [t for b in range(0, len(tokens), RENDER_ROWS) for t in ids_texts(tokens[b:b + RENDER_ROWS])]
+            texts = self.decode(tokens) if text else [None] * len(tokens)
             for i in range(len(tokens)):
                 rec = {k: int(v[i]) for k, v in info.items()}
                 p = self.files.paths[rec["file"]]
                 rec["path"] = redact_url(p) if isinstance(p, str) else str(p)
-                rec["token_ids"] = (IdsText(rendered[i]) if rendered is not None else tokens[i] if ids == "array"
-                                    else tokens[i].tolist())
+                rec["token_ids"] = tokens[i].tolist()
                 if text:
                     rec["text"] = texts[i]
                 yield rec
@@ -503,55 +406,6 @@ def parse_steps(value: str) -> tuple[int, int]:
     return first, int(m.group(2) or first)
 
 
-_DIGITS = np.empty((0, 0), np.uint8)  #: right-aligned ASCII digits of ids 0..n-1, zero-padded (:func:`ids_text`)
-
-
-def ids_texts(rows: np.ndarray, sep: str = ",") -> List[str]:
-    """``sep.join(str(i) for i in row)`` of each row of non-negative integer ids (``(n, L)``; one byte ``sep``),
-    vectorized over all rows at once: the digits of each id are gathered from a table of every id's digits (built
-    once per process, up to the largest id seen) with the leading zeros masked out."""
-    global _DIGITS
-    rows = np.asarray(rows, np.int64)
-    rows = rows.reshape(len(rows), -1) if rows.ndim != 1 else rows.reshape(1, -1)
-    if rows.size == 0:
-        return [""] * len(rows)
-    top = int(rows.max()) + 1
-    if len(_DIGITS) < top:
-        n = max(top, 1 << 17)
-        width = len(str(n - 1))
-        every = np.arange(n, dtype=np.int64)
-        _DIGITS = np.empty((n, width + 1), np.uint8)  # the digits, then the index of the first one
-        _DIGITS[:, :width] = every[:, None] // 10 ** np.arange(width - 1, -1, -1, dtype=np.int64) % 10 + 48
-        _DIGITS[:, width] = width - 1 - (np.log10(np.maximum(every, 1)) + 1e-9).astype(np.int64)
-    width = _DIGITS.shape[1] - 1
-    chars = _DIGITS[rows.reshape(-1)]
-    first = chars[:, width].astype(np.int64)
-    keep = np.arange(width + 1) >= first[:, None]
-    chars[:, width] = ord(sep)
-    data = chars[keep].tobytes().decode("ascii")
-    ends = np.cumsum((width + 1 - first).reshape(rows.shape).sum(axis=1)).tolist()  # each row ends with a sep
-    return [data[a:b - 1] for a, b in zip([0] + ends[:-1], ends)]
-
-
-def ids_text(ids: np.ndarray, sep: str = ",") -> str:
-    """``sep.join(str(i) for i in ids)`` of one row of ids (:func:`ids_texts`)."""
-    return ids_texts(np.asarray(ids).reshape(1, -1), sep)[0]
-
-
-class IdsText(str):
-    """A row's token ids rendered as ``"1,2,3"`` (:func:`ids_texts`), written as a JSON list by :func:`json_line`."""
-
-
-def json_line(rec: dict) -> str:
-    """One JSON object per line; a ``numpy`` or :class:`IdsText` ``token_ids`` row is written as a list of ints."""
-    ids = rec.get("token_ids")
-    if not isinstance(ids, (np.ndarray, IdsText)):
-        return json.dumps(rec, ensure_ascii=False)
-    head = json.dumps({k: v for k, v in rec.items() if k != "token_ids"}, ensure_ascii=False)
-    ids = ids if isinstance(ids, IdsText) else ids_text(ids)
-    return f'{head[:-1]}{", " if len(head) > 2 else ""}"token_ids": [{ids}]}}'
-
-
 def write_records(records, out: Path) -> int:
     """Write ``records`` (dicts; a ``token_ids`` entry may be a ``numpy`` row) to ``out``: JSON Lines for
     ``.jsonl``, Parquet (pyarrow; ``token_ids`` a list of ``int64``) for ``.parquet``; atomically. Returns the
@@ -568,7 +422,7 @@ def write_records(records, out: Path) -> int:
         if out.suffix == ".jsonl":
             with open(tmp, "w") as fh:
                 for rec in records:
-                    fh.write(json_line(rec) + "\n")
+                    fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
                     n += 1
         else:
             import pyarrow as pa
@@ -577,11 +431,6 @@ def write_records(records, out: Path) -> int:
             rows = list(records)
             n = len(rows)
             columns = {k: [r.get(k) for r in rows] for k in dict.fromkeys(k for r in rows for k in r)}
-            if "token_ids" in columns:
-                ids = [np.asarray(v, np.int64) for v in columns["token_ids"]]
-                offsets = np.concatenate([[0], np.cumsum([len(v) for v in ids])]).astype(np.int32)
-                columns["token_ids"] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(
-                    np.concatenate(ids) if ids else np.empty(0, np.int64)))
             pq.write_table(pa.table(columns), str(tmp))
     return n
 
@@ -634,15 +483,15 @@ def run(source: str, query: Dict[str, str], *, cache_dir: str | Path, prefixes: 
                 print(f"step {h['step']} row {h['row']} offset {h['offset']} (instance {h['instance']}): "
                       f"{h['context']!r}", file=stream)
     elif out:
-        write_records(view.records(q, ids="text" if out.endswith(".jsonl") else "array"), Path(out))
+        write_records(view.records(q), Path(out))
     else:
-        for rec in view.records(q, ids="text"):
+        for rec in view.records(q):
             rank = f", rank {rec['rank']} of {world_size}" if "rank" in rec else ""
             print(f"--- step {rec['step']}, row {rec['row']}{rank} (training-order row {rec['q']}, instance "
                   f"{rec['instance']}, {rec['path']} tokens {rec['file_offset']}..{rec['file_offset'] + view.L})",
                   file=stream)
             print(rec["text"], file=stream)
             if ids:
-                print("token ids: " + rec["token_ids"].replace(",", " "), file=stream)
+                print("token ids: " + " ".join(map(str, rec["token_ids"])), file=stream)
     summary.update(bytes=view.bytes_fetched, requests=view.requests, seconds=time.perf_counter() - t0)
     return summary

@@ -254,38 +254,3 @@ def test_a_preset_names_its_official_checkpoint_config(run, tmp_path):
         spec = read_order(path)
         assert spec.layout == ("olmo2" if name.startswith("olmo2") else "olmo_core")
         assert spec.paths == [str(p) for p in run["paths"]]
-
-
-def test_the_byte_table_decodes_as_the_tokenizer_does(tmp_path):
-    """:class:`ByteDecoder` (kept in the cache, then loaded from it) gives ``decode_batch(...,
-    skip_special_tokens=False)`` of dolma2 exactly: random ids over the padded vocabulary (split UTF-8 sequences,
-    added tokens, ids past the vocabulary) and real text."""
-    from tokenizers import Tokenizer
-
-    from pretrain_exp.app.official import ByteDecoder
-
-    path = tokenizer_dir("dolma2", CACHE_DIR) / "tokenizer.json"
-    tok = Tokenizer.from_file(str(path))
-    rng = np.random.default_rng(0)
-    rows = rng.integers(0, 100_352, size=(64, 200))
-    rows[:, ::37] = 100257
-    rows[0, :len(tok.encode(" " + TEXT).ids)] = tok.encode(" " + TEXT).ids
-    want = tok.decode_batch(rows.tolist(), skip_special_tokens=False)
-    built = ByteDecoder.cached(path, tmp_path)
-    assert len(list((tmp_path / "tokenizers").glob("decode-*.npz"))) == 1
-    loaded = ByteDecoder.cached(path, tmp_path)
-    for dec in (built, loaded):
-        assert dec.decode_rows(rows) == want
-    assert want[0].startswith(" " + TEXT) and "\ufffd" in "".join(want)
-
-
-def test_ids_text_is_the_decimal_ids():
-    from pretrain_exp.app.official import ids_text
-
-    ids = np.concatenate([np.arange(200_000), [10 ** 6 - 1, 10 ** 6, 0]])
-    assert ids_text(ids) == ",".join(map(str, ids.tolist()))
-    assert ids_text(np.asarray([7, 0, 120]), " ") == "7 0 120" and ids_text(np.asarray([], np.int64)) == ""
-    from pretrain_exp.app.official import ids_texts
-
-    rows = np.random.default_rng(1).integers(0, 100_352, size=(5, 77))
-    assert ids_texts(rows, " ") == [" ".join(map(str, r)) for r in rows.tolist()]
