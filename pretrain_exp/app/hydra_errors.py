@@ -56,11 +56,9 @@ def hydra_error_line(e: BaseException) -> Optional[str]:
                 + did_you_mean(option, options, f"{group}="))
     if isinstance(e, OverrideParseException):
         return f"{e.override}: not a valid override ({_first_line(e.message)}; quote lists: 'key=[a,b]')"
-    from pretrain_exp.core.errors import PretrainExpError
+    from pretrain_exp.core.errors import project_error
 
-    ours = e  # a resolver's own error (``${parent:...}`` naming a dir that is no run) while Hydra computes the run dir
-    while ours is not None and not isinstance(ours, PretrainExpError):
-        ours = ours.__cause__ or ours.__context__
+    ours = project_error(e)  # a resolver's own error (``${parent:...}``: no run dir) while Hydra computes the run dir
     if ours is not None:
         return _first_line(ours)
     if not isinstance(e, ConfigCompositionException):

@@ -31,6 +31,7 @@ from typing import Any, Dict, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from pretrain_exp.app.run_name import override_key
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.core.rundir import RunDir
 
@@ -169,13 +170,9 @@ def register_resolver() -> None:
         OmegaConf.register_new_resolver(RESOLVER, resolve)
 
 
-def _key(override: str) -> str:
-    return override.lstrip("+~").split("=", 1)[0].strip()
-
-
 def _given(overrides: Sequence[str], group: str) -> list:
     """The keys under ``group`` that ``overrides`` set (``group`` itself for a group option)."""
-    return [k for k in map(_key, overrides) if k == group or k.startswith(group + ".")]
+    return [k for k in map(override_key, overrides) if k == group or k.startswith(group + ".")]
 
 
 def with_parent(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
@@ -191,7 +188,7 @@ def with_parent(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
     if cfg.get(KEY) is None:
         return cfg
     parent = ParentRun.open(cfg[KEY])
-    if "experiment" in map(_key, overrides):
+    if "experiment" in map(override_key, overrides):
         raise ConfigError("experiment", "a preset sets a whole run; continue a run with parent=... and the keys "
                           "to change (training.num_steps=..., insertion=...)")
     if str(cfg.framework.name) != parent.framework:
@@ -203,7 +200,7 @@ def with_parent(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
                           f"step {parent.end_step}); drop {model_keys[0]} from the command line")
     for key in FIXED_KEYS:
         ours, theirs = OmegaConf.select(cfg, key), OmegaConf.select(OmegaConf.create(parent.config), key)
-        if key in map(_key, overrides) and ours != theirs:
+        if key in map(override_key, overrides) and ours != theirs:
             raise ConfigError(key, f"a continued run keeps its parent's value {theirs} (global token positions "
                               f"continue from step {parent.end_step}); drop {key}={ours}")
     model = dict(parent.config["model"], path=str(parent.model_dir()), asset=None, url=None, revision=None,

@@ -34,7 +34,7 @@ _NOT_IN_SUFFIX = ("seed", "model.checkpoint_step", "experiment", "eval", "wandb"
 _SHOWN_GROUPS = ("framework", "data", "insertion", "training")
 
 
-def _key(override: str) -> str:
+def override_key(override: str) -> str:
     """The key or group of an override string (``+a.b=1`` -> ``a.b``, ``hydra/launcher=x`` -> ``hydra/launcher``)."""
     return override.lstrip("+~").split("=", 1)[0].strip()
 
@@ -51,9 +51,9 @@ def run_suffix(overrides: Iterable[str]) -> str:
     """The suffix of the run name for a command line's ``overrides`` (module docstring): ``""`` when none of them
     changes what is trained or one of them sets ``name=``, else ``-<group options>-<6 hex>`` (or ``-<6 hex>``)."""
     overrides = [str(o) for o in overrides]
-    if any(_key(o) == "name" for o in overrides):
+    if any(override_key(o) == "name" for o in overrides):
         return ""
-    kept = sorted(o.lstrip("+") for o in overrides if _counts(_key(o)))
+    kept = sorted(o.lstrip("+") for o in overrides if _counts(override_key(o)))
     if not kept:
         return ""
     shown: List[str] = []
@@ -99,7 +99,7 @@ def own_run_dir(hydra_overrides: Optional[Iterable[str]] = None, sweep: Optional
             sweep = hc is not None and hc.mode == RunMode.MULTIRUN
     key, what = (("hydra.sweep.dir", "this sweep its own dir") if sweep
                  else ("hydra.run.dir", "this run its own run dir"))
-    if any(_key(str(o)) == key for o in hydra_overrides):
+    if any(override_key(str(o)) == key for o in hydra_overrides):
         return f"give {what}: {key}=<another dir> (or drop {key} and set name=<new name>)"
     return f"give {what}: name=<new name>"
 

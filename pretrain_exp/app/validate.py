@@ -39,7 +39,7 @@ from pretrain_exp.core.capabilities import (
     has,
 )
 from pretrain_exp.core.config import Cleanup, EvalMode, ExportHF, Precision, text_sources
-from pretrain_exp.core.errors import ConfigError, PretrainExpError
+from pretrain_exp.core.errors import ConfigError, project_error
 from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.core.stats import ADJUST_METHODS
 
@@ -418,9 +418,7 @@ def to_config(cfg: DictConfig, overrides: Optional[Sequence[str]] = None) -> Exp
                               + f" (fields: {', '.join(fields)})")
         exp = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
-        cause = e
-        while cause is not None and not isinstance(cause, PretrainExpError):  # raised by a ${checkpoint:...}
-            cause = cause.__cause__ or cause.__context__
+        cause = project_error(e)  # raised by a ${checkpoint:...} or ${parent:...}
         if cause is not None:
             raise cause from None
         key = getattr(e, "full_key", None) or "config"

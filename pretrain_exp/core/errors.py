@@ -8,9 +8,19 @@ only ones the experiment loop retries.
 
 from __future__ import annotations
 
+from typing import Optional
+
 
 class PretrainExpError(Exception):
     """Base class of all user-facing errors; the message is the whole explanation."""
+
+
+def project_error(e: Optional[BaseException]) -> Optional[PretrainExpError]:
+    """The first :class:`PretrainExpError` in the chain of ``e`` (itself, its ``__cause__`` or ``__context__``, and
+    theirs): the project's own error that a library wrapped (a resolver's error inside OmegaConf's), or ``None``."""
+    while e is not None and not isinstance(e, PretrainExpError):
+        e = e.__cause__ or e.__context__
+    return e
 
 
 class ConfigError(PretrainExpError, ValueError):
