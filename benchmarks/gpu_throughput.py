@@ -30,7 +30,7 @@ training, olmo_core/olmo2 only, so hf keeps the others), on the same tokens from
 tokens/s fp8 / bf16 (goal >= 1.15) and the training loss of each at the last step with their difference (MFU stays
 against the bf16 peak). Prints one table and the ratios insertion on / off (goal >= 0.99), project / anchor (goal
 >= 0.98; the anchor runs in bf16) and the MFU goals (olmo_core >= 45%, hf >= 35%). Numbers are printed, not
-asserted; a failed configuration is reported and the others still run.
+asserted; a failed configuration is reported, the others still run, and the exit status is 1.
 
 ``--tiny`` runs the same code path on a CPU in about a minute: the ``olmo2_14M`` shape, sequence length 128, 3 steps,
 no compile, SDPA, fp32 (unless ``--precision`` says otherwise; fp8 is refused without a float8 GPU, and reported as
@@ -244,12 +244,16 @@ def steady_median(metrics_path: Path, name: str, warmup: int) -> Optional[float]
 
 
 def dolma2_token_file(cache_dir: str) -> Path:
-    """The Shakespeare corpus's dolma2 token file in the cache (written by the project's runs before)."""
-    for meta in sorted(Path(cache_dir, "tokens").glob("shakespeare-*/tokens.json")):
-        info = json.loads(meta.read_text())
-        if info["eos_token_id"] == 100257 and info["dtype"] == "uint32":
-            return meta.parent / info["files"][0]
-    raise FileNotFoundError(f"{cache_dir}/tokens: no dolma2 tokens of the Shakespeare corpus (run a config first)")
+    """The Shakespeare corpus's dolma2 token file in the cache (uint32 ids), tokenized there first if no run has
+    (the project's tokenizer and cache, so the project's runs read the same file).
+
+    :raises DataError: if the corpus or the tokenizer cannot be read from the cache or the registry.
+    """
+    from pretrain_exp.data.tokenize import load_tokenizer, tokenize_sources
+
+    files = tokenize_sources("shakespeare", load_tokenizer("dolma2", cache_dir), Path(cache_dir, "tokens"), cache_dir,
+                             progress=False)
+    return files[0]
 
 
 def bare_olmo_core(setup: Setup, token_file: Path, run_dir: Path) -> None:
@@ -453,7 +457,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if "flash" in attentions and importlib.util.find_spec("flash_attn") is None:
         print("note: flash-attn is not installed here; the flash rows are left out")
         attentions = [a for a in attentions if a != "flash"] or ["sdpa"]
-    env = os.environ | {"PRETRAIN_EXP_CACHE": cache_dir, "WANDB_SILENT": "true", "PYTHONPATH": str(ROOT)}
+    # the checkout first, then the caller's entries (where the libraries live when they are not installed)
+    env = os.environ | {"PRETRAIN_EXP_CACHE": cache_dir, "WANDB_SILENT": "true",
+                        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     fpt = flops_per_token(setup.config, setup.sequence_length)
     frameworks = [f for f in args.frameworks.split(",") if f]
     insertions = [i == "on" for i in args.insertion.split(",") if i]
@@ -462,7 +468,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     if torch.cuda.is_available():
         device = torch.cuda.get_device_name()
-    rows = []
+    rows, failed = [], []  # failed: the configurations that did not run (the exit status says so)
     with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp:
         out = args.out or Path(tmp)
         hf_config = None
@@ -478,6 +484,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print("note: training.precision=fp8 is OLMo-core's float8 training; the hf rows run the other precisions")
         multi = len(precisions) > 1  # run dirs and ratio labels name the precision
         if args.bare and "olmo_core" in frameworks:
+            dolma2_token_file(cache_dir)  # tokenized here, so the anchor and the runs read one file
             s = Setup(**{**setup.__dict__, "compile": compile_modes[0] == "on", "attention": attentions[0],
                          "precision": base_precision})
             run_dir = out / "olmo_core-bare"
@@ -490,6 +497,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
             if proc.returncode != 0:
                 print(f"failed: {' '.join(cmd)}\nexit {proc.returncode}\n{proc.stderr[-3000:]}", flush=True)
+                failed.append("olmo_core-bare")
             else:
                 rows.append(measure(run_dir, "olmo_core (bare OLMo-core Trainer)", s.compile, s.attention, False, s,
                                     fpt, mem.peak_gib))
@@ -506,6 +514,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                 + ["training.export_hf=none"], run_dir, env)
                 except RuntimeError as e:  # the other configurations still run; the table leaves this one out
                     print(f"failed: {e}", flush=True)
+                    failed.append(name)
                     continue
                 rows.append(measure(run_dir, fw, comp, attn, insertion, s, fpt, mem.peak_gib))
                 print(f"measured {name}: {rows[-1]}", flush=True)
@@ -524,6 +533,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(f"measured {label}: {rows[-1]}; served (requests, bytes): {remote.served}", flush=True)
             except RuntimeError as e:
                 print(f"failed: {e}", flush=True)
+                failed.append(label)
         if args.async_eval:
             cfg = "olmo2_14M" if args.tiny else args.async_config
             L = setup.sequence_length
@@ -536,6 +546,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                       f"{'n/a' if res['peak_gib'] is None else format(res['peak_gib'], '.1f') + ' GiB'}", flush=True)
             except RuntimeError as e:
                 print(f"failed: eval.mode=async run: {e}", flush=True)
+                failed.append("eval.mode=async")
     print(f"{device}: {setup.config}, L={setup.sequence_length}, micro-batch {setup.micro_batch}, {setup.steps} "
           f"steps (median after {setup.warmup}), {','.join(precisions)}, {fpt / 1e9:.2f} GFLOP/token, peak "
           f"{setup.peak_tflops:g} TFLOP/s")
@@ -580,6 +591,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             for mb, fits, peak in probe_micro_batch(setup, sizes):
                 result = f"fits, peak allocated {peak:.1f} GiB" if fits else "out of memory"
                 print(f"micro-batch {mb} x {setup.sequence_length}: {result}")
+    if failed:
+        print(f"error: {len(failed)} configuration(s) did not run: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -24,6 +24,9 @@ from pretrain_exp.app.validate import to_config
 from pretrain_exp.insertion.plan import Plan
 
 ROOT = Path(__file__).resolve().parents[1]
+#: ``PYTHONPATH`` for a subprocess: the checkout, then the caller's own entries (where the libraries live when
+#: ``make gpu-test PY=python`` runs an interpreter whose packages are on ``PYTHONPATH``)
+CHECKOUT_PYTHONPATH = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
 CONF_DIR = conf_dir()  # conf/ of this checkout (pretrain_exp/conf when the package is installed)
 #: the user's cache (``$PRETRAIN_EXP_CACHE`` or ``~/.cache/pretrain_exp``): the assets the tests share
 SHARED_CACHE = Path(os.environ.get("PRETRAIN_EXP_TESTS_SHARED_CACHE") or os.environ.get("PRETRAIN_EXP_CACHE")

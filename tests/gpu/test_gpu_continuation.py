@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import CACHE_DIR, ROOT
+from tests.conftest import CACHE_DIR, CHECKOUT_PYTHONPATH, ROOT
 from tests.gpu.test_gpu_scale import cli
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow,
@@ -83,7 +83,7 @@ def test_olmo2_one_bf16_step_on_the_gpu_equals_olmo_cores_trainer_on_the_convert
     converted = convert_to_olmo_core(cfg, source)  # the run converted it: cached, returned as is
     ref = tmp_path / "ref"
     ref.mkdir()
-    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    env = os.environ | {"PYTHONPATH": CHECKOUT_PYTHONPATH}
     proc = subprocess.run([sys.executable, "-m", "tests.gpu.olmo2_reference", *GPU_BF16, str(converted), str(source),
                            str(ref), str(tmp_path / "work"), "1"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=900)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import CACHE_DIR, ROOT
+from tests.conftest import CACHE_DIR, CHECKOUT_PYTHONPATH, ROOT
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
@@ -62,7 +62,7 @@ def test_float8_config_converts_the_linear_layers_and_keeps_the_loss():
 def test_fp8_run_trains_under_fsdp(tmp_path):
     run_dir = tmp_path / "fp8"
     env = os.environ | {"PRETRAIN_EXP_RUNS": str(tmp_path), "PRETRAIN_EXP_CACHE": str(CACHE_DIR),
-                        "WANDB_SILENT": "true", "PYTHONPATH": str(ROOT)}
+                        "WANDB_SILENT": "true", "PYTHONPATH": CHECKOUT_PYTHONPATH}
     args = ["experiment=scratch_olmo_core", "training.precision=fp8", "training.data_parallel=fsdp",
             "training.attention=sdpa", "wandb=disabled", "eval=[insertion_loss]", f"hydra.run.dir={run_dir}"]
     proc = subprocess.run([sys.executable, "-m", "pretrain_exp", *args], cwd=ROOT, env=env, capture_output=True,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import CACHE_DIR, ROOT
+from tests.conftest import CACHE_DIR, CHECKOUT_PYTHONPATH, ROOT
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow,
 
 def cli(args, run_dir: Path) -> str:
     env = os.environ | {"PRETRAIN_EXP_RUNS": str(run_dir.parent), "PRETRAIN_EXP_CACHE": str(CACHE_DIR),
-                        "WANDB_SILENT": "true", "PYTHONPATH": str(ROOT)}
+                        "WANDB_SILENT": "true", "PYTHONPATH": CHECKOUT_PYTHONPATH}
     proc = subprocess.run([sys.executable, "-m", "pretrain_exp", *args, f"hydra.run.dir={run_dir}"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
@@ -124,7 +124,7 @@ def test_throughput_benchmark_runs_on_the_gpu(tmp_path):
     out = subprocess.run([sys.executable, "benchmarks/gpu_throughput.py", "--config", "olmo2_14M",
                           "--sequence-length", "512", "--steps", "6", "--warmup", "2", "--no-compile",
                           "--attention", "sdpa", "--out", str(tmp_path)],
-                         cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                         cwd=ROOT, env=os.environ | {"PYTHONPATH": CHECKOUT_PYTHONPATH}, capture_output=True, text=True,
                          timeout=1800)
     assert out.returncode == 0, out.stderr[-4000:]
     assert "olmo_core (compile off, sdpa): insertion on / off" in out.stdout

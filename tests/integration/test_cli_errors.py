@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 
 from tests.bad_input import CACHE, REPO, write_jsonl
+from tests.conftest import CHECKOUT_PYTHONPATH
 
 
 def cli(tmp_path, *overrides, timeout=600):
     """``python -m pretrain_exp ...`` with the runs root ``tmp_path/runs``; returns the CompletedProcess."""
     env = {**os.environ, "PRETRAIN_EXP_RUNS": str(tmp_path / "runs"), "PRETRAIN_EXP_CACHE": str(CACHE),
-           "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
+           "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": CHECKOUT_PYTHONPATH}
     return subprocess.run([sys.executable, "-m", "pretrain_exp", *overrides], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
 

@@ -33,7 +33,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from pretrain_exp import conf_dir
-from tests.conftest import CACHE_DIR, ROOT
+from tests.conftest import CACHE_DIR, CHECKOUT_PYTHONPATH, ROOT
 
 DOCS = ROOT / "docs"
 #: the documentation files checked: the README and every page of the site
@@ -349,7 +349,7 @@ def tiny_runs_root(tmp_path_factory):
     quickstart runs it)."""
     root = tmp_path_factory.mktemp("docs-tiny")
     env = {**os.environ, "PRETRAIN_EXP_RUNS": str(root / "runs"), "WANDB_MODE": "disabled",
-           "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+           "OMP_NUM_THREADS": "1", "PYTHONPATH": CHECKOUT_PYTHONPATH}
     out = subprocess.run([sys.executable, "-m", "pretrain_exp", "experiment=tiny", "wandb=disabled"], cwd=root,
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:]
@@ -759,7 +759,7 @@ def test_the_inspector_prints_what_the_docs_show(tiny_runs_root):
     run = next((tiny_runs_root / "runs").iterdir())
     out = subprocess.run([sys.executable, "-m", "pretrain_exp.inspect", str(run), "step=2", "row=4"],
                          cwd=tiny_runs_root, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "COLUMNS": "112", "PYTHONPATH": str(ROOT)})
+                         env={**os.environ, "COLUMNS": "112", "PYTHONPATH": CHECKOUT_PYTHONPATH})
     assert out.returncode == 0, out.stderr[-2000:]
     assert re.findall(r"⟦([^⟧]+)⟧", flat(out.stdout.splitlines())) == labels
     # one term for one number: the span's label and the placements table both say "dup index" (0-based)

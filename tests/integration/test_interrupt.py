@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CACHE_DIR
+from tests.conftest import CACHE_DIR, CHECKOUT_PYTHONPATH
 from tests.integration.test_cli import cli
 from tests.kill_trials import SETUPS
 from tests.terminal import in_terminal
@@ -113,7 +113,7 @@ def test_a_second_signal_stops_at_once(tmp_path):
         print("not reached", flush=True)
     """))
     proc = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                            env=os.environ | {"PYTHONPATH": str(ROOT)})
+                            env=os.environ | {"PYTHONPATH": CHECKOUT_PYTHONPATH})
     child = int(proc.stdout.readline())
     assert proc.stdout.readline().strip() == "ready"
     t0 = time.monotonic()

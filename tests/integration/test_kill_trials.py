@@ -17,6 +17,7 @@ import pytest
 
 from pretrain_exp.core.errors import StorageError
 from pretrain_exp.core.io import is_disk_full, write_text
+from tests.conftest import CHECKOUT_PYTHONPATH
 from tests.kill_trials import SETUPS, Phase, Reference, landed_in, phases_of, plan_trials
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +30,8 @@ TIER_TRIALS = {"torchrun": 3, "olmo2": 5}
 
 def harness(*args: str, out: Path) -> dict:
     proc = subprocess.run([sys.executable, "-m", "tests.kill_trials", *args, "--json", str(out)], cwd=ROOT,
-                          env=os.environ | {"PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=3000)
+                          env=os.environ | {"PYTHONPATH": CHECKOUT_PYTHONPATH}, capture_output=True, text=True,
+                          timeout=3000)
     assert out.is_file(), f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return json.loads(out.read_text())
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from pretrain_exp.frameworks.olmo_core.checkpoint import load_model
-from tests.conftest import CACHE_DIR, ROOT
+from tests.conftest import CACHE_DIR, CHECKOUT_PYTHONPATH, ROOT
 from tests.unit.frameworks.olmo_core.test_framework import (
     RUN,
     assert_two_ranks_train_what_one_trains,
@@ -37,7 +37,7 @@ OLMO_CORE = [*(o for o in RUN if not o.startswith(("training.num_steps", "traini
 def cli_env(runs: Path, **extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_", "RANK", "WORLD_SIZE"))}
     return env | {"PRETRAIN_EXP_RUNS": str(runs), "PRETRAIN_EXP_CACHE": str(CACHE_DIR), "WANDB_SILENT": "true",
-                  "PYTHONPATH": str(ROOT), **extra}
+                  "PYTHONPATH": CHECKOUT_PYTHONPATH, **extra}
 
 
 def run_cli(args, run_dir: Path, runs: Path) -> None:

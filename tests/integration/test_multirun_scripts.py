@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CACHE_DIR, ROOT
+from tests.conftest import CACHE_DIR, CHECKOUT_PYTHONPATH, ROOT
 
 pytestmark = pytest.mark.slow  # trains 4 tiny runs through the scripts: ~2 min on 2 cores
 
@@ -23,8 +23,8 @@ TINY = ["experiment=tiny", "training.num_steps=4", "insertion.experiments.fictio
 
 
 def script(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT), "PRETRAIN_EXP_CACHE": str(CACHE_DIR),
-           "HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true"}
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": CHECKOUT_PYTHONPATH,
+           "PRETRAIN_EXP_CACHE": str(CACHE_DIR), "HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true"}
     env.pop("PRETRAIN_EXP_RUNS", None)  # runs/ under cwd, as model=base_series_tiny expects by default
     proc = subprocess.run([str(SCRIPTS / f"{name}.sh"), *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=900)
@@ -36,7 +36,7 @@ def test_every_script_runs_and_the_report_gathers_its_sweep(tmp_path, tiny_model
     assert sorted(p.stem for p in SCRIPTS.glob("*.sh")) == ["demo_grid", "report", "seeds_x_dups", "seeds_x_steps"]
     subprocess.run([sys.executable, "-m", "pretrain_exp", "experiment=base_series_tiny", "training.num_steps=4",
                     "training.num_threads=1", "wandb=disabled", "name=base_series"], cwd=tmp_path, check=True,
-                   capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT), "WANDB_SILENT": "true",
+                   capture_output=True, env={**os.environ, "PYTHONPATH": CHECKOUT_PYTHONPATH, "WANDB_SILENT": "true",
                                              "PRETRAIN_EXP_CACHE": str(CACHE_DIR)} | {"PRETRAIN_EXP_RUNS": "runs"},
                    timeout=900)
     extra = {"demo_grid": [], "seeds_x_dups": [], "seeds_x_steps": ["model=base_series_tiny",

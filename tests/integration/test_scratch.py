@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import CACHE_DIR, ROOT
+from tests.conftest import CACHE_DIR, CHECKOUT_PYTHONPATH, ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ COMMON = ["wandb=disabled", "training.num_threads=1", "eval=[insertion_loss]", "
 
 def cli(args, run_dir: Path) -> str:
     env = os.environ | {"PRETRAIN_EXP_RUNS": str(run_dir.parent), "PRETRAIN_EXP_CACHE": str(CACHE_DIR),
-                        "WANDB_SILENT": "true", "PYTHONPATH": str(ROOT)}
+                        "WANDB_SILENT": "true", "PYTHONPATH": CHECKOUT_PYTHONPATH}
     proc = subprocess.run([sys.executable, "-m", "pretrain_exp", *args, *COMMON, f"hydra.run.dir={run_dir}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CACHE_DIR, ROOT
+from tests.conftest import CACHE_DIR, CHECKOUT_PYTHONPATH, ROOT
 
 
 def _controller_answers() -> bool:
@@ -49,7 +49,7 @@ def sweep_cmd(sweep_dir: Path, *overrides: str) -> list[str]:
 
 def env(tmp_path: Path) -> dict:
     return os.environ | {"PRETRAIN_EXP_CACHE": str(CACHE_DIR), "PRETRAIN_EXP_RUNS": str(tmp_path / "runs"),
-                         "PYTHONPATH": str(ROOT), "WANDB_SILENT": "true"}
+                         "PYTHONPATH": CHECKOUT_PYTHONPATH, "WANDB_SILENT": "true"}
 
 
 def run_sweep(tmp_path: Path, sweep_dir: Path, *overrides: str, check: bool = True) -> subprocess.CompletedProcess:

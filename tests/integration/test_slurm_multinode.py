@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-from tests.conftest import CACHE_DIR, ROOT
+from tests.conftest import CACHE_DIR, CHECKOUT_PYTHONPATH, ROOT
 
 #: the environment of this module's SLURM commands: ``SLURM_CONF`` from ``$PRETRAIN_EXP_TEST_SLURM_CONF_2`` if set
 SLURM_ENV = os.environ | ({"SLURM_CONF": os.environ["PRETRAIN_EXP_TEST_SLURM_CONF_2"]}
@@ -75,7 +75,7 @@ def test_a_two_node_job_trains_once_and_resumes_after_requeue(tmp_path):
            "training.num_steps=16", "training.checkpoint_interval=4", "eval=[insertion_loss]", "seed=0",
            "insertion.experiments.fictional_bios.repetitions=[0,1,2,4]"]
     env = SLURM_ENV | {"PRETRAIN_EXP_CACHE": str(CACHE_DIR), "PRETRAIN_EXP_RUNS": str(tmp_path / "runs"),
-                       "PYTHONPATH": str(ROOT), "WANDB_SILENT": "true"}
+                       "PYTHONPATH": CHECKOUT_PYTHONPATH, "WANDB_SILENT": "true"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     job = sweep_dir / "0"
     try:

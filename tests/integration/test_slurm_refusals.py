@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CACHE_DIR, ROOT
+from tests.conftest import CACHE_DIR, CHECKOUT_PYTHONPATH, ROOT
 from tests.integration.test_slurm import _controller_answers
 
 needs_slurm = pytest.mark.skipif(not _controller_answers(), reason="no SLURM controller answers `sinfo` "
@@ -22,7 +22,7 @@ needs_slurm = pytest.mark.skipif(not _controller_answers(), reason="no SLURM con
 def sweep(tmp_path: Path, *overrides: str, path: str | None = None) -> subprocess.CompletedProcess:
     """The README's sweep (``-m seed=0,1 hydra/launcher=...``) into ``tmp_path/sweep``."""
     env = os.environ | {"PRETRAIN_EXP_CACHE": str(CACHE_DIR), "PRETRAIN_EXP_RUNS": str(tmp_path / "runs"),
-                        "PYTHONPATH": str(ROOT), "WANDB_SILENT": "true"}
+                        "PYTHONPATH": CHECKOUT_PYTHONPATH, "WANDB_SILENT": "true"}
     if path is not None:
         env["PATH"] = path
     return subprocess.run([sys.executable, "-m", "pretrain_exp", "-m", "seed=0,1", *overrides,

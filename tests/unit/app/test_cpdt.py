@@ -23,6 +23,7 @@ from pretrain_exp.core.stats import sign_flip_pvalue
 from pretrain_exp.insertion.items import ItemSet
 from pretrain_exp.insertion.plan import Plan, build_plan
 from pretrain_exp.insertion.types.tokens import TokensConf
+from tests.conftest import CHECKOUT_PYTHONPATH
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -146,7 +147,7 @@ def test_withheld_experiments_leave_the_others_in_place():
 def cpdt_run(tmp_path_factory):
     """``python -m pretrain_exp experiment=cpdt_tiny`` (2 experiments x 2 seeds = 6 arms of 6 steps)."""
     run = tmp_path_factory.mktemp("cpdt") / "run"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=CHECKOUT_PYTHONPATH)
     proc = subprocess.run([sys.executable, "-m", "pretrain_exp", "experiment=cpdt_tiny", "training.num_threads=1",
                            "wandb=disabled", f"hydra.run.dir={run}"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=900)

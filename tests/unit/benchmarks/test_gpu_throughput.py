@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import CHECKOUT_PYTHONPATH, ROOT
 
 spec = importlib.util.spec_from_file_location("gpu_throughput", ROOT / "benchmarks" / "gpu_throughput.py")
 bench = importlib.util.module_from_spec(spec)
@@ -65,7 +65,7 @@ def test_fp8_rows_are_compared_with_bf16_by_tokens_per_s_and_last_loss(tmp_path)
 @pytest.mark.slow
 def test_tiny_run_prints_the_table(tmp_path):
     out = subprocess.run([sys.executable, "benchmarks/gpu_throughput.py", "--tiny", "--out", str(tmp_path)],
-                         cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT), "WANDB_SILENT": "true"},
+                         cwd=ROOT, env=os.environ | {"PYTHONPATH": CHECKOUT_PYTHONPATH, "WANDB_SILENT": "true"},
                          capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, out.stderr[-4000:]
     assert "olmo_core (compile off, sdpa): insertion on / off" in out.stdout
@@ -74,3 +74,16 @@ def test_tiny_run_prints_the_table(tmp_path):
     assert bench.plan_fraction(tmp_path / "olmo_core-eager-sdpa-insert") > 0
     assert bench.plan_fraction(tmp_path / "hf-eager-sdpa-plain") == 0.0
     assert bench.steady_tokens_per_s(tmp_path / "olmo_core-bare" / "metrics.jsonl", 1) > 0
+
+
+def test_a_configuration_that_does_not_run_makes_the_exit_status_1(tmp_path):
+    """fp8 is refused without a float8 GPU: the run is reported as failed, the table is still printed, and the
+    benchmark exits 1 (a table with a row missing is not a measurement)."""
+    out = subprocess.run([sys.executable, "benchmarks/gpu_throughput.py", "--tiny", "--frameworks", "olmo_core",
+                          "--no-bare", "--precision", "fp8", "--insertion", "off", "--out", str(tmp_path)],
+                         cwd=ROOT, env=os.environ | {"PYTHONPATH": CHECKOUT_PYTHONPATH, "WANDB_SILENT": "true",
+                                                     "CUDA_VISIBLE_DEVICES": ""},
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "failed: " in out.stdout and "framework" in out.stdout
+    assert out.stderr.strip().splitlines()[-1] == "error: 1 configuration(s) did not run: olmo_core-eager-sdpa-plain"

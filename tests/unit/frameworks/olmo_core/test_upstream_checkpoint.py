@@ -24,7 +24,7 @@ import torch
 from pretrain_exp.core.errors import ConfigError, DataError
 from pretrain_exp.data.order import permutation_path
 from pretrain_exp.data.token_files import write_token_file
-from tests.conftest import CACHE_DIR, ROOT, compose, make_config
+from tests.conftest import CACHE_DIR, CHECKOUT_PYTHONPATH, ROOT, compose, make_config
 
 pytestmark = pytest.mark.slow  # the fixture is two OLMo-core runs (~1 min on 2 cores)
 
@@ -39,7 +39,7 @@ MINIMAL = ["framework=olmo_core", "model=local", "insertion=none", "eval=[]", "w
 
 def upstream(save_folder: Path, work_dir: Path, hard_stop: int, paths, *flags: str) -> None:
     """Run :mod:`upstream_run` (OLMo-core alone) to ``hard_stop``; ``flags``: ``--device cuda``, ``--bf16``."""
-    env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2"}
+    env = os.environ | {"PYTHONPATH": CHECKOUT_PYTHONPATH, "OMP_NUM_THREADS": "2"}
     cmd = [sys.executable, "-m", "tests.unit.frameworks.olmo_core.upstream_run", *flags, str(save_folder),
            str(work_dir), str(hard_stop), *map(str, paths)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
