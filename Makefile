@@ -10,7 +10,7 @@ TEST_JOBS ?= 2
 # tcmalloc makes CPU training ~2x faster (fewer page faults on the big LM-head buffers); used when present
 PRELOAD = LD_PRELOAD=$$(ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 2>/dev/null || true)
 
-.PHONY: help install demo test test-fast lint docs reference docs-images bench gpu-test gpu-bench dry-run clean
+.PHONY: help install demo test test-fast lint docs reference docs-images bench mutation gpu-test gpu-bench dry-run clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -63,6 +63,15 @@ docs-images: install ## regenerate the docs' figures (runs the demo and experime
 
 bench: install ## plan-building and Plan.apply benchmark (prints times, memory and ratios)
 	$(PY) benchmarks/plan_build.py $(ARGS)
+
+# mutmut (the mutation extra) with the [mutmut] settings of setup.cfg; it works in mutants/ (git-ignored) and starts
+# afresh each time. Not run by CI: about 15 minutes on two cores (docs/development/mutation.md)
+mutation: install ## mutation score of the insertion engine and the data order (mutmut; prints the score per file)
+	$(PY) -c "import mutmut" 2>/dev/null || $(PY) -m pip install -q -c $(VENV)/torch-constraint.txt -e '.[mutation]' \
+	  2>&1 | grep -v "is ignored" || true
+	rm -rf mutants
+	$(PY) -m mutmut run --max-children $(TEST_JOBS) $(ARGS)
+	$(PY) -m tests.mutation_score
 
 # The GPU targets run in the environment that holds CUDA torch: `make gpu-test PY=python` uses that interpreter as it
 # is (nothing installed; the project installed there or run from this checkout); without PY= they use .venv.

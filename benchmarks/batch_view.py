@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 import benchmarks.first_step as first_step  # noqa: E402
 from benchmarks.first_step import OLMO_DATA, mix  # noqa: E402
 from pretrain_exp.app.official import THREADS, BatchView, read_order, run  # noqa: E402
+from pretrain_exp.core.cachedir import CacheDir  # noqa: E402
 from pretrain_exp.core.io import default_cache_dir  # noqa: E402
 from pretrain_exp.data.assets import tokenizer_dir  # noqa: E402
 from pretrain_exp.data.token_files import write_token_file  # noqa: E402
@@ -73,7 +74,8 @@ def corpus_tokens(cache: Path) -> Path:
     """The Shakespeare corpus in dolma2 tokens (``uint32``), tokenized once into the project cache."""
     from pretrain_exp.data.tokenize import load_tokenizer, tokenize_source
 
-    return tokenize_source("shakespeare", load_tokenizer("dolma2", cache), cache / "tokens", cache, progress=False)[0]
+    return tokenize_source("shakespeare", load_tokenizer("dolma2", cache), CacheDir(cache).tokens, cache,
+                           progress=False)[0]
 
 
 def olmo2_config(paths, L: int, B: int, seed: int) -> dict:

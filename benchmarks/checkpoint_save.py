@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.segment_end import run_cli  # noqa: E402
+from pretrain_exp.core.rundir import RunDir  # noqa: E402
 
 DEFAULT = ["experiment=scratch_olmo_core", "model.config=olmo2_60M", "training.num_steps=6",
            "training.checkpoint_interval=2", "training.keep_last_checkpoints=0", "eval=[insertion_loss]",
@@ -42,7 +43,7 @@ def run(async_save: bool, overrides: list, out: Path) -> dict:
     res, wall = run_cli([*overrides, f"training.checkpoint_async={str(async_save).lower()}"], run_dir)
     segs = res["timing"]["segments"]
     saves, holds = [], []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+    for line in RunDir(run_dir).metrics.read_text().splitlines():
         rec = json.loads(line)
         for key in ("checkpoint/save_duration_s", "checkpoint/save_async_duration_s"):
             if key in rec:
@@ -75,8 +76,8 @@ def main() -> None:
     overrides = args.overrides or DEFAULT
     with tempfile.TemporaryDirectory(prefix="checkpoint-save-") as tmp:
         sync, asyn = run(False, overrides, Path(tmp)), run(True, overrides, Path(tmp))
-        equal = all(same_weights(sync["run_dir"] / "checkpoints" / f"step{k}", asyn["run_dir"] / "checkpoints" /
-                                 f"step{k}") for k in sync["steps"])
+        equal = all(same_weights(RunDir(sync["run_dir"]).checkpoint(k), RunDir(asyn["run_dir"]).checkpoint(k))
+                    for k in sync["steps"])
     print(f"segment-end checkpoint saves on OLMo-core, overrides: {' '.join(overrides)}")
     print(f"{'save':<6} {'train s/seg':>11} {'end s/seg':>9} {'save s (OLMo-core)':>18} {'held s/save':>11} "
           f"{'final wait s':>12} {'wall s':>7}")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pretrain_exp.core.cachedir import CacheDir
 from pretrain_exp.core.io import default_cache_dir
 from pretrain_exp.data.order import DataOrder
 from pretrain_exp.data.rows import TrainingRows
@@ -31,7 +32,7 @@ from pretrain_exp.insertion.types.tokens import TokensConf
 
 def token_files(out: Path, n_files: int, tokens_per_file: int, cache_dir: str) -> list:
     """``n_files`` uint32 token files of real dolma2 tokens (the corpus repeated as needed)."""
-    src = tokenize_source("shakespeare", load_tokenizer("dolma2", cache_dir), Path(cache_dir) / "tokens", cache_dir,
+    src = tokenize_source("shakespeare", load_tokenizer("dolma2", cache_dir), CacheDir(cache_dir).tokens, cache_dir,
                           progress=False)
     corpus = np.concatenate([np.fromfile(p, dtype="<u4") for p in src])
     paths = []

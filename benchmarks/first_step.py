@@ -215,7 +215,10 @@ def checkpoint(out: Path, cache: Path, urls: List[str], L: int, B: int, seed: in
 def run_case(name: str, args, ckpt: Path, base: str, cache: Path, work: Path, extra: List[str]) -> dict:
     """One run of the command until its first step starts; returns its ``phases.json`` plus the benchmark's own
     seconds from launch to seeing the first step (``observed_s``)."""
-    for sub in ("window", "audits", "item_tokens"):
+    from pretrain_exp.core.cachedir import CacheDir
+    from pretrain_exp.core.rundir import RunDir
+
+    for sub in (CacheDir.WINDOW, CacheDir.AUDITS, CacheDir.ITEM_TOKENS):
         shutil.rmtree(cache / sub, ignore_errors=True)
     run_dir = work / "runs" / name.replace(" ", "_").replace(",", "")
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -232,7 +235,7 @@ def run_case(name: str, args, ckpt: Path, base: str, cache: Path, work: Path, ex
     with open(log, "w") as f:
         proc = subprocess.Popen([sys.executable, "-c", CHILD, "1" if args.dry_run_batch else "0", *overrides],
                                 stdout=f, stderr=subprocess.STDOUT, env=env, cwd=work, start_new_session=True)
-    phases_file = run_dir / "phases.json"
+    phases_file = RunDir(run_dir).phases
     rec = None
     try:
         while time.time() - t0 < args.timeout:
@@ -362,13 +365,16 @@ def main() -> None:
     rels, tokens = mix(args.files, args.instances, args.sequence_length)
     n = int((tokens // args.sequence_length).sum())
     if args.report:
+        from pretrain_exp.core.rundir import RunDir
+
         names = {"cold": "cold", "warm": "warm", "warm_audit_off": "warm, audit off"}
-        kept = {names.get(d.name, d.name): json.loads((d / "phases.json").read_text())
-                for d in sorted(Path(args.report, "runs").iterdir()) if (d / "phases.json").is_file()}
+        kept = {names.get(d.name, d.name): json.loads(RunDir(d).phases.read_text())
+                for d in sorted(Path(args.report, "runs").iterdir()) if RunDir(d).phases.is_file()}
         done = {k: v for k, v in kept.items() if "first step" in v.get("events", {})}
         return report({k: [v] for k, v in sorted(done.items(), key=lambda kv: list(names.values()).index(kv[0])
                                                  if kv[0] in names.values() else 9)}, args, n, args.files, (0, 0))
 
+    from pretrain_exp.core.cachedir import CacheDir
     from pretrain_exp.core.io import default_cache_dir
 
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-first-step-"))
@@ -376,7 +382,8 @@ def main() -> None:
     cache = work / "cache"
     cache.mkdir(exist_ok=True)
     user_cache = Path(os.environ.get("PRETRAIN_EXP_CACHE") or default_cache_dir())
-    for sub in ("assets", "tokenizers", "models", "tokens"):  # the tokenizer and the tiny model, read only
+    # the tokenizer and the tiny model, read only
+    for sub in (CacheDir.ASSETS, CacheDir.TOKENIZERS, CacheDir.MODELS, CacheDir.TOKENS):
         if (user_cache / sub).is_dir() and not (cache / sub).exists():
             (cache / sub).symlink_to(user_cache / sub)
     ckpt = checkpoint(work, user_cache, [OLMO_DATA + r for r in rels], args.sequence_length,
@@ -395,7 +402,7 @@ def main() -> None:
                 if case not in cases:
                     raise SystemExit(f"unknown case {case!r}")
                 if case == "cold":
-                    for sub in ("permutations", "size_index"):
+                    for sub in (CacheDir.PERMUTATIONS, CacheDir.SIZE_INDEX):
                         shutil.rmtree(cache / sub, ignore_errors=True)
                 name, extra = cases[case]
                 results.setdefault(name, []).append(run_case(name, args, ckpt, base, cache, work, extra))

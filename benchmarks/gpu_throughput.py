@@ -169,9 +169,10 @@ def precision_lines(rows: List[dict], base: str = "bf16", other: str = "fp8", go
 
 def plan_fraction(run_dir: Path) -> float:
     """Share of the run's training tokens the saved plan rewrites (0 without a plan)."""
+    from pretrain_exp.core.rundir import RunDir
     from pretrain_exp.insertion.plan import Plan
 
-    path = run_dir / "plan.npz"
+    path = RunDir(run_dir).plan
     if not path.is_file():
         return 0.0
     plan = Plan.load(path)
@@ -249,9 +250,10 @@ def dolma2_token_file(cache_dir: str) -> Path:
 
     :raises DataError: if the corpus or the tokenizer cannot be read from the cache or the registry.
     """
+    from pretrain_exp.core.cachedir import CacheDir
     from pretrain_exp.data.tokenize import load_tokenizer, tokenize_sources
 
-    files = tokenize_sources("shakespeare", load_tokenizer("dolma2", cache_dir), Path(cache_dir, "tokens"), cache_dir,
+    files = tokenize_sources("shakespeare", load_tokenizer("dolma2", cache_dir), CacheDir(cache_dir).tokens, cache_dir,
                              progress=False)
     return files[0]
 
@@ -271,6 +273,8 @@ def bare_olmo_core(setup: Setup, token_file: Path, run_dir: Path) -> None:
     from olmo_core.train.callbacks import Callback, CheckpointerCallback
     from olmo_core.train.train_module import TransformerTrainModuleConfig
 
+    from pretrain_exp.core.rundir import RunDir
+
     L, B = setup.sequence_length, setup.micro_batch
     cuda = torch.cuda.is_available()
     prepare_training_environment(backend=None)
@@ -287,7 +291,7 @@ def bare_olmo_core(setup: Setup, token_file: Path, run_dir: Path) -> None:
                                     tokenizer=TokenizerConfig.dolma2(), work_dir=str(run_dir / "work")).build()
     loader = NumpyDataLoaderConfig(global_batch_size=B * L, seed=0, num_workers=4 if cuda else 0,
                                    prefetch_factor=2 if cuda else None, work_dir=str(run_dir / "work")).build(dataset)
-    out = run_dir / "metrics.jsonl"
+    out = RunDir(run_dir).metrics
 
     class Record(Callback):
         def log_metrics(self, step, metrics):
@@ -297,7 +301,7 @@ def bare_olmo_core(setup: Setup, token_file: Path, run_dir: Path) -> None:
             with open(out, "a") as f:
                 f.write(json.dumps(rec) + "\n")
 
-    TrainerConfig(save_folder=str(run_dir / "checkpoints"), max_duration=Duration.steps(setup.steps),
+    TrainerConfig(save_folder=str(RunDir(run_dir).checkpoints), max_duration=Duration.steps(setup.steps),
                   metrics_collect_interval=1, device="cuda" if cuda else "cpu",
                   callbacks={"record": Record(), "checkpointer": CheckpointerCallback(enabled=False)},
                   ).build(module, loader).fit()
@@ -336,6 +340,8 @@ def async_eval_run(config: str, sequence_length: int, micro_batch: int, steps: i
 
     :raises RuntimeError: if the run fails.
     """
+    from pretrain_exp.core.rundir import RunDir
+
     seg = steps // 3
     overrides = ["model=scratch", "data=shakespeare", "training=tiny", "wandb=disabled", "framework=olmo_core",
                  "framework.lr_schedule=run", f"model.config={config}", f"training.num_steps={3 * seg}",
@@ -346,11 +352,11 @@ def async_eval_run(config: str, sequence_length: int, micro_batch: int, steps: i
                  "training.export_hf=every"]
     with GpuMemoryPoll() as mem:
         run_one(overrides, run_dir, env)
-    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    recs = [json.loads(x) for x in RunDir(run_dir).metrics.read_text().splitlines()]
     tps = {m["step"]: m["train/tokens_per_s"] for m in recs if "train/tokens_per_s" in m}
     alone = [v for k, v in tps.items() if warmup < k <= seg]
     beside = [v for k, v in tps.items() if k > seg + 1]
-    evals = sorted((p.name for p in (run_dir / "evals").glob("step*")), key=lambda n: (len(n), n))
+    evals = [d.name for _, d in RunDir(run_dir).eval_steps()]
     if not alone or not beside:
         raise RuntimeError(f"{run_dir}: too few steps logged ({sorted(tps)})")
     a, b = statistics.median(alone), statistics.median(beside)
@@ -601,7 +607,9 @@ def measure(run_dir: Path, fw: str, comp: bool, attn: str, insertion: bool, setu
             peak_gib: Optional[float]) -> dict:
     """One table row from a finished run dir's ``metrics.jsonl`` (and ``plan.npz``) of a run in
     ``setup.precision``."""
-    metrics = run_dir / "metrics.jsonl"
+    from pretrain_exp.core.rundir import RunDir
+
+    metrics = RunDir(run_dir).metrics
     tps = steady_tokens_per_s(metrics, setup.warmup)
     loss_step, loss = last_loss(metrics)
     return {"framework": fw, "compile": comp, "attention": attn, "insertion": insertion,

@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Tuple
 
+from pretrain_exp.core.rundir import RunDir
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -42,7 +44,7 @@ def run_cli(overrides: list, run_dir: Path) -> Tuple[dict, float]:
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(overrides)}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
-    return json.loads((run_dir / "results.json").read_text()), wall
+    return RunDir(run_dir).read_results(), wall
 
 
 def run_mode(mode: str, overrides: list, nproc: int, out: Path) -> dict:
@@ -54,8 +56,7 @@ def run_mode(mode: str, overrides: list, nproc: int, out: Path) -> dict:
     train = statistics.mean(s["train_s"] for s in segs)
     end = statistics.mean(s["segment_end_s"] for s in segs)
     evals = {}
-    for f in run_dir.glob("evals/step*/*.json"):
-        rec = json.loads(f.read_text())
+    for rec in (r for by_task in RunDir(run_dir).all_evals().values() for r in by_task.values()):
         evals[rec["task"]] = evals.get(rec["task"], 0.0) + rec["seconds"]
     return {"mode": mode, "segments": len(segs), "train_s": train, "segment_end_s": end, "ratio": end / train,
             "final_wait_s": res["timing"]["final_eval_wait_s"], "eval_s": sum(evals.values()), "eval_s_by_task":

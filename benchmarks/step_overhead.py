@@ -34,6 +34,7 @@ import torch
 
 from pretrain_exp.app.experiment import Experiment
 from pretrain_exp.app.prefetch import compose_run_config
+from pretrain_exp.core.rundir import RunDir
 
 
 def _quiet(log_fn_metrics, step) -> None:
@@ -121,7 +122,7 @@ def _olmo_core_sides(tmp: Path, long: int, threads: int, fraction: float) -> Dic
         fw.run_dir = out
         loader = NumpyDataLoaderConfig(global_batch_size=B * L, seed=fw.loader_seed, work_dir=str(out / "work"),
                                        num_workers=0).build(fw.dataset(exp.order))
-        TrainerConfig(save_folder=str(out / "checkpoints"), load_path=str(exp.model_dir),
+        TrainerConfig(save_folder=str(RunDir(out).checkpoints), load_path=str(exp.model_dir),
                       load_strategy=LoadStrategy.always, load_trainer_state=False, load_optim_state=False,
                       max_duration=Duration.steps(steps), device="cpu").build(train_module, loader).fit()
 

@@ -227,7 +227,8 @@ def render() -> str:
     from pretrain_exp.core.registry import load
     from pretrain_exp.evals.registry import EVALS
     from pretrain_exp.frameworks.registry import SCHEMAS
-    from pretrain_exp.insertion.dynamic import DynamicConf
+    from pretrain_exp.insertion.policies import POLICIES
+    from pretrain_exp.insertion.policies import schema as policy_schema
     from pretrain_exp.insertion.schema import InsertionConf
     from pretrain_exp.insertion.types import TYPES, schema
 
@@ -244,7 +245,8 @@ def render() -> str:
         ("data", [(DataConf, "data", "Schema")]),
         ("insertion", [(InsertionConf, "insertion", "Common fields")]
          + [(schema(n), "insertion.experiments.<name>", f"`type: {n}`") for n in TYPES]
-         + [(DynamicConf, "insertion.dynamic", "Closed-loop policies (`insertion.dynamic`)")]),
+         + [(policy_schema(n), "insertion.dynamic", f"Closed-loop policy `insertion.dynamic.policy: {n}`")
+            for n in POLICIES]),
         ("eval", [(EvalConf, "eval", "Common fields")]
          + [(spec.config, "eval.tasks.<name>", f"`type: {n}`") for n, spec in EVALS.items()]),
         ("training", [(TrainingConf, "training", "Schema")]),

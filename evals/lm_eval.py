@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from pretrain_exp.core.cachedir import CacheDir
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.core.io import default_cache_dir
 from pretrain_exp.evals.base import EvalContext, EvalResult, EvalTaskConf
@@ -191,7 +192,7 @@ def stock_task_config(name: str, cache_dir: str | Path | None = None) -> Dict[st
     cfg = load_task_yaml(entry.yaml_path)
     cfg.update(dataset_path="arrow", dataset_name=None,
                dataset_kwargs={"data_files": {split: str(local_arrow_file(folder, split, cache))},
-                               "cache_dir": str(cache / "hf_datasets")},
+                               "cache_dir": str(CacheDir(cache).hf_datasets)},
                training_split=None, fewshot_split=None, validation_split=split if split == "validation" else None,
                test_split=split if split == "test" else None)
     cfg.pop("fewshot_config", None)

@@ -124,6 +124,13 @@ class Framework(ABC):
         """The run dir's layout (:class:`~pretrain_exp.core.rundir.RunDir`: checkpoints, work dirs, logs)."""
         return RunDir(self.run_dir)
 
+    @property
+    def checkpoint_dir(self) -> Path:
+        """The folder :meth:`train` saves its checkpoints into (the engine's save folder; the run reads it, e.g.
+        to name the checkpoint being written when the disk fills): ``checkpoints/`` of the run dir
+        (:attr:`RunDir.checkpoints <pretrain_exp.core.rundir.RunDir.checkpoints>`)."""
+        return self.rundir.checkpoints
+
     @classmethod
     @abstractmethod
     def resolve_model(cls, cfg: RunConfig) -> Path:

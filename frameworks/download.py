@@ -55,6 +55,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
+from pretrain_exp.core.cachedir import CacheDir
 from pretrain_exp.core.commands import prog
 from pretrain_exp.core.errors import CheckpointError
 from pretrain_exp.core.io import file_lock
@@ -429,7 +430,7 @@ def model_checkpoint_dir(layout: str, model, cache_dir: str | os.PathLike, prese
     if model.asset is not None:
         return preset(model.asset, str(cache_dir))
     if model.url is not None:
-        return download_checkpoint(layout, model.url, model.checkpoint_step, Path(cache_dir) / "models" / model.name,
+        return download_checkpoint(layout, model.url, model.checkpoint_step, CacheDir(cache_dir).model(model.name),
                                    settings_only)
     path, config = Path(model.path), SETTINGS_FILES[layout][1][0]
     if not (path / config).is_file():

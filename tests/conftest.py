@@ -21,6 +21,7 @@ from hydra import initialize_config_dir
 from pretrain_exp import conf_dir
 from pretrain_exp.app.config import ExperimentConfig, register_configs
 from pretrain_exp.app.validate import to_config
+from pretrain_exp.core.cachedir import CacheDir
 from pretrain_exp.insertion.plan import Plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +34,7 @@ SHARED_CACHE = Path(os.environ.get("PRETRAIN_EXP_TESTS_SHARED_CACHE") or os.envi
                     or Path.home() / ".cache" / "pretrain_exp")
 #: cache subdirs shared with :data:`SHARED_CACHE`: content-addressed assets (registry downloads, the models and
 #: tokenizers built from them, tokenized corpora, benchmark data), the same whatever ran before
-SHARED_SUBDIRS = ("assets", "models", "tokenizers", "tokens", "benchmarks", "hf_datasets")
+SHARED_SUBDIRS = CacheDir.SHARED
 
 
 def session_cache(shared: Path) -> Path:

@@ -242,10 +242,6 @@ class HFFramework(Framework):
         """The checkpoint the run starts from: the model dir (an HF dir), at step ``model.checkpoint_step``."""
         return Checkpoint(self.model_dir, self.cfg.model.checkpoint_step)
 
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.rundir.checkpoints
-
     def latest_checkpoint(self) -> Optional[Checkpoint]:
         """Newest ``checkpoint-<k>`` with a ``trainer_state.json`` (written last by the Trainer); its global step
         is ``model.checkpoint_step + k``."""

@@ -14,6 +14,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from pretrain_exp.core.cachedir import CacheDir
 from pretrain_exp.core.config import ModelConf
 from pretrain_exp.core.errors import ConfigError
 
@@ -74,4 +75,4 @@ def random_init_model_dir(model: ModelConf, cache_dir: str | Path) -> Path:
         return {"config": str(model.config), "init_seed": seed, "tokenizer": tok_source}
 
     name = f"scratch-hf-{config.model_type}-seed{seed}-{digest[:12]}"
-    return build_once(Path(cache_dir) / "models" / name, build)
+    return build_once(CacheDir(cache_dir).model(name), build)

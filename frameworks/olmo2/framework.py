@@ -33,6 +33,7 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
+from pretrain_exp.core.cachedir import CacheDir
 from pretrain_exp.core.capabilities import SUPPORTS_RANDOM_INIT
 from pretrain_exp.core.config import ModelConf, RunConfig
 from pretrain_exp.core.errors import ConfigError
@@ -126,7 +127,7 @@ def convert_to_olmo_core(cfg: RunConfig, source: Path) -> Path:
     key = hashlib.sha256(json.dumps([str(Path(source).resolve()), optim_config.as_config_dict()],
                                     sort_keys=True, default=str).encode()).hexdigest()[:16]
     name = f"{Path(source).parent.name}-{Path(source).name}-{key}"
-    out = Path(cfg.cache_dir) / "models" / "olmo2-converted" / name
+    out = CacheDir(cfg.cache_dir).model("olmo2-converted") / name
 
     def build(tmp: Path) -> dict:
         log.info("converting OLMo-2 checkpoint %s to OLMo-core (one time)", source)

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 import yaml
 
+from pretrain_exp.core.cachedir import CacheDir
 from pretrain_exp.core.errors import DataError
 from pretrain_exp.data.assets import build_once
 
@@ -262,9 +263,9 @@ def tiny_checkpoint(name: str, cache_dir: str | Path) -> Path:
     spec = TINY_CHECKPOINTS[name]
 
     def build(tmp: Path) -> dict:
-        paths = tokenize_source(TINY_CORPUS[name], load_tokenizer("dolma2", cache_dir), Path(cache_dir) / "tokens",
+        paths = tokenize_source(TINY_CORPUS[name], load_tokenizer("dolma2", cache_dir), CacheDir(cache_dir).tokens,
                                 cache_dir, progress=False)
         write_checkpoint(tmp, dataclasses.replace(spec, data_paths=tuple(str(p) for p in paths)))
         return {"preset": name, "corpus": TINY_CORPUS[name]}
 
-    return build_once(Path(cache_dir) / "models" / f"{name}-v2", build) / f"step{spec.step}-unsharded"
+    return build_once(CacheDir(cache_dir).model(f"{name}-v2"), build) / f"step{spec.step}-unsharded"

@@ -51,6 +51,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 import torch
 
+from pretrain_exp.core.cachedir import CacheDir
 from pretrain_exp.core.capabilities import (
     APPLIES_EMBEDDING_NOISE,
     FRAMEWORK,
@@ -490,7 +491,7 @@ class OlmoCoreFramework(Framework):
             return {"tokenizer_file": path, "eos_token_id": eos, "pad_token_id": pad}
 
         name = f"{self.cfg.framework.name}-{Path(path).stem}-{key}"
-        return str(build_once(Path(self.cache_dir) / "tokenizers" / name, build))
+        return str(build_once(CacheDir(self.cache_dir).tokenizer(name), build))
 
     def recorded_special_ids(self) -> tuple:
         """``(eos, pad)`` token ids the checkpoint's run recorded (``None`` where it records none): OLMo-core's
@@ -502,10 +503,6 @@ class OlmoCoreFramework(Framework):
     def vocab_size(self) -> int:
         """The model's (padded) vocabulary size from its ``config.json``."""
         return int(model_config(self.model_dir).vocab_size)
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.rundir.checkpoints
 
     @functools.cached_property
     def _tokenizer(self):

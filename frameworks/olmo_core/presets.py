@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pretrain_exp.core.cachedir import CacheDir
 from pretrain_exp.core.errors import DataError
 from pretrain_exp.data.assets import build_once
 
@@ -68,7 +69,7 @@ def tiny_checkpoint(name: str, cache_dir: str | Path) -> Path:
 
     def build(tmp: Path) -> dict:
         tok = load_tokenizer("dolma2", cache_dir)
-        paths = tokenize_source(corpus, tok, Path(cache_dir) / "tokens", cache_dir, progress=False)
+        paths = tokenize_source(corpus, tok, CacheDir(cache_dir).tokens, cache_dir, progress=False)
         torch.manual_seed(0)
         model = config.build(init_device="cpu")
         model.init_weights(device=torch.device("cpu"))
@@ -82,7 +83,7 @@ def tiny_checkpoint(name: str, cache_dir: str | Path) -> Path:
         }, indent=2))
         return {"preset": name, "corpus": corpus}
 
-    return build_once(Path(cache_dir) / "models" / f"{name}-v2", build)
+    return build_once(CacheDir(cache_dir).model(f"{name}-v2"), build)
 
 
 #: ``model.config`` prefixes that name OLMo-core ``TransformerConfig`` builders (``olmo2_1B_v2``, ``olmo3_7B``, ...)
@@ -156,4 +157,4 @@ def random_init_checkpoint(model, cache_dir: str | Path) -> Path:
         return {"config": str(model.config), "init_seed": int(model.init_seed), "tokenizer": tok_name}
 
     name = f"scratch-{model.config}-seed{model.init_seed}-{digest[:12]}"
-    return build_once(Path(cache_dir) / "models" / name, build)
+    return build_once(CacheDir(cache_dir).model(name), build)

@@ -4,20 +4,20 @@
 plan with this n, or from the audit cache (``<cache_dir>/audits/<key>.json``, shared by the jobs of a sweep that
 audit the same rows and items), else computed and saved: at once with ``strict``, which raises for a control found
 in the window; with ``on`` beside training (:class:`~pretrain_exp.insertion.audit_job.BackgroundAudit`, started by
-:meth:`RunAudit.start` once the run is ready to train and collected by :meth:`RunAudit.finish`; as a hook, after
-each segment as soon as it has ended).
+the ``pre_train`` hook and collected by :meth:`RunAudit.finish`: after each segment as soon as it has ended, at the
+latest by the results; stopped by ``on_error`` and ``close``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from pathlib import Path
 from typing import Callable, Optional, Tuple
 
 import numpy as np
 
 from pretrain_exp.app.hooks import RunHook
+from pretrain_exp.core.cachedir import CacheDir
 from pretrain_exp.core.errors import CheckpointError, InsertionError
 from pretrain_exp.core.logs import rate
 from pretrain_exp.core.rundir import RunDir
@@ -84,7 +84,7 @@ class RunAudit(RunHook):
                             o.files.dtype.name, window_rows, o.instances(int(window_rows[0]), window_rows.size)
                             if window_rows.size else window_rows, held_rows,
                             np.array([o.instance(int(q))[1] for q in held_rows], np.int64))
-            shared = Path(self.cache_dir) / "audits" / f"{key}.json"
+            shared = CacheDir(self.cache_dir).audits / f"{key}.json"
             if shared.is_file():  # another job of the sweep audited these rows and items
                 with contextlib.suppress(CheckpointError):
                     res = AuditResult.load(shared)
@@ -128,14 +128,20 @@ class RunAudit(RunHook):
         if self.job is not None:
             self.job.start()
 
+    def pre_train(self) -> None:
+        """The audit beside training starts here (:meth:`start`), not when the run is prepared."""
+        self.start()
+
     def finish(self, wait: bool = True) -> Optional[AuditResult]:
-        """Collect the audit running beside training: wait for it (without ``wait``: only if it has ended), report
-        it as :meth:`audit` does and hand it to ``on_finish``; returns it (``None`` when there is none or it is
-        still running).
+        """Collect the audit running beside training: wait for it (without ``wait``: only if it has ended; one that
+        no loop started, as in the ``evaluate`` command, is started here), report it as :meth:`audit` does and hand
+        it to ``on_finish``; returns it (``None`` when there is none or it is still running).
 
         :raises InsertionError: if the audit failed (a re-run of the same command audits again).
         """
         job = self.job
+        if job is not None and job.proc is None and wait:
+            job.start()
         res = None if job is None else job.wait() if wait else job.poll()
         if res is None:
             return None
@@ -161,4 +167,10 @@ class RunAudit(RunHook):
         if job is not None:
             if job.running:
                 log.info("audit: the run failed; stopping the audit beside training (process %d)", job.proc.pid)
+            job.close()
+
+    def close(self) -> None:
+        """An audit beside training still held here (the results collect it on success) is stopped."""
+        job, self.job = self.job, None
+        if job is not None:
             job.close()

@@ -35,13 +35,20 @@ def clean_run_dir(rundir: RunDir, mode: Cleanup, last: Optional[Checkpoint]) -> 
 
 
 class RunDirCleanup(RunHook):
-    """The hook: :meth:`close` applies ``training.cleanup`` (only a run that finished gets there).
+    """The hook: :meth:`close` applies ``training.cleanup`` on rank 0 after a run that finished (a run that failed,
+    :meth:`on_error`, keeps its run dir for the re-run).
 
     :param latest: returns the newest checkpoint then (``Framework.latest_checkpoint``).
+    :param main: whether this process is rank 0 (the only one that cleans).
     """
 
-    def __init__(self, rundir: RunDir, mode: Cleanup, latest: Callable[[], Optional[Checkpoint]]):
-        self.rundir, self.mode, self.latest = rundir, mode, latest
+    def __init__(self, rundir: RunDir, mode: Cleanup, latest: Callable[[], Optional[Checkpoint]], main: bool = True):
+        self.rundir, self.mode, self.latest, self.main = rundir, mode, latest, main
+        self.failed = False  #: an exception left the run (``on_error``)
+
+    def on_error(self, exc: BaseException) -> None:
+        self.failed = True
 
     def close(self) -> None:
-        clean_run_dir(self.rundir, self.mode, self.latest() if self.mode == Cleanup.bulky else None)
+        if self.main and not self.failed:
+            clean_run_dir(self.rundir, self.mode, self.latest() if self.mode == Cleanup.bulky else None)

@@ -23,7 +23,10 @@ adds DEBUG records.
 
 Ctrl-C (``SIGINT``) or ``SIGTERM`` stops the run at once, with every process it started, and prints one line: the
 step the run dir's newest checkpoint holds and the command that resumes (the same command line); exit status 130 /
-143 (:mod:`pretrain_exp.core.interrupt`). A second Ctrl-C while it stops ends it at once.
+143 (:mod:`pretrain_exp.core.interrupt`). A second Ctrl-C while it stops ends it at once. A job of a SLURM sweep
+stopped by SLURM's ``SIGTERM`` where no requeue applies (its time limit with ``hydra.launcher.max_num_timeout`` used
+up, ``scancel``) ends the same way, its line in the job's submitit log, with the command that submits that job
+again (:func:`job_command`).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from pretrain_exp.app.config import register_configs
 from pretrain_exp.app.validate import to_config
 from pretrain_exp.core.commands import prog
 from pretrain_exp.core.errors import PretrainExpError
-from pretrain_exp.core.interrupt import Interrupted, exit_now, interruptible, stop_children
+from pretrain_exp.core.interrupt import Interrupted, exit_now, interruptible, stop_children, submitit_interruptible
 from pretrain_exp.core.io import write_text
 from pretrain_exp.core.logs import FILE_ONLY, run_logging
 from pretrain_exp.core.rundir import RunDir
@@ -176,7 +179,28 @@ def main() -> None:
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def _main(cfg: DictConfig) -> None:
     """Compose, validate once, launch (a CPDT config: :func:`~pretrain_exp.app.cpdt.run_cpdt`, which launches its
-    arms); see the module docstring."""
+    arms); see the module docstring. In a SLURM job of Hydra's submitit launcher (where :func:`main` does not run),
+    ``SIGTERM`` where no requeue applies and ``SIGINT`` stop the job as they stop a typed command
+    (:func:`~pretrain_exp.core.interrupt.submitit_interruptible`)."""
+    with submitit_interruptible(on_second=_say_interrupted):  # a no-op outside such a job
+        try:
+            _job(cfg)
+        except Interrupted as e:  # before the run's log file was open
+            _stop(e)
+
+
+def _stop(e: Interrupted) -> None:
+    """Stop every child process, print the interrupted line once and exit with ``128 + signum``. In a SLURM job the
+    line comes first: SLURM's ``SIGKILL`` follows its ``SIGTERM`` after ``KillWait`` (30 s by default)."""
+    if os.environ.get("SLURM_JOB_ID"):
+        _say_interrupted(e)
+    stop_children()
+    _say_interrupted(e)
+    exit_now(e.exit_status)
+
+
+def _job(cfg: DictConfig) -> None:
+    """The body of :func:`_main`: the job in its run dir, with the run's log file."""
     from hydra.core.hydra_config import HydraConfig
 
     if _set_full_error:  # the run's own errors and its child processes: as before
@@ -188,15 +212,35 @@ def _main(cfg: DictConfig) -> None:
     sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     verbose = bool(cfg.get("verbose")) or bool(HydraConfig.get().verbose)
     _where[:] = [run_dir, _checkpoint_step(cfg)]
+    if not _command:  # a job of a sweep's launcher in a process of its own (SLURM): no command line typed here
+        _command[:] = job_command(run_dir)
     with run_logging(RunDir(run_dir).log_file, verbose=verbose):  # hydra/job_logging: none (conf/config.yaml)
         try:
             _run(cfg, run_dir, fresh, sweep)
         except Interrupted as e:  # the children stopped, the log file told, one line on the console
-            stop_children()
             log.info("%s", interrupted_line(e, *_where), extra=FILE_ONLY)
-            _say_interrupted(e)
-            exit_now(e.exit_status)
+            _stop(e)
     print(f"run dir: {run_dir}")
+
+
+def job_command(run_dir: Path) -> List[str]:
+    """The command line that re-submits this job of a sweep alone into its own run dir ``run_dir`` (``-m``, the
+    sweep's launcher overrides and this job's own, ``hydra.sweep.dir`` / ``subdir`` naming the dir): the resume
+    command of a job whose process was started by the launcher (a SLURM job), not from a typed command line."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.MULTIRUN:
+        return ["pretrain_exp", *hc.overrides.task, f"hydra.run.dir={run_dir}"]
+    sweep_dir = Path(hc.sweep.dir).resolve()
+    skip = ("hydra.mode=", "hydra.sweep.dir=", "hydra.sweep.subdir=")
+    where = [f"hydra.sweep.dir={sweep_dir}"]
+    with contextlib.suppress(ValueError):
+        sub = run_dir.relative_to(sweep_dir)
+        where += [] if str(sub) == "0" else [f"hydra.sweep.subdir={sub}"]  # "0": the only job of the re-run
+    return ["pretrain_exp", "-m", *(o for o in hc.overrides.hydra if not o.startswith(skip)), *where,
+            *hc.overrides.task]
 
 
 def _checkpoint_step(cfg: DictConfig) -> int:
@@ -215,9 +259,12 @@ def _run(cfg: DictConfig, run_dir: Path, fresh: bool, sweep: bool) -> None:
 
     from pretrain_exp.app.cpdt import run_cpdt
     from pretrain_exp.app.experiment import check_same_run
-    from pretrain_exp.app.launch import job_nodes, launch
+    from pretrain_exp.app.launch import job_nodes, launch, surplus_task
     from pretrain_exp.core.phases import PHASES
 
+    if surplus_task():  # more SLURM tasks than nodes (a job requeued onto fewer nodes): one launcher per node
+        log.info("SLURM task %s is not its node's first: that one launches the run", os.environ.get("SLURM_PROCID"))
+        return
     PHASES.add("startup", time.time() - PHASES.process_start, PHASES.process_start,
                what="interpreter, imports, Hydra's composition")
     if fresh:  # a new run dir has nothing to protect; its .hydra/ lets the sweep report list a job that fails

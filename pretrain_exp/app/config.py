@@ -61,6 +61,9 @@ class ExperimentConfig:
     #: the console shows everything the run dir's ``pretrain_exp.log`` gets (the engines' INFO records, warnings,
     #: progress bars); ``-v`` sets it (:mod:`pretrain_exp.core.logs`)
     verbose: bool = False
+    #: components of one's own for the segment loop, by import path (``"package.module:Class"``, a
+    #: :class:`~pretrain_exp.app.hooks.RunHook` subclass built with the prepared run); not part of what is trained
+    hooks: List[str] = field(default_factory=list)
 
 
 EVAL_TASK_RESOLVER = "eval_task"

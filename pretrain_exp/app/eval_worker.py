@@ -3,9 +3,9 @@
     python -m pretrain_exp.app.eval_worker <config.resolved.yaml> <step> <hf dir> [--log FILE]
 
 evaluates the tasks of ``step`` missing in ``<run dir>/evals/step<N>/`` on the HF model dir, exactly as an
-``inline`` eval does (:meth:`Experiment.evaluate <pretrain_exp.app.experiment.Experiment.evaluate>`), without
-Hydra and without writing anything else into the run dir. Exit status 2 with one ``error:`` line for an error of
-the user's making.
+``inline`` eval does (:meth:`Evaluator.evaluate <pretrain_exp.app.evaluator.Evaluator.evaluate>` on the prepared
+run, :func:`~pretrain_exp.app.prepare.prepare`), without Hydra and without writing anything else into the run dir.
+Exit status 2 with one ``error:`` line for an error of the user's making.
 """
 
 from __future__ import annotations
@@ -44,7 +44,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     install_log_redaction()
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][eval][%(name)s][%(levelname)s] - %(message)s",
                         force=True)
-    from pretrain_exp.app.experiment import Experiment
+    from pretrain_exp.app.evaluator import Evaluator
+    from pretrain_exp.app.hf_export import HFExport
+    from pretrain_exp.app.prepare import prepare
     from pretrain_exp.app.tracking import NullTracker
     from pretrain_exp.app.validate import load_resolved
     from pretrain_exp.app.worker import exit_status
@@ -59,7 +61,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             import torch
 
             torch.set_num_threads(cfg.training.num_threads)
-        Experiment(cfg).evaluate(Checkpoint(Path(argv[2]), int(argv[1])), NullTracker())
+        ctx = prepare(cfg)  # the plan as of the step, the tokenizer, the held-out rows; no process started
+        hf = HFExport(ctx.rundir, cfg.training.export_hf, ctx.end_step, ctx.main)
+        evaluator = Evaluator(cfg.eval, ctx.rundir, hf, ctx.eval_context, NullTracker(), ctx.main,
+                              start_step=ctx.start_step, end_step=ctx.end_step)
+        evaluator.evaluate(Checkpoint(Path(argv[2]), int(argv[1])))
 
     return exit_status(evaluate)
 

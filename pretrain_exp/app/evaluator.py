@@ -224,6 +224,12 @@ class AsyncEvaluator(Evaluator):
             if not self.missing(step):
                 self.drop(step)
 
+    def close(self) -> None:
+        """The private config copy is removed once no eval process runs; background evals still running after a
+        failed run are left to finish (their evals are kept; the re-run collects them)."""
+        if self.jobs is not None:
+            self.jobs.close()
+
     # --- the background jobs ----------------------------------------------------------------------------------
     def missing(self, step: int) -> list:
         """The ``eval.tasks`` not written yet for ``step``."""

@@ -1,23 +1,42 @@
-"""The hooks of the segment loop (:meth:`Experiment.run <pretrain_exp.app.experiment.Experiment.run>`).
+"""The hooks of the segment loop (:meth:`Experiment.run <pretrain_exp.app.experiment.Experiment.run>`) and their
+contract.
 
 A run is ``pre_train`` → for each segment ``(a, b]``: ``pre_segment(a, b)`` → training with retries →
 ``post_segment(ckpt, final)`` → ``post_train`` → ``close``; a segment that an earlier invocation of the same command
-trained is announced with ``resumed_segment(step, final)`` instead, and an error leaving the loop with
-``on_error(exc)``. The names follow OLMo-core's trainer callbacks (``olmo_core.train.callbacks.Callback``:
-``pre_train``, ``post_checkpoint_saved``, ``post_train``, ``on_error``, ``close``), one level up: a segment here is
-a stretch of steps between two of our checkpoints.
+trained is announced with ``resumed_segment(step, final)`` instead. The names follow OLMo-core's trainer callbacks
+(``olmo_core.train.callbacks.Callback``: ``pre_train``, ``post_checkpoint_saved``, ``post_train``, ``on_error``,
+``close``), one level up: a segment here is a stretch of steps between two of our checkpoints.
 
-Every job around training is one :class:`RunHook` in a module of its own, built with only the values it needs:
-dynamic insertion (:mod:`~pretrain_exp.app.dynamic_hook`), the kept HF export (:mod:`~pretrain_exp.app.hf_export`),
-the evaluator with its inline / distributed / async variants (:mod:`~pretrain_exp.app.evaluator`), the results
-(:mod:`~pretrain_exp.app.results`) and the cleanup (:mod:`~pretrain_exp.app.cleanup`). :class:`Hooks` calls them in
-the order given. Every rank calls every hook; a hook that only rank 0 runs says so and checks it itself.
+The contract, which the loop keeps:
+
+- **order**: the components' hooks run in the order of the run's component list (:meth:`Experiment.hooks
+  <pretrain_exp.app.experiment.Experiment.hooks>`): the window stream, the audit, dynamic insertion, the kept HF
+  export, the evaluator, the components named in the config's ``hooks``, the results, the cleanup;
+- **ranks**: every rank calls every hook, ``post_train`` and ``close`` included; a component whose work is rank 0's
+  (writing files, the results, the cleanup) checks that itself (its ``main``);
+- **errors**: an exception that leaves the loop, the results or the release calls ``on_error(exc)`` on every
+  component, then ``close``, then propagates; ``close`` runs exactly once per run, after ``post_train`` (and the
+  release) on success, after ``on_error`` on failure. What a component started in ``pre_train`` (the window
+  stream, the audit beside training) it stops in ``on_error`` and ``close``, except the background evals, which are
+  left to finish their evals for the re-run (:mod:`~pretrain_exp.app.async_eval`); what only a finished run may do
+  (the cleanup) it skips after ``on_error``.
+
+Every job around training is one :class:`RunHook` in a module of its own, built with only the values it needs: the
+window stream (:mod:`~pretrain_exp.app.stream_hook`), the audit (:mod:`~pretrain_exp.app.audit_hook`), dynamic
+insertion (:mod:`~pretrain_exp.app.dynamic_hook`), the kept HF export (:mod:`~pretrain_exp.app.hf_export`), the
+evaluator with its inline / distributed / async variants (:mod:`~pretrain_exp.app.evaluator`), the results
+(:mod:`~pretrain_exp.app.results`) and the cleanup (:mod:`~pretrain_exp.app.cleanup`). A component of one's own is a
+:class:`RunHook` subclass named in the config by its import path (``hooks=[my_pkg.my_module:MyHook]``): it is built
+with the prepared run (:class:`~pretrain_exp.app.prepare.RunContext`) and its hooks run before the results
+(:func:`load_hooks`).
 """
 
 from __future__ import annotations
 
-from typing import Iterable, List, Tuple
+import importlib
+from typing import Any, Iterable, List, Sequence, Tuple
 
+from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.frameworks.base import Checkpoint
 
 
@@ -47,13 +66,14 @@ class RunHook:
         when it is the run's last segment."""
 
     def post_train(self) -> None:
-        """Once, on rank 0, after the last segment and its checkpoint are written, before the results."""
+        """Once, after the last segment and its checkpoint are written (the results are written here, by the last
+        component but the cleanup)."""
 
     def on_error(self, exc: BaseException) -> None:
-        """When an exception leaves the loop (before it propagates)."""
+        """When an exception leaves the loop, the results or the release (then ``close``; then it propagates)."""
 
     def close(self) -> None:
-        """Once, at the very end of a successful run (after the results and the release)."""
+        """Once, at the very end of the run: after the results and the release, or after ``on_error``."""
 
 
 class Hooks(RunHook):
@@ -89,3 +109,24 @@ class Hooks(RunHook):
     def close(self) -> None:
         for h in self.hooks:
             h.close()
+
+
+def load_hooks(paths: Sequence[str], ctx: Any) -> List[RunHook]:
+    """The components named in the config's ``hooks`` (``"package.module:Class"``, or ``"package.module.Class"``),
+    each built with the prepared run ``ctx`` (:class:`~pretrain_exp.app.prepare.RunContext`).
+
+    :raises ConfigError: (``hooks[i]``) for a path that does not import or does not name a :class:`RunHook` subclass.
+    """
+    out = []
+    for i, path in enumerate(paths):
+        module, _, name = path.rpartition(":") if ":" in path else path.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), name) if module else None
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(f"hooks[{i}]", f"{path!r} does not import ({type(e).__name__}: {e}); give "
+                              "'package.module:Class' of a RunHook subclass on the Python path") from None
+        if not (isinstance(cls, type) and issubclass(cls, RunHook)):
+            raise ConfigError(f"hooks[{i}]", f"{path!r} is not a RunHook subclass "
+                              "(pretrain_exp.app.hooks.RunHook); give 'package.module:Class'")
+        out.append(cls(ctx))
+    return out

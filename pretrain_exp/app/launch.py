@@ -19,7 +19,10 @@ in this process (one node, N = 1) or starts torchrun as a child:
 
 Workers never import Hydra; only global rank 0 writes results. Preemption and timeouts: a requeued job
 (submitit's checkpointing, ``hydra.launcher.max_num_timeout``) re-runs the same Hydra job (every node's task) in
-the same run dir, which resumes from the run's newest checkpoint (see :mod:`pretrain_exp.app.experiment`).
+the same run dir, which resumes from the run's newest checkpoint (see :mod:`pretrain_exp.app.experiment`). In a
+SLURM job the allocation decides the node count: a job requeued onto fewer (or more) nodes than ``training.nnodes``
+trains on the nodes it got, with the same global batch (:func:`fit_to_allocation`, logged), and where ``srun``
+starts more tasks than nodes, the first task of each node launches and the others end (:func:`surplus_task`).
 
 torchrun runs in a process group of its own, its output copied to this process's console (:func:`_copy_output`:
 rank 0's lines without torchrun's ``[default0]:`` prefix when the console shows bare lines); an interruption of this
@@ -30,6 +33,7 @@ process stops it with ``SIGTERM`` (it stops its ranks) and copies no more of its
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 import re
@@ -42,7 +46,6 @@ from pathlib import Path
 from typing import IO, Iterator, List, Optional
 
 import torch
-from omegaconf import OmegaConf
 
 from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.app.validate import check_machine
@@ -103,9 +106,45 @@ def job_nodes() -> Nodes:
     return Nodes(count, node, f"{host}:{port}", job_id)
 
 
+def surplus_task() -> bool:
+    """Whether this process is a second (or later) SLURM task on its node (``SLURM_LOCALID`` > 0). The launcher
+    runs one task per node (torchrun starts the node's ranks), but a job requeued onto fewer nodes keeps the task
+    count it was submitted with (the batch script's ``SLURM_NTASKS``), so ``srun`` starts several tasks on one node:
+    only the first of each node launches, the others end at once (:func:`pretrain_exp.app.cli` checks this)."""
+    return int(os.environ.get("SLURM_LOCALID") or 0) > 0
+
+
+def fit_to_allocation(cfg: ExperimentConfig, nodes: Nodes) -> ExperimentConfig:
+    """``cfg`` with ``training.nnodes`` set to the node count of this SLURM job's allocation when they differ (a
+    warning names both): the allocation is the truth, e.g. for a job requeued onto another node count (the layout is
+    not part of the run: :data:`~pretrain_exp.app.run_name.LAYOUT_KEYS`). ``cfg`` itself outside a SLURM job
+    (``SLURM_JOB_ID`` unset) or when they agree; never modified in place.
+
+    :raises LaunchError: (``training.nnodes``) when the global batch does not split over the allocation's ranks
+        (``micro_batch_size x nproc_per_node x nodes``).
+    """
+    t = cfg.training
+    if nodes.count == t.nnodes or not os.environ.get("SLURM_JOB_ID"):
+        return cfg
+    per_step = t.micro_batch_size * t.nproc_per_node * nodes.count
+    if t.global_batch_size % per_step:
+        raise LaunchError(f"training.nnodes={t.nnodes} but this SLURM job has {nodes.count} node(s), and "
+                          f"training.global_batch_size={t.global_batch_size} rows is not a multiple of "
+                          f"micro_batch_size x nproc_per_node x nodes = {t.micro_batch_size} x {t.nproc_per_node} x "
+                          f"{nodes.count}; ask for {t.nnodes} node(s) (hydra.launcher.nodes) or change "
+                          "training.micro_batch_size")
+    log.warning("training.nnodes=%d but SLURM gave this job %d node(s): training on %d node(s), world size %d "
+                "(the allocation decides; the global batch of %d rows is unchanged)", t.nnodes, nodes.count,
+                nodes.count, nodes.count * t.nproc_per_node, t.global_batch_size)
+    cfg = copy.deepcopy(cfg)
+    cfg.training.nnodes = nodes.count
+    return cfg
+
+
 def check_allocation(cfg: ExperimentConfig, nodes: Optional[Nodes] = None) -> None:
     """Fail fast if the job cannot hold ``training.nproc_per_node`` ranks on each node, if its nodes are not the
-    ones the run asks for (``training.nnodes``), or if this machine cannot train the config
+    ones the run asks for (``training.nnodes``; :func:`launch` first sets it to a SLURM job's node count,
+    :func:`fit_to_allocation`), or if this machine cannot train the config
     (:func:`~pretrain_exp.app.validate.check_machine`: ``training.precision=fp8``).
 
     :raises LaunchError: for too few devices on this node or a node count other than ``training.nnodes``, naming
@@ -169,16 +208,14 @@ def _worker_config(cfg: ExperimentConfig, resolved: Path) -> Iterator[Path]:
     that file has redacted), an unredacted copy readable by this user only, outside the run dir, removed when
     the workers are done."""
     from pretrain_exp.app.experiment import holds_credentials
-    from pretrain_exp.app.tracking import config_dict
+    from pretrain_exp.app.tracking import write_private_config
 
     if not holds_credentials(cfg):
         yield resolved
         return
-    fd, tmp = tempfile.mkstemp(prefix="pretrain_exp-config-", suffix=".yaml")  # mode 0600
+    tmp = write_private_config(cfg)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(OmegaConf.to_yaml(OmegaConf.create(config_dict(cfg))))
-        yield Path(tmp)
+        yield tmp
     finally:
         os.unlink(tmp)
 
@@ -189,9 +226,11 @@ def launch(cfg: ExperimentConfig) -> dict | None:
     :raises LaunchError: for an allocation that cannot hold the ranks.
     :raises TrainingError: if the torchrun child fails.
     """
-    from pretrain_exp.app.experiment import Experiment, check_same_run, run, save_resolved_config
+    from pretrain_exp.app.experiment import check_same_run, run, save_resolved_config
+    from pretrain_exp.app.prepare import prepare
 
     nodes = job_nodes()
+    cfg = fit_to_allocation(cfg, nodes)
     check_allocation(cfg, nodes)
     if cfg.training.nproc_per_node == 1 and nodes.count == 1:
         return run(cfg)
@@ -201,9 +240,9 @@ def launch(cfg: ExperimentConfig) -> dict | None:
         run_dir.mkdir(parents=True, exist_ok=True)
         check_same_run(cfg, run_dir)
         config_path = save_resolved_config(cfg, run_dir)
-        # assets, tokens, plan + verification here: config and data errors surface before torchrun; the audit beside
-        # training is rank 0's, which collects it into items.jsonl and results.json
-        Experiment(cfg, audit_beside=False)
+        # assets, tokens, plan + verification here (no process started): config and data errors surface before
+        # torchrun; the audit beside training and the window stream start in the ranks' loop
+        prepare(cfg)
         log_dir = RunDir(run_dir).torchrun_logs
     else:  # the other nodes write nothing into the run dir: their workers read a node-local copy of the config
         node_dir = Path(tempfile.mkdtemp(prefix=f"pretrain_exp-{nodes.rdzv_id}-node{nodes.rank}-"))

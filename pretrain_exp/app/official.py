@@ -23,7 +23,8 @@ OLD=NEW`` mapping the official URLs to a mirror. Global batch ``K`` (1-based) is
 ``[(K-1) B, K B)``; with ``--world-size W`` each row also gets the data-parallel rank that trained it (rank ``r``
 takes rows ``r, r+W, ...`` of each global batch, OLMo-2's and OLMo-core's split).
 
-Text is decoded with the run's tokenizer (``tokenizers``' ``Tokenizer.decode``, special tokens kept).
+Text is decoded with the run's tokenizer (``tokenizers``' ``Tokenizer.decode_batch``, special tokens kept), loaded
+while the rows are fetched and run in a thread beside the printing or writing of the rows before.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import json
 import re
 import sys
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
@@ -40,11 +42,14 @@ from typing import Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
+from pretrain_exp.core.cachedir import CacheDir
 from pretrain_exp.core.errors import CheckpointError, ConfigError
 
 MAX_HITS = 1000  #: search hits kept
 BLOCK_ROWS = 4096  #: rows fetched at once by a range query
 THREADS = 32  #: parallel range requests
+DECODE_ROWS = 64  #: rows per ``decode_batch`` call of :meth:`BatchView.records` (decoded ahead in a thread)
+AHEAD = 2  #: chunks of :data:`DECODE_ROWS` rows converted and decoding ahead of the one being written
 
 
 @dataclass(frozen=True)
@@ -89,51 +94,12 @@ def resolve_config(source: str, cache_dir: str | Path, checkpoint_step: Optional
     :raises ConfigError: (key ``source``) for a source that is none of the forms, or a preset without a URL or asset.
     :raises CheckpointError: naming the URL when the config cannot be downloaded.
     """
-    from pretrain_exp.frameworks.download import (
-        download_checkpoint_files,
-        olmo2_checkpoint_url,
-        olmo_core_checkpoint_url,
-    )
-
     cache_dir = Path(cache_dir)
     preset = None if "/" in source or source.startswith(".") else _preset(source)
     if preset is not None:
-        olmo2 = source.startswith("olmo2")
-        if preset.get("asset"):
-            if olmo2:
-                from pretrain_exp.frameworks.olmo2.presets import tiny_checkpoint
-            else:
-                from pretrain_exp.frameworks.olmo_core.presets import tiny_checkpoint
-            found = _config_in(Path(tiny_checkpoint(preset["asset"], str(cache_dir))))
-            if found is None:
-                raise ConfigError("source", f"preset {source}: its checkpoint has no config.yaml / config.json")
-            return found
-        if not preset.get("url"):
-            raise ConfigError("source", f"preset {source} (conf/model/{source}.yaml) names no url or asset of an "
-                                        "official checkpoint")
-        step = int(checkpoint_step if checkpoint_step is not None else preset.get("checkpoint_step") or 0)
-        url = (olmo2_checkpoint_url if olmo2 else olmo_core_checkpoint_url)(preset["url"], step)
-        rel = "config.yaml" if olmo2 else "config.json"
-        ckpt = download_checkpoint_files(url, cache_dir / "models" / preset.get("name", source) / url.rsplit("/", 1)[1],
-                                         [rel])
-        return ckpt / rel
+        return _preset_config(source, preset, cache_dir, checkpoint_step)
     if re.match(r"https?://", source):
-        url = source.rstrip("/")
-        if url.endswith((".yaml", ".json")):
-            url, rel = url.rsplit("/", 1)
-            rels = [rel]
-        else:
-            rels = ["config.yaml", "config.json"] if url.endswith("-unsharded") else ["config.json", "config.yaml"]
-        import hashlib
-
-        dest = cache_dir / "models" / "configs" / hashlib.sha256(url.encode()).hexdigest()[:16]
-        errors = []
-        for rel in rels:
-            try:
-                return download_checkpoint_files(url, dest, [rel]) / rel
-            except CheckpointError as e:
-                errors.append(str(e))
-        raise CheckpointError(f"{source}: no checkpoint config ({'; '.join(errors)})")
+        return _url_config(source, cache_dir)
     path = Path(source).expanduser()
     if path.is_file() and path.suffix in (".yaml", ".yml", ".json"):
         return path
@@ -143,6 +109,56 @@ def resolve_config(source: str, cache_dir: str | Path, checkpoint_step: Optional
             return found
     raise ConfigError("source", f"{source!r}: not a run dir, a model preset of conf/model/ with an official "
                                 "checkpoint, a checkpoint URL or dir, or a config.yaml / config.json")
+
+
+def _preset_config(source: str, preset: dict, cache_dir: Path, checkpoint_step: Optional[int]) -> Path:
+    """The config file of a model preset: from its registry asset's checkpoint, or downloaded from its URL."""
+    olmo2 = source.startswith("olmo2")
+    if preset.get("asset"):
+        if olmo2:
+            from pretrain_exp.frameworks.olmo2.presets import tiny_checkpoint
+        else:
+            from pretrain_exp.frameworks.olmo_core.presets import tiny_checkpoint
+        found = _config_in(Path(tiny_checkpoint(preset["asset"], str(cache_dir))))
+        if found is None:
+            raise ConfigError("source", f"preset {source}: its checkpoint has no config.yaml / config.json")
+        return found
+    if not preset.get("url"):
+        raise ConfigError("source", f"preset {source} (conf/model/{source}.yaml) names no url or asset of an "
+                                    "official checkpoint")
+    from pretrain_exp.frameworks.download import (  # http and ssl: imported only where a config is downloaded
+        download_checkpoint_files,
+        olmo2_checkpoint_url,
+        olmo_core_checkpoint_url,
+    )
+
+    step = int(checkpoint_step if checkpoint_step is not None else preset.get("checkpoint_step") or 0)
+    url = (olmo2_checkpoint_url if olmo2 else olmo_core_checkpoint_url)(preset["url"], step)
+    rel = "config.yaml" if olmo2 else "config.json"
+    dest = CacheDir(cache_dir).model(preset.get("name", source)) / url.rsplit("/", 1)[1]
+    return download_checkpoint_files(url, dest, [rel]) / rel
+
+
+def _url_config(source: str, cache_dir: Path) -> Path:
+    """The config file of a checkpoint URL (or the URL of the config file itself), downloaded into the cache."""
+    import hashlib
+
+    from pretrain_exp.frameworks.download import download_checkpoint_files
+
+    url = source.rstrip("/")
+    if url.endswith((".yaml", ".json")):
+        url, rel = url.rsplit("/", 1)
+        rels = [rel]
+    else:
+        rels = ["config.yaml", "config.json"] if url.endswith("-unsharded") else ["config.json", "config.yaml"]
+    dest = CacheDir(cache_dir).model("configs") / hashlib.sha256(url.encode()).hexdigest()[:16]
+    errors = []
+    for rel in rels:
+        try:
+            return download_checkpoint_files(url, dest, [rel]) / rel
+        except CheckpointError as e:
+            errors.append(str(e))
+    raise CheckpointError(f"{source}: no checkpoint config ({'; '.join(errors)})")
 
 
 def read_order(config: Path) -> OfficialOrder:
@@ -240,19 +256,27 @@ class BatchView:
     :param prefixes: ``{old prefix: new prefix}`` applied to every token-file path (``data.path_prefixes``).
     :param world_size: data-parallel ranks, for the ``rank`` of each row (``None``: not shown).
     :param tokenizer: a ``tokenizer.json`` or tokenizer dir overriding the config's.
+    :param preload: start loading the decoder (:attr:`decoder`) now, in a thread (``Tokenizer.from_file`` releases
+        the GIL), while the order is opened and the rows are fetched; its errors are raised where it is first used.
     """
 
     def __init__(self, order: OfficialOrder, cache_dir: str | Path, prefixes: Optional[Dict[str, str]] = None,
-                 world_size: Optional[int] = None, tokenizer: Optional[str] = None, progress: bool = False):
+                 world_size: Optional[int] = None, tokenizer: Optional[str] = None, progress: bool = False,
+                 preload: bool = False):
         from pretrain_exp.data.order import DataOrder
         from pretrain_exp.data.token_files import TokenFiles
 
         self.spec, self.cache_dir, self.world_size = order, Path(cache_dir), world_size
+        self._tokenizer_arg = tokenizer
+        self._loading = None
+        if preload:
+            pool = ThreadPoolExecutor(1)
+            self._loading = pool.submit(self._load_decoder)
+            pool.shutdown(wait=False)
         self.files = TokenFiles(order.paths, np.dtype(order.dtype), cache_dir=cache_dir, prefixes=prefixes,
                                 progress=progress)
         self.order = DataOrder(self.files, order.sequence_length, order.global_batch_size, order.seed, 1,
                                cache_dir=cache_dir, chunk=order.chunk)
-        self._tokenizer_arg = tokenizer
         self.bytes_fetched = 0  #: bytes read for rows (remote: over HTTP; local: from the files)
         self.requests = 0  #: range requests sent for rows
 
@@ -281,10 +305,39 @@ class BatchView:
 
         return Tokenizer.from_file(str(self.tokenizer_path))
 
+    @cached_property
+    def decoder(self):
+        """The run's tokenizer for decoding (:meth:`decode`, :meth:`records`): the same vocabulary, added tokens and
+        decoder, so the same texts, without a BPE model's merges, which only encoding reads and which are half of
+        the loading time. Loaded on first use, or from the start with ``preload``."""
+        return self._loading.result() if self._loading is not None else self._load_decoder()
+
+    def _load_decoder(self):
+        """:attr:`decoder` from ``<cache_dir>/tokenizers/decode-only/<key>.json``, written once from the
+        ``tokenizer.json`` (``key``: a hash of its path, size and modification time)."""
+        import hashlib
+
+        from tokenizers import Tokenizer
+
+        from pretrain_exp.core.io import atomic_path
+
+        src = self.tokenizer_path.resolve()
+        st = src.stat()
+        key = hashlib.sha256(f"{src}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+        dst = CacheDir(self.cache_dir).tokenizers / "decode-only" / f"{key}.json"
+        if not dst.is_file():
+            raw = json.loads(src.read_text(encoding="utf-8"))
+            if isinstance(raw.get("model"), dict) and raw["model"].get("type") == "BPE":
+                raw["model"]["merges"] = []
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_path(dst) as tmp:
+                tmp.write_text(json.dumps(raw, ensure_ascii=False), encoding="utf-8")
+        return Tokenizer.from_file(str(dst))
+
     def decode(self, rows: np.ndarray) -> List[str]:
-        """Texts of token rows ``(n, L)``: ``Tokenizer.decode_batch(rows, skip_special_tokens=False)``."""
-        return self.tokenizer.decode_batch(np.asarray(rows, np.int64).reshape(len(rows), -1).tolist(),
-                                           skip_special_tokens=False)
+        """Texts of token rows ``(n, L)``: :attr:`decoder`'s ``decode_batch(rows, skip_special_tokens=False)``."""
+        return self.decoder.decode_batch(np.asarray(rows, np.int64).reshape(len(rows), -1).tolist(),
+                                         skip_special_tokens=False)
 
     def rows_of_steps(self, first: int, last: int, row: Optional[int] = None) -> np.ndarray:
         """Training-order rows ``q`` of steps ``first..last`` (1-based, inclusive), or only their row ``row``.
@@ -339,20 +392,47 @@ class BatchView:
     def records(self, q: np.ndarray, text: bool = True) -> Iterator[dict]:
         """One dict per row of ``q``, fetched in blocks of :data:`BLOCK_ROWS`: the :meth:`fetch` fields as ints,
         ``path`` (the token file, URLs without credentials), ``token_ids`` (a list of ints) and, with ``text``,
-        ``text``."""
+        ``text``.
+
+        The texts are decoded (``Tokenizer.decode_batch``, which releases the GIL) in a thread, :data:`DECODE_ROWS`
+        rows a call and :data:`AHEAD` calls ahead, while the caller writes the records before them; each chunk's
+        token lists are converted once, for both the decoder and ``token_ids``."""
         from pretrain_exp.core.secrets import redact_url
 
-        for a in range(0, q.size, BLOCK_ROWS):
-            tokens, info = self.fetch(q[a:a + BLOCK_ROWS])
-            texts = self.decode(tokens) if text else [None] * len(tokens)
-            for i in range(len(tokens)):
-                rec = {k: int(v[i]) for k, v in info.items()}
-                p = self.files.paths[rec["file"]]
-                rec["path"] = redact_url(p) if isinstance(p, str) else str(p)
-                rec["token_ids"] = tokens[i].tolist()
+        def decode(chunk: List[List[int]]) -> List[str]:
+            return self.decoder.decode_batch(chunk, skip_special_tokens=False)
+
+        paths: Dict[int, str] = {}
+
+        def emit(cols: dict, first: int, chunk: List[List[int]], texts) -> Iterator[dict]:
+            texts = texts.result() if text else None
+            for j, row in enumerate(chunk):
+                rec = {k: v[first + j] for k, v in cols.items()}
+                k = rec["file"]
+                if k not in paths:
+                    p = self.files.paths[k]
+                    paths[k] = redact_url(p) if isinstance(p, str) else str(p)
+                rec["path"] = paths[k]
+                rec["token_ids"] = row
                 if text:
-                    rec["text"] = texts[i]
+                    rec["text"] = texts[j]
                 yield rec
+
+        pool = ThreadPoolExecutor(1)
+        try:
+            for a in range(0, q.size, BLOCK_ROWS):
+                tokens, info = self.fetch(q[a:a + BLOCK_ROWS])
+                cols = {k: v.tolist() for k, v in info.items()}
+                pending: deque = deque()  # chunks converted and decoding, written in order
+                for b in range(0, len(tokens), DECODE_ROWS):
+                    chunk = tokens[b:b + DECODE_ROWS].tolist()
+                    pending.append((b, chunk, pool.submit(decode, chunk) if text else None))
+                    if len(pending) > AHEAD:
+                        yield from emit(cols, *pending.popleft())
+                while pending:
+                    yield from emit(cols, *pending.popleft())
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def patterns(self, query: str) -> List[np.ndarray]:
         """Token sequences of a search: ids (``"1,2,3"``), or the text encoded alone and after a space.
@@ -463,7 +543,7 @@ def run(source: str, query: Dict[str, str], *, cache_dir: str | Path, prefixes: 
     if "row" in query and (first != last or not re.fullmatch(r"\d+", query["row"])):
         raise ConfigError("row", f"row={query['row']!r}: an integer, with a single step")
     view = BatchView(read_order(resolve_config(source, cache_dir, checkpoint_step)), cache_dir,
-                     _prefixes(prefixes), world_size, tokenizer)
+                     _prefixes(prefixes), world_size, tokenizer, preload=True)
     if last > view.num_steps:
         raise ConfigError("step", f"step {last} is past the first epoch of {view.spec.config} ({view.num_steps} steps "
                                   f"of {view.B} rows)")

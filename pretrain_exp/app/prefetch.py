@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import logging
 import sys
-from pathlib import Path
 from typing import Optional, Sequence
 
 from pretrain_exp import conf_dir
 from pretrain_exp.app.config import ExperimentConfig, register_configs
 from pretrain_exp.app.validate import to_config
+from pretrain_exp.core.cachedir import CacheDir
 from pretrain_exp.core.commands import prog
 from pretrain_exp.core.errors import ConfigError, PretrainExpError
 from pretrain_exp.core.secrets import install_log_redaction, redact
@@ -106,7 +106,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if stats is not None:
         print(f"window: {stats.needed_bytes} B ({stats.cached_bytes} B were cached, {stats.fetched_bytes} B "
               f"fetched in {stats.requests} requests, {stats.seconds:.1f} s)")
-    print(f"window cache: {Path(cfg.cache_dir) / 'window'}")
+    print(f"window cache: {CacheDir(cfg.cache_dir).window}")
     return 0
 
 

@@ -22,7 +22,7 @@ from typing import Iterable, List, Optional
 #: rows), so these keys are not part of a run's identity or name
 LAYOUT_KEYS = ("training.nproc_per_node", "training.nnodes", "training.micro_batch_size", "training.data_parallel")
 #: config keys that may change between invocations on the same run dir (they don't change what is trained)
-MUTABLE_KEYS = ("eval.", "wandb.", "release.", "run_dir", "cache_dir", "name", "run_name", "data.token_dir",
+MUTABLE_KEYS = ("eval.", "wandb.", "release.", "hooks", "run_dir", "cache_dir", "name", "run_name", "data.token_dir",
                 "insertion.verify", "insertion.audit",
                 "training.max_retries", "training.retry_base_delay_s", "training.num_threads", "training.cleanup",
                 "training.keep_last_checkpoints", "training.export_hf", "training.report_to",

@@ -46,6 +46,21 @@ def config_dict(cfg: ExperimentConfig) -> Dict[str, Any]:
     return _plain(cfg)
 
 
+def write_private_config(cfg: ExperimentConfig, folder: Optional[Path] = None,
+                         prefix: str = "pretrain_exp-config-") -> Path:
+    """Write the config, credentials included, to a new file ``<folder>/<prefix><random>.yaml`` readable by this
+    user only (mode 0600, :func:`tempfile.mkstemp`; ``folder`` default: the system temp dir) and return its path:
+    what child processes read when ``config.resolved.yaml`` has credentials redacted. The caller removes it."""
+    import tempfile
+
+    from omegaconf import OmegaConf
+
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".yaml", dir=folder)
+    with os.fdopen(fd, "w") as f:
+        f.write(OmegaConf.to_yaml(OmegaConf.create(config_dict(cfg))))
+    return Path(tmp)
+
+
 class Tracker:
     """``metrics.jsonl`` + W&B for one run. Use as a context manager (finishes the W&B run).
 

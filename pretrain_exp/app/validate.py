@@ -61,7 +61,7 @@ def derive(cfg: ExperimentConfig) -> ExperimentConfig:
     """The values of ``cfg`` computed from what was given, once, before :func:`validate` (which changes nothing):
     ``training.report_to`` as a list of logger names, ``insertion.experiments`` and ``eval.tasks`` as their
     types' schema dataclasses, ``insertion.dynamic`` as its parsed
-    :class:`~pretrain_exp.insertion.dynamic.DynamicConf` (or ``None``: off), which the run reads from there.
+    :class:`~pretrain_exp.insertion.policies.base.DynamicConf` (or ``None``: off), which the run reads from there.
 
     :raises ConfigError: for a ``report_to`` that is no name or list of names, an unknown insertion or eval type
         or a bad field, a bad ``insertion.dynamic`` (:func:`~pretrain_exp.insertion.dynamic.parse_dynamic`),
@@ -79,15 +79,34 @@ def derive(cfg: ExperimentConfig) -> ExperimentConfig:
 
 
 def validate(cfg: ExperimentConfig) -> ExperimentConfig:
-    """Check ``cfg`` (as :func:`derive` returns it; nothing is changed): each group's rules, each plugin's own
-    :meth:`validate(key) <validate>` (framework, insertion experiments, eval tasks; called with the key it is
-    configured under), then the rules between plugins (:func:`check_plugins`); return it.
+    """Check ``cfg`` (as :func:`derive` returns it; nothing is changed): each group's rules (:func:`check_model`,
+    the framework's own :meth:`validate(key) <validate>`, :func:`check_data`, :func:`check_training`,
+    :func:`check_insertion` and :func:`check_eval`, which call the insertion experiments' and eval tasks' own
+    ``validate(key)`` with the key each is configured under), then the rules between plugins
+    (:func:`check_plugins`); return it.
 
     :raises ConfigError: naming the dotted key of the first violated rule.
     """
     from pretrain_exp.frameworks.registry import get_framework_class
 
     framework = get_framework_class(cfg.framework.name)  # ConfigError listing the frameworks, or the install hint
+    check_model(cfg)
+    cfg.framework.validate("framework")  # the framework's own checks
+    check_data(cfg)
+    check_training(cfg.training)
+    check_insertion(cfg)
+    check_eval(cfg)
+    check_plugins(cfg, framework)
+    return cfg
+
+
+def check_model(cfg: ExperimentConfig) -> None:
+    """The ``model`` rules: a known ``model.init``; for ``random``, a ``model.config`` and no checkpoint
+    (``asset``/``path``/``url``, a ``checkpoint_step`` of 0); else exactly one checkpoint source; a known
+    ``model.dtype``.
+
+    :raises ConfigError: naming the key.
+    """
     if cfg.model.init not in MODEL_INITS:
         raise ConfigError("model.init", f"unknown {cfg.model.init!r}; allowed: {list(MODEL_INITS)}")
     if cfg.model.init == "random":
@@ -105,7 +124,15 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError("model", "set exactly one of model.asset, model.path and model.url")
     if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError("model.dtype", f"unknown dtype {cfg.model.dtype!r}; allowed: float32, bfloat16, float16")
-    cfg.framework.validate("framework")  # the framework's own checks
+
+
+def check_data(cfg: ExperimentConfig) -> None:
+    """The rules of the run's data and where it starts: ``data.max_target_sequence_length`` a multiple of
+    ``training.sequence_length``, ``run_dir`` set, ``model.checkpoint_step >= 0``, one data source (token files,
+    a text source or a ``datasets`` corpus), ``data.num_proc >= 1``, ``data.held_out_rows >= 0``.
+
+    :raises ConfigError: naming the key.
+    """
     M, L = cfg.data.max_target_sequence_length, cfg.training.sequence_length
     if M is not None and (M < L or M % L):
         raise ConfigError("data.max_target_sequence_length", f"{M} must be a multiple of training.sequence_length={L}")
@@ -127,7 +154,15 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError("data.num_proc", f"must be >= 1, got {cfg.data.num_proc}")
     if cfg.data.held_out_rows is not None and cfg.data.held_out_rows < 0:
         raise ConfigError("data.held_out_rows", f"must be >= 0, got {cfg.data.held_out_rows}")
-    t = cfg.training
+
+
+def check_training(t) -> None:
+    """The ``training`` rules (``t``: the ``training`` node): positive sizes and interval, a global batch that
+    is a multiple of the micro-batch times the ranks, known ``data_parallel`` and ``attention``, non-negative
+    counts, a finite ``learning_rate >= 0``, and W&B left out of ``report_to`` (the run's own tracker).
+
+    :raises ConfigError: naming the key.
+    """
     for key in ("sequence_length", "global_batch_size", "micro_batch_size", "checkpoint_interval"):
         if getattr(t, key) <= 0:
             raise ConfigError(f"training.{key}", f"must be > 0, got {getattr(t, key)}")
@@ -157,11 +192,20 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         if name == "wandb":
             raise ConfigError(f"training.report_to[{i}]", "W&B is the run's own tracker (wandb=offline|online, "
                               "one W&B run with the global step as its axis); leave wandb out of training.report_to")
+
+
+def check_insertion(cfg: ExperimentConfig) -> None:
+    """The ``insertion`` rules: ``audit_workers >= 0``, ``audit_ngram`` in [1, ``training.sequence_length``],
+    each experiment's own ``validate(key)``, and ``withheld`` naming experiments.
+
+    :raises ConfigError: naming the key.
+    """
     if cfg.insertion.audit_workers < 0:
         raise ConfigError("insertion.audit_workers", f"must be >= 0 (0: every core this process may use), got "
                           f"{cfg.insertion.audit_workers}")
-    if not 1 <= cfg.insertion.audit_ngram <= t.sequence_length:
-        raise ConfigError("insertion.audit_ngram", f"must be in [1, training.sequence_length = {t.sequence_length}] "
+    L = cfg.training.sequence_length
+    if not 1 <= cfg.insertion.audit_ngram <= L:
+        raise ConfigError("insertion.audit_ngram", f"must be in [1, training.sequence_length = {L}] "
                           f"tokens, got {cfg.insertion.audit_ngram}")
     for name, exp in cfg.insertion.experiments.items():
         exp.validate(f"insertion.experiments.{name}")
@@ -169,6 +213,14 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         if name not in cfg.insertion.experiments:
             raise ConfigError(f"insertion.withheld[{i}]", f"{name!r} is not an insertion experiment; "
                               f"allowed: {sorted(cfg.insertion.experiments)}")
+
+
+def check_eval(cfg: ExperimentConfig) -> None:
+    """The ``eval`` rules: each task's own ``validate(key)``, ``batch_size > 0``, a known ``async_launcher``,
+    ``permutations >= 1``, a known ``p_adjust``, ``async_pending_wait_s >= 0``.
+
+    :raises ConfigError: naming the key.
+    """
     for name, task in cfg.eval.tasks.items():
         task.validate(f"eval.tasks.{name}")
     if cfg.eval.batch_size <= 0:
@@ -181,8 +233,6 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError("eval.p_adjust", f"must be one of {', '.join(ADJUST_METHODS)}; got {cfg.eval.p_adjust!r}")
     if not cfg.eval.async_pending_wait_s >= 0:
         raise ConfigError("eval.async_pending_wait_s", f"must be >= 0 seconds, got {cfg.eval.async_pending_wait_s}")
-    check_plugins(cfg, framework)
-    return cfg
 
 
 def check_plugins(cfg: ExperimentConfig, framework: type) -> None:

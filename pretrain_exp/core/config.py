@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol
 from omegaconf import II, MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from pretrain_exp.core.cachedir import CacheDir
 from pretrain_exp.core.errors import ConfigError
 
 
@@ -143,7 +144,7 @@ class DataConf:
     split: str = "train"  #: the ``dataset``'s split
     num_proc: int = 1  #: processes tokenizing the ``dataset`` (``Dataset.map(num_proc=...)``)
     paths: List[str] = field(default_factory=list)
-    token_dir: str = II("cache_dir") + "/tokens"  # type: ignore[assignment]
+    token_dir: str = II("cache_dir") + "/" + CacheDir.TOKENS  # type: ignore[assignment]
     seed: int = II("seed")  # type: ignore[assignment]  #: data-order seed (PCG64(seed + epoch))
     first_epoch: int = 1  #: 1 = OLMo-core's count (OLMo-2 counts from 0: OLMo-2 seed S = OLMo-core seed S-1)
     #: rows at the end of the first epoch's order, never trained, for perplexity; null (default): up to

@@ -13,11 +13,16 @@ The child processes a run starts (the audit beside training, the window stream, 
 process groups of their own (:data:`OWN_GROUP`), so that a Ctrl-C on the terminal reaches the run alone and no
 child prints a traceback of its own; they are :func:`track`-ed and :func:`stop_children` stops them (their whole
 group: ``SIGTERM``, then ``SIGKILL`` after a grace period). torchrun stops its ranks itself on ``SIGTERM``.
+
+In a SLURM job of submitit (Hydra's SLURM launcher), :func:`submitit_interruptible` does the same where it does not
+interfere with submitit's requeue: submitit's preemption signal still checkpoints and requeues the job, and a
+``SIGTERM`` (SLURM's time limit, ``scancel``) stops the run only where no requeue applies.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -32,8 +37,9 @@ from typing import Callable, Iterator, Optional
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 #: seconds :func:`stop_children` waits after ``SIGTERM`` before ``SIGKILL`` (torchrun's own wait for its ranks)
 GRACE_S = 30.0
-#: ``subprocess.Popen`` keywords of a child in a process group (and session) of its own
-OWN_GROUP = {"start_new_session": True}
+#: ``subprocess.Popen`` keywords of a child in a process group (and session) of its own (in a SLURM job of
+#: submitit's, also one that ignores submitit's preemption signal: :func:`submitit_interruptible`)
+OWN_GROUP: dict = {"start_new_session": True}
 
 _children: "weakref.WeakSet[subprocess.Popen]" = weakref.WeakSet()
 _local = threading.local()  #: ``depth``: nesting of :func:`signals_deferred`; ``pending``: the signal it holds
@@ -163,3 +169,68 @@ def interruptible(on_second: Optional[Callable[[Interrupted], None]] = None) -> 
         for s, h in saved.items():
             signal.signal(s, h)
         _state.update(outer)
+
+
+def _submitit_handler(handler: object) -> bool:
+    """Whether ``handler`` (a signal handler) is submitit's (a method of its job's ``SignalHandler``)."""
+    owner = getattr(handler, "__self__", None)
+    return owner is not None and type(owner).__module__.startswith("submitit.")
+
+
+@contextlib.contextmanager
+def submitit_interruptible(on_second: Optional[Callable[[Interrupted], None]] = None) -> Iterator[None]:
+    """:func:`interruptible` for the block, in a job of submitit (Hydra's SLURM launcher) where that does not
+    interfere with submitit's requeue; a no-op elsewhere (submitit's handlers not installed, or not the main thread).
+
+    submitit handles its preemption signal (``SIGUSR2``, ``$SUBMITIT_PREEMPT_SIGNAL``: SLURM sends it
+    ``signal_delay_s`` before the time limit or on preemption) by checkpointing the job and requeueing it
+    (``scontrol requeue``, which SIGTERMs the job), and ignores ``SIGTERM``. Here its handler still runs first;
+    ``SIGTERM`` is ignored as before while it runs, once it requeued, and in a task that leaves the requeue to
+    global rank 0. Where no requeue applies (submitit declines: ``max_num_timeout`` reached, or no such signal came,
+    e.g. SLURM's ``SIGTERM`` at the time limit or ``scancel``), ``SIGTERM`` and ``SIGINT`` stop the run as
+    :func:`interruptible` does: :class:`Interrupted` in the main thread, exit status 143 / 130 for the caller to
+    give. A declined requeue lets training go on until that ``SIGTERM`` (logged). The children started with
+    :data:`OWN_GROUP` meanwhile ignore the preemption signal, which SLURM sends to every process of the job step.
+    """
+    usr = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
+    theirs = signal.getsignal(usr) if usr is not None else None
+    if threading.current_thread() is not threading.main_thread() or not _submitit_handler(theirs):
+        yield
+        return
+    from submitit.core.utils import UncompletedJobError
+
+    their_term = signal.getsignal(signal.SIGTERM)
+    state: list = [None]  #: None, "handling", "requeued" (or left to rank 0), "declined"
+
+    def on_usr(signum, frame):
+        state[0] = "handling"
+        try:
+            theirs(signum, frame)
+        except UncompletedJobError as e:  # submitit's way of saying "not requeued"
+            state[0] = "declined"
+            logging.getLogger(__name__).warning("%s: %s; training goes on until SLURM stops the job (SIGTERM)",
+                                                signal.Signals(signum).name, str(e).rstrip("."))
+            return
+        except BaseException:  # SystemExit once it requeued the job
+            state[0] = "requeued"
+            raise
+        state[0] = "requeued"  # returned: a task of global rank > 0, whose requeue is rank 0's
+
+    def on_term(signum, frame):
+        if state[0] in ("handling", "requeued"):
+            if callable(their_term):
+                their_term(signum, frame)
+            return
+        _state["handler"](signum, frame)
+
+    with interruptible(on_second):
+        saved = {s: signal.signal(s, h) for s, h in ((usr, on_usr), (signal.SIGTERM, on_term))}
+        # SLURM sends the signal to every process of the job step: the children ignore it (an ignored signal stays
+        # ignored across exec), else it kills them (the audit, torchrun and its ranks) where no requeue follows
+        OWN_GROUP["preexec_fn"] = functools.partial(signal.signal, usr, signal.SIG_IGN)
+        try:
+            yield
+        finally:
+            OWN_GROUP.pop("preexec_fn", None)
+            for s, h in saved.items():
+                signal.signal(s, h)

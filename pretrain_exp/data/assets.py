@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
+from pretrain_exp.core.cachedir import CacheDir
 from pretrain_exp.core.errors import DataError
 from pretrain_exp.core.io import check_text, default_mode, file_lock, read_jsonl, sha256_file
 
@@ -93,7 +94,7 @@ def fetch(name: str, cache_dir: str | Path) -> Path:
     :raises DataError: if the download fails or the downloaded archive's sha256 does not match.
     """
     asset = get_asset(name)
-    root = Path(cache_dir) / "assets"
+    root = CacheDir(cache_dir).assets
     target = root / asset.filename
     with file_lock(root / f".{name}.lock"):
         if target.is_file():
@@ -178,7 +179,7 @@ def hf_model_dir(name: str, cache_dir: str | Path) -> Path:
         weights = path / "model.safetensors"
         return weights.is_file() and sha256_file(weights) == marker.get("model.safetensors")
 
-    return build_once(Path(cache_dir) / "models" / name, build, intact)
+    return build_once(CacheDir(cache_dir).model(name), build, intact)
 
 
 def tokenizer_for_identifier(identifier: str) -> str:
@@ -208,7 +209,7 @@ def tokenizer_dir(name: str, cache_dir: str | Path) -> Path:
         PreTrainedTokenizerFast(tokenizer_file=str(tmp / "tokenizer.json"), **special).save_pretrained(str(tmp))
         return {"member": member}
 
-    return build_once(Path(cache_dir) / "tokenizers" / name, build)
+    return build_once(CacheDir(cache_dir).tokenizer(name), build)
 
 
 def _convert_gguf(archive: Path, member: str, out: Path) -> None:

@@ -29,6 +29,7 @@ from typing import Optional
 
 import numpy as np
 
+from pretrain_exp.core.cachedir import CacheDir
 from pretrain_exp.core.errors import DataError
 from pretrain_exp.core.io import atomic_path, file_lock
 from pretrain_exp.data.token_files import TokenFiles
@@ -46,7 +47,7 @@ def build_permutation(num_instances: int, pcg_seed: int) -> np.ndarray:
 
 def permutation_path(cache_dir: str | Path, num_instances: int, pcg_seed: int) -> Path:
     """``<cache_dir>/permutations/<N>-<pcg_seed>.npy`` (raw ``uint32``, no header)."""
-    return Path(cache_dir) / "permutations" / f"{int(num_instances)}-{int(pcg_seed)}.npy"
+    return CacheDir(cache_dir).permutations / f"{int(num_instances)}-{int(pcg_seed)}.npy"
 
 
 def cached_permutation(cache_dir: str | Path, num_instances: int, pcg_seed: int) -> np.ndarray:

@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from pretrain_exp.core.cachedir import CacheDir
 from pretrain_exp.core.errors import DataError
 from pretrain_exp.core.io import file_lock, write_json
 from pretrain_exp.core.retry import RetryPolicy, TransientError
@@ -270,7 +271,7 @@ class RemoteReader:
 def size_index_path(cache_dir: str | Path, paths: Sequence[str]) -> Path:
     """``<cache_dir>/size_index/<sha256 of the newline-joined mapped path list>.json``."""
     digest = hashlib.sha256("\n".join(paths).encode()).hexdigest()
-    return Path(cache_dir) / "size_index" / f"{digest}.json"
+    return CacheDir(cache_dir).size_index / f"{digest}.json"
 
 
 def fetch_sizes(paths: Sequence[str], cache_dir: str | Path, reader: Optional[RemoteReader] = None, *,

@@ -24,6 +24,7 @@ from typing import Optional
 
 import numpy as np
 
+from pretrain_exp.core.cachedir import CacheDir
 from pretrain_exp.core.errors import DataError
 from pretrain_exp.core.io import atomic_path, write_json
 from pretrain_exp.data.remote import changed_size_error, redact
@@ -86,7 +87,7 @@ class WindowCache:
     """
 
     def __init__(self, cache_dir: str | Path):
-        self.root = Path(cache_dir) / "window"
+        self.root = CacheDir(cache_dir).window
         self._lock = threading.Lock()
 
     def __getstate__(self):

@@ -1,15 +1,15 @@
 """Closed-loop (dynamic) insertion: after each segment's evals a policy decides what the next segment inserts.
 
 ``insertion.dynamic=<policy>`` (or a mapping ``{policy: <name>, <option>: ...}``; presets in
-``conf/insertion/dynamic/``) names one of :data:`POLICIES`:
+``conf/insertion/dynamic/``) names a policy registered in :data:`~pretrain_exp.insertion.policies.POLICIES`, one
+module each with its options' schema:
 
-- ``until_memorized``: every segment, insert ``copies`` copies of each target item whose insertion loss is still at or
-  above ``threshold`` (nats/token); an item is never inserted again once its loss fell below the threshold at an
-  evaluated step (``memorized_at_step``, a first passage). The report confirms the crossing at the next eval
-  (``confirmed``) and gives the dup count a confirmed item needed (copies trained up to the crossing).
-- ``spaced_repetition``: insert each target item that has no copy in the plan; once a copy trained, re-insert it
-  when its loss has risen by more than ``margin`` nats/token above its loss at the first evaluation after its last
-  insertion (forgetting-driven repetition; ``margin=0``: any rise).
+- ``until_memorized`` (:mod:`~pretrain_exp.insertion.policies.until_memorized`): every segment, insert ``copies``
+  copies of each target item whose insertion loss is still at or above ``threshold`` (nats/token), until it fell
+  below the threshold at an evaluated step; the report confirms the crossing at the next eval.
+- ``spaced_repetition`` (:mod:`~pretrain_exp.insertion.policies.spaced_repetition`): insert each target item that
+  has no copy in the plan; once a copy trained, re-insert it when its loss has risen by more than ``margin``
+  nats/token above its loss at the first evaluation after its last insertion.
 
 Arms (:func:`assign_arms`). The items of ``experiments`` (default: every experiment) are split at random into
 *controls* and *targets* before the first decision: each experiment's controls are a seeded uniform sample of its
@@ -34,10 +34,10 @@ count). Each decision is saved atomically as ``dynamic/step<a>.json`` before the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -50,134 +50,11 @@ from pretrain_exp.core.io import write_json
 from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.insertion.items import experiment_rng
 from pretrain_exp.insertion.placement import Occupancy, place_random
+from pretrain_exp.insertion.placements import KINDS, get_kind
 from pretrain_exp.insertion.plan import Plan
-from pretrain_exp.insertion.schema import PlacementKind, parse_repetitions
-
-#: losses of one evaluated step: item id -> insertion loss (nats/token)
-Losses = Dict[int, float]
-
-
-@dataclass
-class DynamicConf:
-    """Options of ``insertion.dynamic`` (module docstring); ``threshold`` is read by ``until_memorized``,
-    ``margin`` by ``spaced_repetition``."""
-
-    policy: str = "until_memorized"
-    experiments: List[str] = field(default_factory=list)  #: target experiments (empty: all)
-    task: Optional[str] = None  #: the insertion_loss eval task read (default: the first one of eval.tasks)
-    copies: int = 1  #: copies of a chosen item per segment
-    threshold: float = 1.0  #: until_memorized: loss (nats/token) below which an item counts as memorized
-    margin: float = 0.5  #: spaced_repetition: loss rise (nats/token) since the last insertion that re-inserts
-    max_per_batch: int = 0  #: at most this many dynamic copies per global batch (0: no limit)
-    #: per target experiment, this many of its static dup-0 items, drawn at random, are never inserted (the
-    #: randomized dup-0 controls, :func:`assign_arms`); ``None``: half of them, rounded up
-    controls: Optional[int] = None
-    #: accept a run without controls (``controls: 0``, or a target experiment without static dup-0 items): its
-    #: dup counts are then outcome-selected with nothing randomized to compare them with
-    allow_no_controls: bool = False
-
-
-class Policy(ABC):
-    """A decision rule: :meth:`choose` gives the items to insert in the next segment."""
-
-    name = ""
-
-    def __init__(self, conf: DynamicConf):
-        self.conf = conf
-
-    @abstractmethod
-    def choose(self, targets: np.ndarray, step: int, history: Dict[int, Losses], last_copy_step: np.ndarray,
-               planned: np.ndarray) -> np.ndarray:
-        """Items (sorted ``int64`` ids) to insert ``conf.copies`` times in the segment starting at ``step``.
-
-        :param targets: ``int64`` item ids the policy may insert.
-        :param history: evaluated step (``<= step``) -> item losses; ``history[step]`` exists.
-        :param last_copy_step: ``int64 (num_items,)``: global step of each item's latest copy trained by ``step``
-            (``-1``: none).
-        :param planned: ``bool (num_items,)``: the plan holds a copy of the item (trained by ``step`` or later).
-        """
-
-    def item_report(self, item: int, history: Dict[int, Losses], copy_steps: np.ndarray, start: Optional[int]) -> dict:
-        """Policy-specific columns of the per-item table (``copy_steps``: the item's copies' steps, sorted;
-        ``start``: the step of the first decision, else the first evaluated step; ``None``: no eval)."""
-        return {}
-
-
-class UntilMemorized(Policy):
-    """Insert every segment until the loss falls below ``threshold`` (module docstring)."""
-
-    name = "until_memorized"
-
-    def memorized_at(self, item: int, history: Dict[int, Losses], upto: Optional[int] = None) -> Optional[int]:
-        """The first evaluated step (``<= upto``) where the item's loss is below the threshold, or ``None``."""
-        for s in sorted(history):
-            if upto is not None and s > upto:
-                break
-            if item in history[s] and history[s][item] < self.conf.threshold:
-                return s
-        return None
-
-    def choose(self, targets, step, history, last_copy_step, planned):
-        return np.asarray([i for i in targets if self.memorized_at(int(i), history, step) is None], np.int64)
-
-    def confirmed(self, item: int, history: Dict[int, Losses], at: Optional[int]) -> Optional[bool]:
-        """Whether the item's loss is still below the threshold at the evaluated step after ``at`` (its first
-        passage, :meth:`memorized_at`): ``True``/``False``, ``None`` when ``at`` is ``None`` or the last evaluated
-        step with its loss (no second eval)."""
-        if at is None:
-            return None
-        later = [s for s in sorted(history) if s > at and item in history[s]]
-        return None if not later else bool(history[later[0]][item] < self.conf.threshold)
-
-    def item_report(self, item, history, copy_steps, start):
-        """``memorized_at_step`` (the first evaluated step below the threshold: the policy's stopping rule),
-        ``confirmed`` (:meth:`confirmed`), ``dups_needed`` (copies trained by ``memorized_at_step``, static ones
-        included; only for a confirmed item, else ``None``), ``below_threshold_at_start`` (below the threshold at
-        ``start``: the policy never inserts it) and ``below_threshold_at_end`` (at the last evaluated step)."""
-        at = self.memorized_at(item, history)
-        ok = self.confirmed(item, history, at)
-        last = max((s for s in history if item in history[s]), default=None)
-        return {"memorized_at_step": at, "confirmed": ok,
-                "dups_needed": int(np.sum(copy_steps <= at)) if ok else None,
-                "below_threshold_at_start": (start is not None and item in history.get(start, {})
-                                             and history[start][item] < self.conf.threshold),
-                "below_threshold_at_end": None if last is None else bool(history[last][item] < self.conf.threshold)}
-
-
-class SpacedRepetition(Policy):
-    """Re-insert when the loss has risen by more than ``margin`` since the last insertion (module docstring)."""
-
-    name = "spaced_repetition"
-
-    def reference(self, item: int, history: Dict[int, Losses], since: int) -> Optional[float]:
-        """The item's loss at the first evaluated step ``>= since`` (the step of its last copy)."""
-        for s in sorted(history):
-            if s >= since and item in history[s]:
-                return history[s][item]
-        return None
-
-    def choose(self, targets, step, history, last_copy_step, planned):
-        out = []
-        for i in targets:
-            i = int(i)
-            if i not in history[step]:
-                continue
-            if not planned[i]:
-                out.append(i)
-                continue
-            if last_copy_step[i] < 0:  # its first copy is planned later: wait until it was trained
-                continue
-            ref = self.reference(i, history, int(last_copy_step[i]))
-            if ref is not None and history[step][i] - ref > self.conf.margin:
-                out.append(i)
-        return np.asarray(out, np.int64)
-
-    def item_report(self, item, history, copy_steps, start):
-        return {"repetitions": max(0, int(copy_steps.size) - 1)}
-
-
-#: policy name -> class
-POLICIES: Dict[str, type] = {UntilMemorized.name: UntilMemorized, SpacedRepetition.name: SpacedRepetition}
+from pretrain_exp.insertion.policies import POLICIES, get_policy, schema
+from pretrain_exp.insertion.policies.base import DynamicConf, Losses, Policy
+from pretrain_exp.insertion.schema import parse_repetitions
 
 
 def parse_dynamic(value: Any, experiments: Dict[str, Any], tasks: Dict[str, Any],
@@ -202,13 +79,10 @@ def parse_dynamic(value: Any, experiments: Dict[str, Any], tasks: Dict[str, Any]
     if not hasattr(value, "items"):
         raise ConfigError(key, f"a policy name or a mapping with 'policy', got {value!r}")
     value = dict(value.items())
-    known = {f for f in DynamicConf.__dataclass_fields__}
-    for k in value:
-        if k not in known:
-            raise ConfigError(f"{key}.{k}", f"unknown option; allowed: {sorted(known)}")
-    conf = DynamicConf(**{k: (list(v) if k == "experiments" else v) for k, v in value.items()})
-    if conf.policy not in POLICIES:
-        raise ConfigError(f"{key}.policy", f"unknown policy {conf.policy!r}; allowed: {sorted(POLICIES)}")
+    policy = value.get("policy", DynamicConf.policy)
+    cls = get_policy(policy, f"{key}.policy").schema
+    _check_options(key, policy, cls, value)
+    conf = cls(**{k: (list(v) if k == "experiments" else v) for k, v in value.items()})
     if isinstance(conf.copies, bool) or not isinstance(conf.copies, int) or conf.copies < 1:
         raise ConfigError(f"{key}.copies", f"must be an integer >= 1, got {conf.copies!r}")
     for name in ("max_per_batch", "controls"):
@@ -224,10 +98,7 @@ def parse_dynamic(value: Any, experiments: Dict[str, Any], tasks: Dict[str, Any]
                           "items): without randomized dup-0 controls a closed loop has only dup counts chosen from "
                           f"the items' own losses; set {key}.allow_no_controls=true to run without controls on "
                           "purpose")
-    for name in ("threshold", "margin"):
-        v = getattr(conf, name)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
-            raise ConfigError(f"{key}.{name}", f"must be a finite number >= 0 (nats/token), got {v!r}")
+    conf.validate(key)
     for i, name in enumerate(conf.experiments):
         if name not in experiments:
             raise ConfigError(f"{key}.experiments[{i}]", f"{name!r} is not an insertion experiment; allowed: "
@@ -253,12 +124,39 @@ def parse_dynamic(value: Any, experiments: Dict[str, Any], tasks: Dict[str, Any]
     return conf
 
 
+def _check_options(key: str, policy: str, cls: type, value: Dict[str, Any]) -> None:
+    """Refuse an option that the schema ``cls`` of ``policy`` lacks: another policy's (naming it) or none's.
+
+    :raises ConfigError: naming ``<key>.<option>``.
+    """
+    own = {f.name for f in dataclasses.fields(cls)}
+    for k in value:
+        if k in own:
+            continue
+        for other in sorted(POLICIES):
+            if other != policy and k in {f.name for f in dataclasses.fields(schema(other))}:
+                raise ConfigError(f"{key}.{k}", f"only for policy={other}, not {policy}")
+        raise ConfigError(f"{key}.{k}", f"unknown option; allowed: {sorted(own)}")
+
+
+def own_options(value: Any) -> Any:
+    """A saved ``insertion.dynamic`` mapping without the options its policy does not take: a config saved before
+    each policy had its own schema holds every policy's options (``threshold`` and ``margin``); anything else is
+    returned as it is."""
+    if not isinstance(value, dict) or value.get("policy", DynamicConf.policy) not in POLICIES:
+        return value
+    own = {f.name for f in dataclasses.fields(schema(value.get("policy", DynamicConf.policy)))}
+    others = {f.name for p in POLICIES for f in dataclasses.fields(schema(p))}
+    return {k: v for k, v in value.items() if k in own or k not in others}
+
+
 def _may_have_dup0(exp) -> bool:
     """``False`` when the experiment's config alone shows that every item gets a static copy (``repetitions`` a
     list without 0, or a number >= 1, random or range placement); ``True`` otherwise (or unknown)."""
     placement = getattr(exp, "placement", None)
     reps = getattr(exp, "repetitions", None)
-    if reps is None or getattr(placement, "kind", None) == PlacementKind.explicit:
+    kind = getattr(placement, "kind", None)
+    if reps is None or kind in KINDS and get_kind(kind).from_items:
         return True
     try:
         reps = parse_repetitions("repetitions", reps)
@@ -269,7 +167,7 @@ def _may_have_dup0(exp) -> bool:
 
 def make_policy(conf: DynamicConf) -> Policy:
     """The policy object of ``conf``."""
-    return POLICIES[conf.policy](conf)
+    return get_policy(conf.policy)(conf)
 
 
 @dataclass(frozen=True)
@@ -431,9 +329,10 @@ def report(plan, conf: DynamicConf, history: Dict[int, Losses], records: List[di
     """One row per target item, then one per control: ``item_id``, ``arm`` (``target`` | ``control``),
     ``experiment``, ``static_dups``, ``dynamic_dups``, ``added_at`` (decision steps that inserted it),
     ``initial_loss`` (at the first evaluated step), ``final_loss`` (at the last) and the policy's columns
-    (``until_memorized``: ``memorized_at_step``, ``confirmed``, ``dups_needed``, ``below_threshold_at_start``,
-    ``below_threshold_at_end``, :meth:`UntilMemorized.item_report`, computed for controls too; ``spaced_repetition``:
-    ``repetitions``). Losses in nats/token, ``None`` where the item was not evaluated."""
+    (:meth:`Policy.item_report <pretrain_exp.insertion.policies.base.Policy.item_report>`, computed for controls
+    too; ``until_memorized``: ``memorized_at_step``, ``confirmed``, ``dups_needed``, ``below_threshold_at_start``,
+    ``below_threshold_at_end``; ``spaced_repetition``: ``repetitions``). Losses in nats/token, ``None`` where the
+    item was not evaluated."""
     policy = make_policy(conf)
     steps = copy_steps(plan)
     added: Dict[int, List[int]] = {}
@@ -494,7 +393,7 @@ def summary(plan, conf: DynamicConf, history: Dict[int, Losses], rows: List[dict
     :param plan: the final plan; ``history``: evaluated step -> item losses; ``seed``: of the Monte-Carlo
         randomization tests (larger than ``MAX_EXACT`` relabellings).
     """
-    memo = conf.policy == UntilMemorized.name
+    policy = make_policy(conf)
     steps = sorted(history)
     first, last = (steps[0], steps[-1]) if steps else (None, None)
     ids = np.asarray([r["item_id"] for r in rows], np.int64)
@@ -506,12 +405,8 @@ def summary(plan, conf: DynamicConf, history: Dict[int, Losses], rows: List[dict
         groups = [("targets", True, [r for r in mine if r["arm"] == "target"]),
                   ("controls", True, [r for r in mine if r["arm"] == "control"]),
                   ("inserted by the policy", False, [r for r in mine if r["arm"] == "target" and r["dynamic_dups"]])]
-        if memo:
-            groups.append(("below threshold at start", False,
-                           [r for r in mine if r["arm"] == "target" and r["below_threshold_at_start"]]))
-        else:
-            groups.append(("never inserted by the policy", False,
-                           [r for r in mine if r["arm"] == "target" and not r["dynamic_dups"]]))
+        groups += [(name, False, group)
+                   for name, group in policy.target_groups([r for r in mine if r["arm"] == "target"])]
         t, c = groups[0][2], groups[1][2]
         for name, randomized, group in groups:
             if randomized or 0 < len(group) < len(t):  # a policy-defined group that is all targets says nothing
@@ -519,7 +414,7 @@ def summary(plan, conf: DynamicConf, history: Dict[int, Losses], rows: List[dict
                 arms_out.append({"experiment": exp, "arm": name, "randomized": randomized,
                                  **stats.interval([r["final_loss"] for r in group]),
                                  "initial_mean": float(np.mean(init)) if init else None,
-                                 **(_memorization(group) if memo else {})})
+                                 **policy.arm_counts(group)})
         tl = np.asarray([r["final_loss"] for r in t], float)
         cl = np.asarray([r["final_loss"] for r in c], float)
         itt.append({"experiment": exp, "contrast": "targets vs controls (ITT)", "measure": "final loss",
@@ -537,12 +432,3 @@ def summary(plan, conf: DynamicConf, history: Dict[int, Losses], rows: List[dict
         stats.adjust_rows(secondary, "holm", "insertion.dynamic: ITT on the loss change")
     return _none_for_nan({**asdict(conf), "items": rows, "initial_step": first, "final_step": last,
                           "arms": arms_out, "itt": itt, "realized_dup_groups_randomized": False})
-
-
-def _memorization(group: List[dict]) -> dict:
-    """``until_memorized`` counts of an arm's item rows (:meth:`UntilMemorized.item_report`)."""
-    return {"crossed": sum(r["memorized_at_step"] is not None for r in group),
-            "confirmed": sum(r["confirmed"] is True for r in group),
-            "fell_back": sum(r["confirmed"] is False for r in group),
-            "unconfirmed": sum(r["memorized_at_step"] is not None and r["confirmed"] is None for r in group),
-            "below_at_end": sum(bool(r["below_threshold_at_end"]) for r in group)}

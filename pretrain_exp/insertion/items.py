@@ -37,7 +37,8 @@ import numpy as np
 from pretrain_exp.core.errors import ConfigError, DataError, InsertionError
 from pretrain_exp.core.io import read_jsonl
 from pretrain_exp.core.logs import phase_progress, rate
-from pretrain_exp.insertion.schema import EosPolicy, InsertionExperimentConf, PlacementKind, parse_repetitions
+from pretrain_exp.insertion.placements import kind_of
+from pretrain_exp.insertion.schema import EosPolicy, InsertionExperimentConf, parse_repetitions
 
 __all__ = ["Item", "ItemSet", "LoadContext", "RawItem", "apply_eos", "apply_eos_csr", "assign_dup_counts",
            "encode_texts", "experiment_rng", "fast_backend", "first_items", "parse_repetitions", "read_item_file",
@@ -300,7 +301,7 @@ def read_item_file(key: str, exp: InsertionExperimentConf, field: Optional[str],
     :raises DataError: for an unreadable file, a malformed line, a missing key or explicit position, naming
         ``file:line``.
     """
-    explicit = exp.placement.kind == PlacementKind.explicit
+    explicit = kind_of(exp, key).from_items
     for lineno, obj in read_jsonl(exp.file):
         where = f"{exp.file}:{lineno}"
         if field is None:
@@ -353,7 +354,7 @@ def tokenized_items(name: str, exp: InsertionExperimentConf, raw: List[RawItem],
     if not raw:
         raise InsertionError(f"{key}: {what or exp.file} yields no items")
     eos = int(ctx.tokenizer.eos_token_id) if ctx.tokenizer is not None else None
-    explicit = exp.placement.kind == PlacementKind.explicit
+    explicit = kind_of(exp, key).from_items
     if text:
         ids, lengths = encoded if encoded is not None else encode_texts(
             [r[1] for r in raw], ctx.tokenizer, what or exp.file or name, sources=[r[0] for r in raw])

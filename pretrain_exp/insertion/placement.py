@@ -11,14 +11,13 @@
 
 from __future__ import annotations
 
-import math
-from fractions import Fraction
 from typing import List, Sequence
 
 import numpy as np
 
 from pretrain_exp.core.errors import ConfigError, InsertionError
-from pretrain_exp.insertion.schema import InsertionExperimentConf, PlacementKind, RangeUnit
+from pretrain_exp.insertion.placements import kind_of
+from pretrain_exp.insertion.schema import InsertionExperimentConf
 
 MAX_ROUNDS = 200  #: redraw rounds before a random placement gives up (the window is too full)
 
@@ -78,33 +77,14 @@ def place_explicit(positions: np.ndarray, lengths: np.ndarray, labels: Sequence[
 
 
 def row_range(key: str, exp: InsertionExperimentConf, window: tuple[int, int], sequence_length: int) -> tuple[int, int]:
-    """Training-order rows ``[lo, hi)`` a random/range experiment may use: the whole window, or the complete
-    rows inside the range. For fractions ``[start, end)`` of the window's ``n`` rows,
-    ``lo = first + ceil(start*n)`` and ``hi = first + floor(end*n)``, the fractions taken exactly as the
-    decimals they print as (0.29 of 100 rows ends at row 29, not at ``floor(28.999...)``).
+    """Training-order rows ``[lo, hi)`` an experiment with drawn positions may use, as its placement kind gives them
+    (:meth:`PlacementSpec.row_range <pretrain_exp.insertion.placements.base.PlacementSpec.row_range>`): the whole
+    window for ``random``, the complete rows inside the range for ``range``.
 
-    :raises ConfigError: for a range outside the window, not aligned to L, or holding no complete row.
+    :raises ConfigError: for an unknown kind, or a range outside the window, not aligned to L, or holding no
+        complete row.
     """
-    L = sequence_length
-    first, last = window[0] // L, window[1] // L
-    pl = exp.placement
-    if pl.kind == PlacementKind.random:
-        return first, last
-    if pl.unit == RangeUnit.fraction:
-        n = last - first
-        lo = first + math.ceil(Fraction(str(pl.start)) * n)
-        hi = first + math.floor(Fraction(str(pl.end)) * n)
-    else:
-        start, end = int(pl.start), int(pl.end)
-        if start % L or end % L:
-            raise ConfigError(f"{key}.placement", f"range [{start}, {end}) is not aligned to the sequence length {L}")
-        if start < window[0] or end > window[1]:
-            raise ConfigError(f"{key}.placement", f"range [{start}, {end}) lies outside the training window "
-                              f"[{window[0]}, {window[1]})")
-        lo, hi = start // L, end // L
-    if hi <= lo:
-        raise ConfigError(f"{key}.placement", f"range [{pl.start}, {pl.end}) holds no complete row of the window")
-    return lo, hi
+    return kind_of(exp, key).row_range(key, exp.placement, window, sequence_length)
 
 
 def allowed_rows(key: str, exp: InsertionExperimentConf, window: tuple[int, int], sequence_length: int,

@@ -44,7 +44,8 @@ from pretrain_exp.insertion.placement import (
     place_explicit,
     place_random,
 )
-from pretrain_exp.insertion.schema import InsertionExperimentConf, PlacementKind
+from pretrain_exp.insertion.placements import kind_of
+from pretrain_exp.insertion.schema import InsertionExperimentConf
 
 #: the arrays of ``plan.npz`` besides ``meta``
 ARRAYS = ("token_offsets", "tokens", "item_experiment", "item_dup_count", "span_positions", "span_item_ids",
@@ -351,7 +352,7 @@ def build_plan(items: Dict[str, ItemSet], experiments: Dict[str, InsertionExperi
     placing = window[1] > window[0]
     if not placing:
         dups = np.zeros_like(dups)
-    exp_names = [n for n in names if placing and experiments[n].placement.kind == PlacementKind.explicit]
+    exp_names = [n for n in names if placing and kind_of(experiments[n], f"insertion.experiments.{n}").from_items]
     if exp_names:
         ids, dix, pos, cross, labels = [], [], [], [], []
         for n in exp_names:
@@ -378,7 +379,7 @@ def build_plan(items: Dict[str, ItemSet], experiments: Dict[str, InsertionExperi
 
     for k, n in enumerate(names):
         exp = experiments[n]
-        if not placing or exp.placement.kind == PlacementKind.explicit:
+        if not placing or kind_of(exp, f"insertion.experiments.{n}").from_items:
             continue
         loc_item, loc_dup = expand_copies(dups[first_item[k]:first_item[k + 1]])
         ids = loc_item + first_item[k]

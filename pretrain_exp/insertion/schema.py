@@ -1,6 +1,7 @@
 """The common schema of insertion experiments (each type extends :class:`InsertionExperimentConf` in
 :mod:`pretrain_exp.insertion.types`; ``conf/insertion/<name>.yaml`` extends ``schema/insertion/<type>``) and the
-enums of placement and EOS policy.
+enums of range unit and EOS policy (placement kinds are registered in
+:mod:`pretrain_exp.insertion.placements`).
 
 Units: positions and lengths in tokens; ``placement.steps`` are global optimizer steps.
 """
@@ -16,14 +17,7 @@ from omegaconf import II, MISSING
 
 from pretrain_exp.core.capabilities import INSERTION_TYPE, Capabilities
 from pretrain_exp.core.errors import ConfigError
-
-
-class PlacementKind(str, Enum):
-    """How insertion positions are chosen (see :mod:`pretrain_exp.insertion.placement`)."""
-
-    random = "random"  #: uniform over the training window, never crossing a row boundary
-    range = "range"  #: uniform over ``[start, end)`` of the window (fractions or token positions)
-    explicit = "explicit"  #: global token positions read from each item's ``position_key``
+from pretrain_exp.insertion.placements import check_fields, kind_of
 
 
 class RangeUnit(str, Enum):
@@ -57,9 +51,11 @@ class AuditMode(str, Enum):
 
 @dataclass
 class PlacementConf:
-    """Placement of one insertion experiment (see :class:`PlacementKind`)."""
+    """Placement of one insertion experiment: ``kind`` names a registered placement kind
+    (:mod:`pretrain_exp.insertion.placements`), which takes some of the other fields (its schema) and refuses the
+    rest when set."""
 
-    kind: PlacementKind = PlacementKind.random
+    kind: str = "random"  #: a registered placement kind: random, range, explicit (``placements.KINDS``)
     start: Optional[float] = None  #: ``range`` only: window start, in ``unit``
     end: Optional[float] = None  #: ``range`` only: window end (exclusive), in ``unit``
     unit: RangeUnit = RangeUnit.fraction
@@ -119,26 +115,16 @@ class InsertionConf:
 
 
 def validate_placement(key: str, exp: InsertionExperimentConf) -> None:
-    """Static checks of ``exp.placement`` (and of ``file``/``repetitions`` for explicit placement).
+    """Static checks of ``exp.placement``: the kind is registered, no field set that the kind does not take
+    (:func:`~pretrain_exp.insertion.placements.check_fields`), the kind's own checks, then the step selection.
 
-    :raises ConfigError: naming the offending key.
+    :raises ConfigError: naming the offending key (an unknown kind names ``<key>.placement.kind`` and lists the
+        registered kinds).
     """
     pl = exp.placement
-    if pl.kind == PlacementKind.range:
-        if pl.start is None or pl.end is None:
-            raise ConfigError(f"{key}.placement", "range placement needs placement.start and placement.end")
-        if not pl.start < pl.end:
-            raise ConfigError(f"{key}.placement", f"start ({pl.start}) must be < end ({pl.end})")
-        if pl.unit == RangeUnit.fraction and not (0.0 <= pl.start and pl.end <= 1.0):
-            raise ConfigError(f"{key}.placement", f"fractions must lie in [0, 1], got [{pl.start}, {pl.end})")
-        if pl.unit == RangeUnit.position and (pl.start != int(pl.start) or pl.end != int(pl.end)):
-            raise ConfigError(f"{key}.placement", "token positions must be integers")
-    elif pl.start is not None or pl.end is not None:
-        raise ConfigError(f"{key}.placement", f"start/end only apply to range placement, not {pl.kind.value}")
-    if pl.kind == PlacementKind.explicit:
-        if exp.file is None:
-            raise ConfigError(f"{key}.placement", "explicit placement reads positions from a file; set file")
-        # the dup counts are the number of positions given per item; repetitions (a type's default) is not used
+    spec = kind_of(exp, key)
+    check_fields(key, pl, spec)
+    spec.check(key, exp)
     if pl.steps and pl.every_n_steps:
         raise ConfigError(f"{key}.placement", "set placement.steps or placement.every_n_steps, not both")
     for name in ("every_n_steps", "max_per_batch"):
@@ -146,11 +132,6 @@ def validate_placement(key: str, exp: InsertionExperimentConf) -> None:
             raise ConfigError(f"{key}.placement.{name}", f"must be >= 0 (0 = no restriction), got {getattr(pl, name)}")
     if any(k < 1 for k in pl.steps):
         raise ConfigError(f"{key}.placement.steps", f"global steps are >= 1, got {list(pl.steps)}")
-    if pl.kind == PlacementKind.explicit and (pl.steps or pl.every_n_steps or pl.max_per_batch):
-        raise ConfigError(f"{key}.placement", "steps / every_n_steps / max_per_batch apply to random and range "
-                          "placement, not explicit")
-    if pl.allow_row_crossing and pl.kind != PlacementKind.explicit:
-        raise ConfigError(f"{key}.placement.allow_row_crossing", "only explicit placements may cross rows")
 
 
 def parse_repetitions(key: str, value) -> list | int | float:

@@ -17,6 +17,7 @@ from typing import Optional
 
 import numpy as np
 
+from pretrain_exp.core.cachedir import CacheDir
 from pretrain_exp.core.io import atomic_write, sha256_file
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ def cache_path(cache_dir: str | Path, file: str | Path, tokenizer, eos_policy: s
         return None
     key = json.dumps({"v": VERSION, "file": sha256_file(file), "tokenizer": fp, "eos": eos_policy,
                       "num_items": num_items}, sort_keys=True)
-    return Path(cache_dir) / "item_tokens" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz"
+    return CacheDir(cache_dir).item_tokens / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz"
 
 
 def load(path: Path, num_items: int) -> Optional[tuple[np.ndarray, np.ndarray]]:

@@ -67,6 +67,7 @@ from pretrain_exp.core.errors import DataError, PretrainExpError, PushError
 from pretrain_exp.core.io import default_mode, sha256_file, write_json
 from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.core.secrets import redact
+from pretrain_exp.insertion.placements import KINDS, get_kind
 from pretrain_exp.report.tables import RUN_COLUMNS, load_items, load_manifest, load_run
 
 log = logging.getLogger(__name__)
@@ -271,7 +272,7 @@ def experiment_inputs(config: dict, tables: Dict[str, pd.DataFrame]) -> Dict[str
         if not exp.get("file") or exp.get("type") not in INPUT_TYPES:
             continue
         placement = exp.get("placement") or {}
-        explicit = placement.get("kind") == "explicit"
+        explicit = placement.get("kind", "random") in KINDS and get_kind(placement.get("kind", "random")).from_items
         texts = exp["type"] == "texts"
         path = f"inputs/{name}.jsonl"
         field, sets = exp.get("key"), {"file": path}

@@ -6,10 +6,12 @@ partition ``debug``: Hydra's submitit launcher submits one array task per job an
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -213,3 +215,61 @@ def test_a_pending_eval_job_never_holds_the_run(tmp_path):
         time.sleep(1)
     assert acct and acct[0].startswith("CANCELLED") and acct[0].endswith("|pretrain_exp-eval"), acct
     assert elapsed < 600
+
+
+#: the one line of a run stopped by a signal (pretrain_exp.app.cli.interrupted_line)
+INTERRUPTED = re.compile(r"interrupted \((SIG\w+)\): the newest checkpoint holds step (\d+) \((.+)\); "
+                         r"resume with: python -m pretrain_exp (.+)")
+
+
+def test_a_job_at_its_time_limit_without_requeue_ends_with_one_line_and_resumes(tmp_path):
+    """SLURM's time limit where no requeue applies (``max_num_timeout=0``): submitit declines the requeue at its
+    early USR2, training goes on until SLURM's SIGTERM at the limit (``--time=1``), and the job ends with the run's
+    one line (the newest checkpoint's step, the command that resumes), exit status 143, no process of the run left.
+    That command resumes the run from the checkpoint."""
+    import psutil
+
+    sweep_dir = tmp_path / "sweep"
+    overrides = ["seed=0", "training.num_steps=60", "training.checkpoint_interval=5", "eval=[insertion_loss]",
+                 "insertion.experiments.fictional_bios.repetitions=[0,1,2,4]", "hydra.launcher.timeout_min=1",
+                 "hydra.launcher.signal_delay_s=5", "hydra.launcher.max_num_timeout=0"]
+    proc = run_sweep(tmp_path, sweep_dir, *overrides, check=False)
+    assert proc.returncode != 0  # the sweep's only job did not finish
+    (job_id,) = slurm_job_ids(sweep_dir)
+    job = sweep_dir / "0"
+    logs = "".join(p.read_text() for p in sorted((sweep_dir / ".submitit").rglob("*_log.*")))
+    assert "Job not requeued because: timed-out too many times" in logs, logs[-3000:]
+    err = "".join(p.read_text() for p in (sweep_dir / ".submitit").rglob("*_log.err"))
+    said = [line for line in err.splitlines() if line.startswith("interrupted (")]
+    assert len(said) == 1, err[-3000:]
+    m = INTERRUPTED.fullmatch(said[0])
+    assert m and m[1] == "SIGTERM" and Path(m[3]) == job, said
+    step = int(m[2])
+    done = [int(p.parent.name.split("-")[1]) for p in job.glob("checkpoints/checkpoint-*/trainer_state.json")]
+    assert 0 < step == max(done) < 60, (step, done)
+    assert "Traceback" not in logs, logs[-3000:]
+    assert "task 0: Exited with exit code 143" in err, err[-3000:]  # the job's own status, not SLURM's SIGKILL
+    assert not (job / "results.json").exists()
+    for _ in range(60):  # the accounting record lags the job's end by a few seconds
+        state = subprocess.run(["sacct", "-n", "-X", "-j", job_id, "-o", "State"], capture_output=True,
+                               text=True).stdout.split()
+        if state:
+            break
+        time.sleep(1)
+    assert state == ["TIMEOUT"], state
+    left = []
+    for p in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if p.environ().get("SLURM_JOB_ID") == job_id:
+                left.append(p.info["cmdline"])
+    assert not left, left  # no process of the job (its ranks, the audit) outlives it
+
+    resume = [a if not a.startswith("hydra.launcher.timeout_min=") else "hydra.launcher.timeout_min=30"
+              for a in shlex.split(m[4])]
+    assert resume[0] == "-m" and f"hydra.sweep.dir={sweep_dir}" in resume, resume
+    again = subprocess.run([sys.executable, "-m", "pretrain_exp", *resume], cwd=ROOT, env=env(tmp_path),
+                           capture_output=True, text=True, timeout=1200)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resuming from {job / 'checkpoints' / f'checkpoint-{step}'} (step {step})" in (
+        job / "pretrain_exp.log").read_text()
+    assert json.loads((job / "results.json").read_text())["step"] == 60

@@ -48,10 +48,12 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from pretrain_exp.core.cachedir import CacheDir
 from pretrain_exp.core.errors import ConfigError, DataError
 from pretrain_exp.core.io import default_cache_dir
 from pretrain_exp.insertion.items import ItemSet, LoadContext, tokenized_items
-from pretrain_exp.insertion.schema import InsertionExperimentConf, PlacementKind
+from pretrain_exp.insertion.placements import kind_of
+from pretrain_exp.insertion.schema import InsertionExperimentConf
 from pretrain_exp.insertion.types.base import EffectSpec, TypeSpec
 
 FORMATS = ("cloze", "lettered")
@@ -209,7 +211,7 @@ def local_arrow_file(folder: str, split: str, cache_dir: str | Path | None = Non
             raise DataError(f"{archive}: no member {member}") from None
         return {"member": member}
 
-    return build_once(cache / "benchmarks" / folder / split, build) / "data-00000-of-00001.arrow"
+    return build_once(CacheDir(cache).benchmarks / folder / split, build) / "data-00000-of-00001.arrow"
 
 
 def sample_docs(name: str, *, num_items: Optional[int], seed: int, cache_dir: str | Path | None = None,
@@ -301,7 +303,7 @@ class BenchmarkConf(InsertionExperimentConf):
         :raises ConfigError: naming the offending key.
         """
         validate(key, self)
-        if self.placement.kind == PlacementKind.explicit:
+        if kind_of(self, key).from_items:
             raise ConfigError(f"{key}.placement", "explicit placement reads positions from a file; benchmark "
                               "items use random or range placement")
         super().validate(key)

@@ -22,7 +22,8 @@ import numpy as np
 
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.insertion.items import ItemSet, LoadContext, tokenized_items
-from pretrain_exp.insertion.schema import InsertionExperimentConf, PlacementKind
+from pretrain_exp.insertion.placements import kind_of
+from pretrain_exp.insertion.schema import InsertionExperimentConf
 from pretrain_exp.insertion.types.base import LOSS_GAP, TypeSpec
 
 
@@ -46,7 +47,7 @@ class CorpusChunksConf(InsertionExperimentConf):
             raise ConfigError(f"{key}.num_items", "required with type=corpus_chunks (one never-trained row per item)")
         if self.chunk_tokens < 1:
             raise ConfigError(f"{key}.chunk_tokens", f"must be >= 1, got {self.chunk_tokens}")
-        if self.placement.kind == PlacementKind.explicit:
+        if kind_of(self, key).from_items:
             raise ConfigError(f"{key}.placement", "explicit placement reads positions from a file; corpus_chunks "
                               "items use random or range placement")
         super().validate(key)

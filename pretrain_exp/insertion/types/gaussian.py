@@ -22,7 +22,8 @@ from pretrain_exp.insertion.items import (
     first_items,
     read_item_file,
 )
-from pretrain_exp.insertion.schema import InsertionExperimentConf, PlacementKind
+from pretrain_exp.insertion.placements import kind_of
+from pretrain_exp.insertion.schema import InsertionExperimentConf
 from pretrain_exp.insertion.types.base import TypeSpec
 
 
@@ -44,7 +45,7 @@ class GaussianConf(InsertionExperimentConf):
                               "(e.g. 0.075)")
         if not (math.isfinite(self.sigma) and self.sigma > 0):
             raise ConfigError(f"{key}.sigma", f"must be a finite number > 0, got {self.sigma}")
-        explicit = self.placement.kind == PlacementKind.explicit
+        explicit = kind_of(self, key).from_items
         if self.file is not None and not explicit:
             raise ConfigError(f"{key}.file", "type=gaussian reads a file only for explicit placement (the rows of "
                               "each pattern); random/range patterns are generated: set num_items instead")
@@ -64,7 +65,7 @@ def load_items(name: str, exp: GaussianConf, ctx: LoadContext) -> ItemSet:
     """
     key = f"insertion.experiments.{name}"
     sigma = float(exp.sigma)
-    if exp.placement.kind == PlacementKind.explicit:
+    if kind_of(exp, key).from_items:
         raw = first_items(key, exp, list(read_item_file(key, exp, None)))  # a line holds only its positions
         if not raw:
             raise InsertionError(f"{key}: {exp.file} yields no items")

@@ -45,7 +45,8 @@ import numpy as np
 
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.insertion.items import ItemSet, LoadContext, assign_dup_counts, experiment_rng, tokenized_items
-from pretrain_exp.insertion.schema import InsertionExperimentConf, PlacementKind
+from pretrain_exp.insertion.placements import kind_of
+from pretrain_exp.insertion.schema import InsertionExperimentConf
 from pretrain_exp.insertion.types.base import TypeSpec
 from pretrain_exp.insertion.types.texts import _word
 
@@ -263,7 +264,7 @@ def validate(key: str, exp) -> None:
     if exp.paraphrases is not None and not 1 <= exp.paraphrases <= NUM_TRAINING_TEMPLATES:
         raise ConfigError(f"{key}.paraphrases", f"must be in [1, {NUM_TRAINING_TEMPLATES}] (training templates "
                           f"per fact), got {exp.paraphrases}")
-    if exp.placement.kind == PlacementKind.explicit:
+    if kind_of(exp, key).from_items:
         raise ConfigError(f"{key}.placement", "explicit placement reads positions from a file; knowledge items "
                           "use random or range placement")
 

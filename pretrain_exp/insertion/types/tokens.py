@@ -17,7 +17,8 @@ from pretrain_exp.insertion.items import (
     read_item_file,
     tokenized_items,
 )
-from pretrain_exp.insertion.schema import InsertionExperimentConf, PlacementKind
+from pretrain_exp.insertion.placements import kind_of
+from pretrain_exp.insertion.schema import InsertionExperimentConf
 from pretrain_exp.insertion.token_jsonl import LineSources, read_token_items
 from pretrain_exp.insertion.types.base import LOSS_GAP, TypeSpec
 
@@ -53,7 +54,7 @@ def load_items(name: str, exp: TokensConf, ctx: LoadContext) -> ItemSet:
     :raises InsertionError: for an empty or too long item or a token id out of range, naming it.
     """
     key = f"insertion.experiments.{name}"
-    if exp.key is None and exp.placement.kind != PlacementKind.explicit:
+    if exp.key is None and not kind_of(exp, key).from_items:
         eos = int(ctx.tokenizer.eos_token_id) if ctx.tokenizer is not None else None
         fast = read_token_items(exp.file, vocab_size=ctx.vocab_size, sequence_length=ctx.sequence_length, eos=eos,
                                 policy=exp.eos, dtype=dtype_for_vocab(ctx.vocab_size), num_items=exp.num_items)

@@ -48,6 +48,8 @@ def planted(tmp_path_factory, tiny_model_dir):
 def test_planted_benchmark_items_are_flagged(planted):
     d, overrides, clean, dirty = planted
     exp = Experiment(make_config(*overrides, run_dir=d / "on"))
+    assert exp._audit_job is not None and exp._audit_job.proc is None  # preparing the run starts no process
+    exp.auditor.pre_train()  # the loop's first hook starts it
     assert exp.audit is None and exp._audit_job is not None and exp._audit_job.running  # beside training
     assert "natural_exact" not in (d / "on" / "items.jsonl").read_text()
     exp.finish_audit()
@@ -126,6 +128,7 @@ def test_a_failed_run_stops_its_audit_beside_training_and_the_rerun_audits_again
     d, overrides, _, _ = planted
     cfg = make_config(*overrides, "data.seed=23", run_dir=d / "failed")  # rows no other test audited: not cached
     exp = Experiment(cfg)
+    exp.auditor.pre_train()
     job = exp._audit_job
     assert job is not None and job.running
     procs = [psutil.Process(job.proc.pid), *psutil.Process(job.proc.pid).children(recursive=True)]

@@ -85,3 +85,24 @@ def test_a_run_dir_saved_with_the_dynamic_policy_as_given_resumes_and_a_real_cha
     check_same_run(make_config(*args, run_dir=tmp_path), tmp_path)
     with pytest.raises(ConfigError, match=r"insertion.dynamic.threshold changes \(1.0 -> 2.0\)"):
         check_same_run(make_config(*args, "insertion.dynamic.threshold=2.0", run_dir=tmp_path), tmp_path)
+
+
+def test_a_run_dir_saved_with_every_policys_options_resumes(tmp_path):
+    """A run dir whose saved ``insertion.dynamic`` holds every policy's options (``threshold`` and ``margin``: how
+    runs saved it before each policy had its own schema) is the same run on a re-run of its command."""
+    import yaml
+
+    from pretrain_exp.app.experiment import check_same_run, save_resolved_config
+    from pretrain_exp.core.rundir import RunDir
+
+    args = [*BASE, "+insertion/dynamic=spaced_repetition"]
+    cfg = make_config(*args, run_dir=tmp_path)
+    save_resolved_config(cfg, tmp_path)
+    path = RunDir(tmp_path).config
+    saved = yaml.safe_load(path.read_text())
+    assert "threshold" not in saved["insertion"]["dynamic"] and saved["insertion"]["dynamic"]["margin"] == 0.5
+    saved["insertion"]["dynamic"]["threshold"] = 1.0
+    path.write_text(yaml.safe_dump(saved))
+    check_same_run(make_config(*args, run_dir=tmp_path), tmp_path)
+    with pytest.raises(ConfigError, match=r"insertion.dynamic.margin changes \(0.5 -> 0.2\)"):
+        check_same_run(make_config(*args, "insertion.dynamic.margin=0.2", run_dir=tmp_path), tmp_path)

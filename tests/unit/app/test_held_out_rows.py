@@ -56,7 +56,8 @@ def test_a_short_first_epoch_gets_fewer_held_out_rows_by_default_and_the_error_f
         exp = Experiment(make_config(*args, run_dir=tmp_path / "auto"))
     rows = exp.order.rows_per_epoch
     assert 24 < rows < 24 + 16
-    assert exp.cfg.data.held_out_rows == rows - 24 and exp.held_out.shape == (rows - 24, 128)
+    assert exp.ctx.held_out_rows == rows - 24 and exp.held_out.shape == (rows - 24, 128)
+    assert exp.cfg.data.held_out_rows is None  # resolved in the prepared run, the validated config left as it was
     assert f"data.held_out_rows: {rows - 24} held-out row(s)" in caplog.text
     with pytest.raises(ConfigError, match=r"^data\.held_out_rows: the run trains rows \[0, 24\)"):
         Experiment(make_config(*args, "data.held_out_rows=16", run_dir=tmp_path / "set"))

@@ -9,7 +9,7 @@ import pytest
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 
-from pretrain_exp.app.launch import Nodes, check_allocation, job_nodes, torchrun_argv
+from pretrain_exp.app.launch import Nodes, check_allocation, fit_to_allocation, job_nodes, surplus_task, torchrun_argv
 from pretrain_exp.core.errors import LaunchError
 from tests.conftest import CONF_DIR, ROOT, make_config
 
@@ -78,6 +78,31 @@ def test_allocation_check_covers_nodes_and_devices_per_node(tmp_path, monkeypatc
     monkeypatch.setenv("SLURM_CPUS_ON_NODE", "1")
     with pytest.raises(LaunchError, match="has 1 CPUs per node"):
         check_allocation(cfg, Nodes(2, 0, "h:1"))
+
+
+def test_a_slurm_job_trains_on_the_nodes_it_was_given(tmp_path, monkeypatch, caplog):
+    """The allocation decides the node count (a job requeued onto another one), with the global batch unchanged;
+    outside SLURM the configured count stands (check_allocation refuses a mismatch)."""
+    cfg = make_config("experiment=tiny", "training.nnodes=2", "training.micro_batch_size=2", run_dir=tmp_path)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert fit_to_allocation(cfg, Nodes()) is cfg
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    fitted = fit_to_allocation(cfg, Nodes())
+    assert fitted.training.nnodes == 1 and cfg.training.nnodes == 2
+    assert "training.nnodes=2 but SLURM gave this job 1 node(s): training on 1 node(s), world size 1" in caplog.text
+    check_allocation(fitted, Nodes())
+    assert fit_to_allocation(fitted, Nodes()) is fitted
+    with pytest.raises(LaunchError, match=r"training.nnodes=2 but this SLURM job has 3 node\(s\), and "
+                       r"training.global_batch_size=8 rows is not a multiple of .* = 2 x 1 x 3"):
+        fit_to_allocation(cfg, Nodes(3, 0, "h:1"))
+
+
+@pytest.mark.parametrize("localid,surplus", [(None, False), ("0", False), ("1", True)])
+def test_only_the_first_slurm_task_of_a_node_launches(localid, surplus, monkeypatch):
+    monkeypatch.delenv("SLURM_LOCALID", raising=False)
+    if localid is not None:
+        monkeypatch.setenv("SLURM_LOCALID", localid)
+    assert surplus_task() is surplus
 
 
 def test_global_batch_must_split_over_all_nodes(tmp_path):

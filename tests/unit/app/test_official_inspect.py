@@ -254,3 +254,53 @@ def test_a_preset_names_its_official_checkpoint_config(run, tmp_path):
         spec = read_order(path)
         assert spec.layout == ("olmo2" if name.startswith("olmo2") else "olmo_core")
         assert spec.paths == [str(p) for p in run["paths"]]
+
+
+def test_records_decoded_in_chunks_are_each_rows_own_text(run, tmp_path, monkeypatch):
+    """Rows written as JSONL carry their own text (``Tokenizer.decode`` of their own ids) when the texts are decoded
+    a few rows at a time in a thread beside the writing, across chunk and block edges."""
+    from tokenizers import Tokenizer
+
+    import pretrain_exp.app.official as official
+
+    monkeypatch.setattr(official, "DECODE_ROWS", 3)
+    monkeypatch.setattr(official, "BLOCK_ROWS", 7)
+    out = tmp_path / "rows.jsonl"
+    assert main([str(run["config"]), "step=1-3", "--cache-dir", str(tmp_path / "cache"), "--tokenizer", dolma2(),
+                 "--out", str(out)]) == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    tok = Tokenizer.from_file(dolma2() + "/tokenizer.json")
+    assert [r["q"] for r in recs] == list(range(3 * B))
+    for r in recs:
+        assert r["text"] == tok.decode(r["token_ids"], skip_special_tokens=False)
+
+
+def test_a_local_query_imports_no_http_client_and_no_torch(run, tmp_path):
+    """A query of a local config loads neither the download code (``http``, ``ssl``) nor torch: the command's
+    start is the interpreter, numpy, the order and the tokenizer."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from pretrain_exp.app.inspect import main; "
+            f"rc = main([{str(run['config'])!r}, 'step=1', 'row=0', '--cache-dir', {str(tmp_path / 'cache')!r}, "
+            f"'--tokenizer', {dolma2()!r}]); "
+            "print(sorted(m for m in ('ssl', 'http.client', 'torch', 'transformers', 'hydra', 'datasets') "
+            "if m in sys.modules)); sys.exit(rc)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_decoder_without_merges_decodes_as_the_whole_tokenizer(run, tmp_path):
+    """The decode-only tokenizer (the BPE merges left out, written once into the cache) gives the whole tokenizer's
+    text for every id of the vocabulary, alone and in random sequences (bytes split across tokens included)."""
+    view = BatchView(read_order(run["config"]), tmp_path / "cache", tokenizer=dolma2(), preload=True)
+    full = view.tokenizer
+    n = full.get_vocab_size(with_added_tokens=True)
+    singles = [[i] for i in range(n)]
+    assert view.decoder.decode_batch(singles, skip_special_tokens=False) == full.decode_batch(
+        singles, skip_special_tokens=False)
+    rows = np.random.default_rng(0).integers(0, n, (64, 200)).tolist()
+    assert view.decode(np.asarray(rows)) == full.decode_batch(rows, skip_special_tokens=False)
+    written = list((tmp_path / "cache" / "tokenizers" / "decode-only").iterdir())
+    assert len(written) == 1 and json.loads(written[0].read_text())["model"]["merges"] == []

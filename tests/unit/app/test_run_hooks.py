@@ -226,6 +226,24 @@ def test_the_plan_history_answers_each_step_with_the_plan_decided_before_it(plan
     assert h.additions == [{"decided_at": 4}, {"decided_at": 8}] and plan.digest() in h.digests()
 
 
+def test_the_run_plan_is_the_one_owner_of_the_plan(tmp_path, plan):
+    """:class:`RunPlan`: a decision added to it is what the training rows read from then on and what the evals of
+    later steps measure; a rank other than 0 writes no plan file."""
+    from types import SimpleNamespace
+
+    from pretrain_exp.app.run_plan import RunPlan
+
+    rows = SimpleNamespace(plan=plan)  # the training rows' one field the owner sets
+    owner = RunPlan(PlanHistory(plan), {}, RunDir(tmp_path), main=False)
+    owner.rows = rows
+    later = make_plan([(random_item(np.random.default_rng(2)), 1, 0)])
+    owner.add(4, later, {"decided_at": 4, "positions": []})
+    assert rows.plan is later and owner.current is later and owner.static is plan
+    assert owner.as_of(4) is plan and owner.as_of(5) is later and owner.decided(4) and not owner.decided(2)
+    assert owner.additions == [{"decided_at": 4, "positions": []}]
+    assert not RunDir(tmp_path).plan.exists() and not RunDir(tmp_path).manifest.exists()
+
+
 def test_results_plots_and_tables_are_written(tmp_path, plan):
     cfg = make_config("experiment=tiny", "wandb=disabled", run_dir=tmp_path)
     rd = RunDir(tmp_path)

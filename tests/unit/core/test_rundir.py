@@ -148,6 +148,19 @@ def test_no_module_but_rundir_spells_a_run_dir_name_or_parses_step_n():
     assert found == {}
 
 
+#: (benchmark, what) spelled for a file or folder that is not in a run dir: a benchmark's own summary, an items
+#: file and a run dir named in a temp dir
+NOT_IN_RUN_DIRS = {("first_step.py", "'results.json'"), ("step_overhead.py", "'items.jsonl'"),
+                   ("step_overhead.py", "/ 'hf'")}
+
+
+def test_no_benchmark_spells_a_run_dir_name():
+    root = Path(__file__).resolve().parents[3] / "benchmarks"
+    found = {p.name: spelled for p in sorted(root.glob("*.py"))
+             if (spelled := [s for s in layout_spelled(p) if (p.name, s.split(": ", 1)[1]) not in NOT_IN_RUN_DIRS])}
+    assert found == {}
+
+
 def test_the_source_check_sees_each_way_of_spelling_the_layout(tmp_path):
     src = tmp_path / "m.py"
     src.write_text('"""docstring: config.resolved.yaml, evals/step<N>/ are prose."""\n'
@@ -167,6 +180,7 @@ def test_run_dir_of_a_tiny_olmo_core_run(tmp_path):
     """Two 2-step segments with kept HF exports and an eval at each: every path RunDir names is where the run put
     it, its readers return what the run wrote, and the framework finds its checkpoints through it."""
     from pretrain_exp.app import experiment
+    from pretrain_exp.frameworks.registry import get_framework_class
     from pretrain_exp.frameworks.olmo_core.framework import COMPLETE
     from pretrain_exp.insertion.plan import Plan
     from pretrain_exp.report.tables import load_run
@@ -204,7 +218,7 @@ def test_run_dir_of_a_tiny_olmo_core_run(tmp_path):
     assert sorted(load_run(rd.path)["step"].unique()) == [2, 4]
     assert [json.loads(line)["step"] for line in rd.rows_log(0).read_text().splitlines()] == [1, 2, 3, 4]
 
-    cls = experiment.get_framework_class("olmo_core")
+    cls = get_framework_class("olmo_core")
     fw = cls(cfg, cls.resolve_model(cfg))  # the framework's view of the same run dir
     assert fw.latest_checkpoint().path == rd.checkpoint(4) and sorted(fw.checkpoints()) == [2, 4]
     assert fw.work_dir == rd.olmo_core_work and any(rd.olmo_core_work.glob("global_indices_*.npy"))

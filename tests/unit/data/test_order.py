@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import logging
 import os
 import pickle
 
@@ -17,7 +18,13 @@ import pytest
 import torch
 
 from pretrain_exp.core.errors import DataError
-from pretrain_exp.data.order import DataOrder, step_row_offset, step_window
+from pretrain_exp.data.order import (
+    DataOrder,
+    cached_permutation,
+    permutation_path,
+    step_row_offset,
+    step_window,
+)
 from pretrain_exp.data.rows import TrainingRows
 from pretrain_exp.data.token_files import TokenFiles, dtype_for_vocab, write_token_file
 
@@ -335,3 +342,107 @@ def test_training_rows_in_spawned_worker(files):
     got = torch.cat([b["input_ids"] for b in loader]).numpy()
     want = np.stack([order.row_tokens(q) for q in range(78, 82)])
     np.testing.assert_array_equal(got, want)
+
+
+# --- the permutation cache ------------------------------------------------------------------------------------
+
+def test_cached_permutation_is_built_once_and_memory_mapped(tmp_path, caplog):
+    path = permutation_path(tmp_path, 83, 7)
+    assert path == tmp_path / "permutations" / "83-7.npy"
+    with caplog.at_level(logging.INFO, logger="pretrain_exp.data.order"):
+        perm = cached_permutation(tmp_path, 83, 7)
+    assert isinstance(perm, np.memmap) and perm.dtype == np.uint32 and perm.shape == (83,)
+    assert not perm.flags.writeable
+    np.testing.assert_array_equal(perm, reference_perm(7, 0, 83))
+    np.testing.assert_array_equal(np.fromfile(path, dtype="<u4"), reference_perm(7, 0, 83))  # raw, no header
+    assert path.stat().st_size == 4 * 83
+    assert path.with_name("83-7.npy.lock").is_file()  # the lock other processes building it take turns on
+    built = [r.getMessage() for r in caplog.records]
+    assert len(built) == 1 and built[0].startswith("permutation of 83 instances (seed 7) built in ")
+    assert built[0].endswith(f" s -> {path}")
+    assert 0 <= float(built[0].split(" built in ")[1].split(" s ")[0]) < 60
+
+    other = np.arange(83, dtype="<u4")[::-1].copy()
+    other.tofile(path)  # a cached file of the right size is read as it is, never rebuilt
+    caplog.clear()
+    np.testing.assert_array_equal(cached_permutation(tmp_path, 83, 7), other)
+    assert not caplog.records
+    other[:82].tofile(path)  # a file of the wrong size is rebuilt
+    np.testing.assert_array_equal(cached_permutation(tmp_path, 83, 7), reference_perm(7, 0, 83))
+    assert path.stat().st_size == 4 * 83
+
+
+def test_a_permutation_cache_that_cannot_be_written_names_the_file(tmp_path):
+    path = permutation_path(tmp_path, 83, 7)
+    path.mkdir(parents=True)  # a directory where the file goes: the rename onto it fails
+    with pytest.raises(DataError) as e:
+        cached_permutation(tmp_path, 83, 7)
+    assert str(e.value).startswith(f"{path}: cannot write the permutation cache (")
+
+
+def test_the_data_order_reads_its_permutations_from_the_cache(files, tmp_path):
+    cached = DataOrder(files, L, 4, seed=3, cache_dir=tmp_path)
+    plain = DataOrder(files, L, 4, seed=3)
+
+    def built():
+        return sorted(p.name for p in (tmp_path / "permutations").glob("*.npy"))
+
+    assert plain.prepare(0, 200) is False  # no cache: built in memory
+    assert cached.prepare(79, 0) is False and built() == ["83-4.npy"]  # no rows: the epoch of first_row (1)
+    assert cached.prepare(0, 80) is True and built() == ["83-4.npy"]  # rows 0..79: all of epoch 1
+    assert cached.prepare(70, 20) is False  # rows 70..89: epochs 1 and 2 of 80 rows, 2 built now
+    assert built() == ["83-4.npy", "83-5.npy"]
+    assert cached.prepare(70, 20) is True and cached.prepare(0, 1) is True
+    assert cached.prepare(160, 1) is False  # epoch 3 (seed 6) alone
+    assert built() == ["83-4.npy", "83-5.npy", "83-6.npy"]
+    assert (tmp_path / "permutations" / "83-6.npy").stat().st_size == 4 * 83
+    permutation_path(tmp_path, 83, 6).write_bytes(b"\0" * 8)  # wrong size: not counted as cached
+    assert DataOrder(files, L, 4, seed=3, cache_dir=tmp_path).prepare(160, 1) is False
+    assert isinstance(cached.permutation(1), np.memmap)
+    for q in (0, 79, 80, 159, 160, 239):
+        assert cached.instance(q) == plain.instance(q)
+        np.testing.assert_array_equal(cached.row_tokens(q), plain.row_tokens(q))
+
+
+def test_chunked_prepare_caches_the_chunk_permutation(files, tmp_path):
+    """chunk=2: each file keeps whole chunks (50, 30, 2 instances), an epoch shuffles the 41 chunks."""
+    order = DataOrder(files, L, 4, seed=3, cache_dir=tmp_path, chunk=2)
+    assert order.num_instances == 82 and order.prepare(0, 4) is False
+    assert sorted(p.name for p in (tmp_path / "permutations").glob("*.npy")) == ["41-4.npy"]
+    assert order.prepare(0, 4) is True
+    perm = order.permutation(1)  # instance ids: each chunk's two instances in a row
+    assert perm.dtype == np.uint32 and sorted(perm.tolist()) == list(range(82))
+    chunks = reference_perm(3, 1, 41).astype(np.int64)
+    assert perm.tolist() == np.stack([2 * chunks, 2 * chunks + 1], axis=1).ravel().tolist()
+
+
+def test_instances_of_a_row_range_across_epochs(files):
+    order = DataOrder(files, L, 4, seed=3)
+    got = order.instances(75, 10)  # rows 75..84: the end of epoch 1 and the start of epoch 2
+    assert got.dtype == np.int64 and got.shape == (10,)
+    want = [int(reference_perm(3, 1 + q // 80, 83)[q % 80]) for q in range(75, 85)]
+    assert got.tolist() == want == [order.instance(q)[1] for q in range(75, 85)]
+    f, off = order.instance_locations(got)
+    assert f.dtype == off.dtype == np.int64
+    assert list(zip(f.tolist(), off.tolist())) == [reference_instances(SIZES, L)[i] for i in want]
+    assert order.instances(5, 0).shape == (0,)
+
+
+def test_training_rows_items(files):
+    """Item ``i`` is row ``first_row + i`` with its index; without a plan the rows are the files' rows."""
+    order = DataOrder(files, L, 4, seed=2)
+    rows = TrainingRows(order, None, first_row=78, num_rows=4)  # rows 78..81 cross into epoch 2
+    assert len(rows) == 4
+    for i in range(4):
+        item = rows[i]
+        assert sorted(item) == ["input_ids", "labels", "row_index"]
+        assert item["row_index"].dtype == torch.int64 and item["row_index"].shape == () and \
+            int(item["row_index"]) == 78 + i
+        assert item["input_ids"].dtype == torch.int64
+        np.testing.assert_array_equal(item["input_ids"].numpy(), order.row_tokens(78 + i))
+        assert item["labels"].tolist() == item["input_ids"].tolist()
+        assert item["labels"].data_ptr() != item["input_ids"].data_ptr()  # a copy: the trainer may edit labels
+    for i in (4, -1):
+        with pytest.raises(IndexError) as e:
+            rows[i]
+        assert e.value.args == (i,)

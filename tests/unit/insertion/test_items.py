@@ -9,7 +9,6 @@ from pretrain_exp.core.errors import ConfigError, DataError, InsertionError
 from pretrain_exp.core.io import read_jsonl
 from pretrain_exp.insertion.schema import (
     PlacementConf,
-    PlacementKind,
 )
 from tests.bad_input import VOCAB, L, assert_error, items_of, write_jsonl
 
@@ -107,5 +106,5 @@ def test_more_dup_groups_than_items(tmp_path):
 def test_bad_explicit_position_field(tmp_path, line, needle):
     f = write_jsonl(tmp_path / "items.jsonl", [line])
     with pytest.raises(DataError) as ei:
-        items_of(f, placement=PlacementConf(kind=PlacementKind.explicit))
+        items_of(f, placement=PlacementConf(kind="explicit"))
     assert_error(ei, f"{f}:1", needle)

@@ -9,7 +9,6 @@ from pretrain_exp.insertion.plan import build_plan
 from pretrain_exp.insertion.schema import (
     EosPolicy,
     PlacementConf,
-    PlacementKind,
     RangeUnit,
 )
 from pretrain_exp.insertion.types import load_items
@@ -23,7 +22,7 @@ WINDOW = (4 * L, 12 * L)  #: a run continuing from step 2 with B=2 rows for 4 st
 def plan_explicit(tmp_path, lines, name="exp", allow_row_crossing=False):
     f = write_jsonl(tmp_path / f"{name}.jsonl", lines)
     exp = TokensConf(file=str(f), key="tokens", eos=EosPolicy.none,
-                     placement=PlacementConf(kind=PlacementKind.explicit, allow_row_crossing=allow_row_crossing))
+                     placement=PlacementConf(kind="explicit", allow_row_crossing=allow_row_crossing))
     items = load_items(name, exp, tokenizer=TOK, vocab_size=VOCAB, sequence_length=L, seed=0)
     return f, build_plan({name: items}, {name: exp}, WINDOW, L, 2, 0, VOCAB)
 
@@ -50,7 +49,7 @@ def test_overlapping_explicit_positions_name_both_items(tmp_path):
 def test_overlap_across_explicit_experiments(tmp_path):
     fa = write_jsonl(tmp_path / "a.jsonl", [{"tokens": [5, 6, 7], "position": 5 * L}])
     fb = write_jsonl(tmp_path / "b.jsonl", [{"tokens": [8, 9], "position": 5 * L + 1}])
-    explicit = PlacementConf(kind=PlacementKind.explicit)
+    explicit = PlacementConf(kind="explicit")
     exps = {n: TokensConf(file=str(f), key="tokens",
                           eos=EosPolicy.none, placement=explicit)
             for n, f in (("a", fa), ("b", fb))}
@@ -79,7 +78,7 @@ def test_explicit_span_crossing_a_row(tmp_path):
 
 def _range_exp(tmp_path, start, end, unit=RangeUnit.position, repetitions=1):
     f = write_jsonl(tmp_path / "r.jsonl", [[5, 6, 7], [8, 9]])
-    placement = PlacementConf(kind=PlacementKind.range, start=start, end=end, unit=unit)
+    placement = PlacementConf(kind="range", start=start, end=end, unit=unit)
     exp = TokensConf(file=str(f), eos=EosPolicy.none,
                      repetitions=repetitions, placement=placement)
     return {"r": exp}, {"r": load_items("r", exp, tokenizer=TOK, vocab_size=VOCAB, sequence_length=L, seed=0)}
@@ -116,7 +115,7 @@ def _gaussian(tmp_path, placement, lines=None, num_items=4):
 
 def test_gaussian_explicit_rows_reference(tmp_path):
     """The reference: row starts inside the window become noise rows (q = position // L)."""
-    _, plan = _gaussian(tmp_path, PlacementConf(kind=PlacementKind.explicit), [{"position": [4 * L, 7 * L]}])
+    _, plan = _gaussian(tmp_path, PlacementConf(kind="explicit"), [{"position": [4 * L, 7 * L]}])
     assert plan().noise_rows.tolist() == [4, 7]
 
 
@@ -126,7 +125,7 @@ def test_gaussian_explicit_rows_reference(tmp_path):
     (0, [f"[0, {L})", "outside the training window"]),
 ])
 def test_gaussian_explicit_row_outside_the_run_or_not_a_row_start(tmp_path, pos, needles):
-    f, plan = _gaussian(tmp_path, PlacementConf(kind=PlacementKind.explicit), [{"position": 6 * L}, {"position": pos}])
+    f, plan = _gaussian(tmp_path, PlacementConf(kind="explicit"), [{"position": 6 * L}, {"position": pos}])
     with pytest.raises(InsertionError) as ei:
         plan()
     assert_error(ei, "insertion.experiments.g", "item 1", f"{f}:2", *needles)

@@ -26,7 +26,6 @@ from pretrain_exp.insertion.schema import (
     EosPolicy,
     InsertionExperimentConf,
     PlacementConf,
-    PlacementKind,
     RangeUnit,
 )
 from pretrain_exp.insertion.types import load_items, validate_experiment
@@ -42,7 +41,7 @@ MANIFEST_FIELDS = {"position", "step", "row", "offset", "length", "item_id", "ex
 
 def conf(kind: str = "random", **placement) -> TokensConf:
     return TokensConf(file="items.jsonl", eos=EosPolicy.none,
-                      placement=PlacementConf(kind=PlacementKind(kind), **placement))
+                      placement=PlacementConf(kind=kind, **placement))
 
 
 def make_items(name, lengths, dups, rng, positions=None, low=0, high=VOCAB, text=False):
@@ -62,7 +61,7 @@ def range_bounds(exp: InsertionExperimentConf, window, L):
     """Token interval ``[a, b)`` a random/range experiment's spans must lie in (independent of row_range)."""
     pl = exp.placement
     w0, w1 = window
-    if pl.kind == PlacementKind.random:
+    if pl.kind == "random":
         return Fraction(w0), Fraction(w1)
     if pl.unit == RangeUnit.position:
         return Fraction(int(pl.start)), Fraction(int(pl.end))
@@ -101,7 +100,7 @@ def check_invariants(plan: Plan, items, experiments, window, L):
         it = flat[plan.item_ids[k]]
         exp = experiments[it.experiment]
         p, e = int(plan.positions[k]), int(plan.ends[k])
-        if exp.placement.kind == PlacementKind.explicit:
+        if exp.placement.kind == "explicit":
             assert p == it.positions[plan.dup_index[k]]  # honoured exactly, copy i at positions[i]
             continue
         assert p // L == (e - 1) // L, f"random/range span [{p}, {e}) crosses a row boundary"
@@ -354,7 +353,7 @@ def test_explicit_via_load_items(tmp_path):
     lines = [{"tokens": [5, 6, 7], "position": 40}, {"tokens": [9], "position": [3, 70]}]
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     exp = TokensConf(file=str(path), key="tokens", eos=EosPolicy.none,
-                     placement=PlacementConf(kind=PlacementKind.explicit))
+                     placement=PlacementConf(kind="explicit"))
     items = load_items("ex", exp, tokenizer=None, vocab_size=VOCAB, sequence_length=32, seed=0)
     assert [it.dup_count for it in items] == [1, 2]
     plan = build_plan({"ex": items}, {"ex": exp}, (0, 4 * 32), 32, 2, seed=0, vocab_size=VOCAB)
@@ -843,7 +842,7 @@ def test_every_insertion_type_has_controls_by_default_and_explicit_placement_nee
         if reps is not None:
             assert isinstance(reps, (list, type(OmegaConf.create([])))) and 0 in list(reps), (path.name, reps)
     exp = TokensConf(file="items.jsonl", repetitions=[0, 1, 4, 16],
-                     placement=PlacementConf(kind=PlacementKind.explicit))
+                     placement=PlacementConf(kind="explicit"))
     validate_placement("insertion.experiments.tokens", exp)
 
 

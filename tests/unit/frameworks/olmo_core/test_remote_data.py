@@ -103,8 +103,9 @@ def test_streamed_window_trains_the_rows_and_weights_of_the_complete_prefetch(re
         remote = tmp_path / "stream"
         cfg = run_config(ckpt, remote, srv.base + "/", items, "data.prefetch=stream", "data.prefetch_ahead_steps=1")
         exp = Experiment(cfg)
-        assert exp.stream is not None and exp.stream.streaming and exp.order.gate is not None
+        assert exp.stream is not None and not exp.stream.streaming and exp.order.gate is None  # no process yet
         exp.run()
+        assert exp.stream.streaming and exp.order.gate is not None  # started by the loop's first hook
         fetched = srv.bytes_served
     assert json.loads(exp.stream.progress.read_text())["state"] == "done"
     window_bytes = 2 * B * L * 4

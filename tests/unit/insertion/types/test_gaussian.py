@@ -25,7 +25,6 @@ from pretrain_exp.insertion.plan import Plan, build_plan
 from pretrain_exp.insertion.schema import (
     EosPolicy,
     PlacementConf,
-    PlacementKind,
     RangeUnit,
 )
 from pretrain_exp.insertion.types import load_items
@@ -83,8 +82,8 @@ def _steps(rows):
     (dict(steps=[2, 5, 9]), lambda q: set(_steps(q)) <= {2, 5, 9}),
     (dict(every_n_steps=3), lambda q: (_steps(q) % 3 == 0).all()),
     (dict(max_per_batch=1), lambda q: np.bincount(q // B).max() == 1),
-    (dict(kind=PlacementKind.range, start=0.5, end=0.75), lambda q: ((q >= 40) & (q < 60)).all()),
-    (dict(kind=PlacementKind.range, start=16 * B * L, end=20 * B * L, unit=RangeUnit.position),
+    (dict(kind="range", start=0.5, end=0.75), lambda q: ((q >= 40) & (q < 60)).all()),
+    (dict(kind="range", start=16 * B * L, end=20 * B * L, unit=RangeUnit.position),
      lambda q: (q >= 64).all()),
 ])
 def test_placement_options_hold_for_noise_rows(placement, check):

@@ -19,7 +19,7 @@ from pretrain_exp.evals.knowledge import KnowledgeConf, summarize
 from pretrain_exp.evals.registry import run_eval
 from pretrain_exp.evals.scoring import continuation_scores, greedy_decode
 from pretrain_exp.insertion.plan import build_plan
-from pretrain_exp.insertion.schema import InsertionConf, PlacementConf, PlacementKind
+from pretrain_exp.insertion.schema import InsertionConf, PlacementConf
 from pretrain_exp.insertion.types import load_items
 from pretrain_exp.insertion.types.knowledge import (
     ATTRIBUTES,
@@ -170,7 +170,7 @@ def _contains(seq, sub) -> bool:
 @pytest.mark.parametrize("placement, allowed", [
     (PlacementConf(steps=[3, 7, 11]), {3, 7, 11}),
     (PlacementConf(every_n_steps=4), {4, 8, 12}),
-    (PlacementConf(kind=PlacementKind.range, start=0.5, end=1.0), set(range(7, 13))),
+    (PlacementConf(kind="range", start=0.5, end=1.0), set(range(7, 13))),
 ])
 def test_placement_options_for_knowledge(tokenizer, placement, allowed):
     exp = kexp(num_items=8, repetitions=[0, 6], repeat=KnowledgeRepeat.paraphrase, placement=placement)

@@ -1,0 +1,19 @@
+"""``placement.kind: random``: copies drawn uniformly over the whole training window, never crossing a row boundary."""
+
+from __future__ import annotations
+
+from pretrain_exp.insertion.placements.base import PlacementSpec
+
+
+class Random(PlacementSpec):
+    """Uniform over the training window (every row of it)."""
+
+    name = "random"
+    takes = frozenset({"steps", "every_n_steps", "max_per_batch"})
+
+    def row_range(self, key, placement, window, sequence_length):
+        """Every row of the window: ``[window[0] // L, window[1] // L)``."""
+        return window[0] // sequence_length, window[1] // sequence_length
+
+
+KIND = Random()
