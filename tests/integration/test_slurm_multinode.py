@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -53,6 +54,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.slurm,
               pytest.mark.skipif(PARTITION is None, reason="no SLURM partition with two nodes answers `sinfo`")]
 
 
+def wait_for_first_checkpoint(proc: subprocess.Popen, sweep_dir: Path) -> str:
+    """Wait (15 min at most) until the sweep's only job has written a checkpoint; returns its SLURM job id."""
+    deadline = time.time() + 900
+    while not list((sweep_dir / "0").glob("checkpoints/checkpoint-*/trainer_state.json")):
+        assert proc.poll() is None and time.time() < deadline, "job never wrote a checkpoint"
+        time.sleep(0.2)
+    (job_id,) = {p.name.split("_")[0] for p in (sweep_dir / ".submitit").iterdir() if p.name[:1].isdigit()}
+    return job_id
+
+
 def release_requeue_hold(job_id: str, proc: subprocess.Popen) -> None:
     """SLURM makes a requeued batch job eligible again only ~2 minutes later (pending, reason ``BeginTime``): set
     its start time to now as soon as it waits for that, so the test does not wait for the cluster's hold."""
@@ -80,11 +91,7 @@ def test_a_two_node_job_trains_once_and_resumes_after_requeue(tmp_path):
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     job = sweep_dir / "0"
     try:
-        deadline = time.time() + 900
-        while not list(job.glob("checkpoints/checkpoint-*/trainer_state.json")):
-            assert proc.poll() is None and time.time() < deadline, "job never wrote a checkpoint"
-            time.sleep(0.5)
-        (job_id,) = {p.name.split("_")[0] for p in (sweep_dir / ".submitit").iterdir() if p.name[:1].isdigit()}
+        job_id = wait_for_first_checkpoint(proc, sweep_dir)
         nodes = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%D"], capture_output=True, text=True,
                                env=SLURM_ENV).stdout
         assert nodes.strip() == "2"
@@ -152,11 +159,7 @@ def test_a_two_node_job_requeued_onto_one_node_resumes_there(tmp_path):
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     job = sweep_dir / "0"
     try:
-        deadline = time.time() + 900
-        while not list(job.glob("checkpoints/checkpoint-*/trainer_state.json")):
-            assert proc.poll() is None and time.time() < deadline, "job never wrote a checkpoint"
-            time.sleep(0.2)
-        (job_id,) = {p.name.split("_")[0] for p in (sweep_dir / ".submitit").iterdir() if p.name[:1].isdigit()}
+        job_id = wait_for_first_checkpoint(proc, sweep_dir)
         subprocess.run(["scancel", "--signal=USR2", "--full", job_id], check=True, env=SLURM_ENV)
         threading.Thread(target=requeue_onto_one_node, args=(job_id, proc), daemon=True).start()
         out, _ = proc.communicate(timeout=1200)
