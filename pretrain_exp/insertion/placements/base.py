@@ -34,8 +34,10 @@ class PlacementSpec:
 
     def row_range(self, key: str, placement: Any, window: Tuple[int, int], sequence_length: int) -> Tuple[int, int]:
         """Training-order rows ``[lo, hi)`` a drawn copy may use (``placement``: a ``PlacementConf``; ``window``:
-        the training window in global token positions, aligned to ``sequence_length``).
+        the training window in global token positions, aligned to ``sequence_length``). By default every row of the
+        window, ``[window[0] // L, window[1] // L)``; a kind that narrows it overrides this (not read where
+        ``from_items``).
 
         :raises ConfigError: for a placement that selects no row of the window, naming ``<key>.placement``.
         """
-        raise NotImplementedError(f"placement kind {self.name!r} takes its positions from the items")
+        return window[0] // sequence_length, window[1] // sequence_length

@@ -9,11 +9,7 @@ class Random(PlacementSpec):
     """Uniform over the training window (every row of it)."""
 
     name = "random"
-    takes = frozenset({"steps", "every_n_steps", "max_per_batch"})
-
-    def row_range(self, key, placement, window, sequence_length):
-        """Every row of the window: ``[window[0] // L, window[1] // L)``."""
-        return window[0] // sequence_length, window[1] // sequence_length
+    takes = frozenset({"steps", "every_n_steps", "max_per_batch"})  # rows: every row of the window (the default)
 
 
 KIND = Random()
