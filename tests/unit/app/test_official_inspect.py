@@ -264,7 +264,7 @@ def test_records_decoded_in_chunks_are_each_rows_own_text(run, tmp_path, monkeyp
     import pretrain_exp.app.official as official
 
     monkeypatch.setattr(official, "DECODE_ROWS", 3)
-    monkeypatch.setattr(official, "BLOCK_ROWS", 7)
+    monkeypatch.setattr(official, "RECORD_ROWS", 7)
     out = tmp_path / "rows.jsonl"
     assert main([str(run["config"]), "step=1-3", "--cache-dir", str(tmp_path / "cache"), "--tokenizer", dolma2(),
                  "--out", str(out)]) == 0
@@ -273,6 +273,28 @@ def test_records_decoded_in_chunks_are_each_rows_own_text(run, tmp_path, monkeyp
     assert [r["q"] for r in recs] == list(range(3 * B))
     for r in recs:
         assert r["text"] == tok.decode(r["token_ids"], skip_special_tokens=False)
+
+
+def test_jsonl_is_json_dumps_byte_for_byte(tmp_path):
+    """``--out FILE.jsonl`` writes exactly ``json.dumps(record, ensure_ascii=False)`` per line (texts of random ids,
+    so invalid UTF-8, control characters and special tokens; every escape ``json`` writes; ids as lists and as
+    ``numpy`` rows), on rows of OLMo's length (4,096 ids). Its speed is ``benchmarks/batch_view.py``'s."""
+    from tokenizers import Tokenizer
+
+    from pretrain_exp.app.official import write_records
+
+    tok = Tokenizer.from_file(dolma2() + "/tokenizer.json")
+    ids = np.random.default_rng(0).integers(0, tok.get_vocab_size(with_added_tokens=True), (64, 4096))
+    texts = tok.decode_batch(ids.tolist(), skip_special_tokens=False)
+    texts[0] += "".join(map(chr, range(0x80))) + "\u2028\u2029\ufeff\U0001f600"
+    recs = [{"step": 1, "row": i, "q": i, "instance": 7 * i, "file": 0, "file_offset": 4096 * i, "rank": i % 2,
+             "path": "/data/part-0.npy", "token_ids": row.tolist(), "text": t} for i, (row, t) in
+            enumerate(zip(ids, texts))]
+    want = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs).encode()
+    out = tmp_path / "rows.jsonl"
+    assert write_records(recs, out) == 64 and out.read_bytes() == want
+    assert write_records([{**r, "token_ids": ids[i]} for i, r in enumerate(recs)], out) == 64
+    assert out.read_bytes() == want
 
 
 def test_a_local_query_imports_no_http_client_and_no_torch(run, tmp_path):
