@@ -83,11 +83,11 @@ def make_config(*overrides: str, run_dir: str | Path) -> ExperimentConfig:
 
 @pytest.fixture(autouse=True)
 def _one_slurm_test_at_a_time(request, tmp_path_factory):
-    """Under pytest-xdist (``make test`` runs two workers) the SLURM tests run one at a time: the local cluster has
-    8 CPUs, and a job of one test queued behind another test's job leaves its eval jobs pending (then cancelled
-    and run in the run's allocation). An exclusive ``flock`` on a file in the directory all workers' base temp
-    dirs share, held for the test; not ``xdist_group``: pytest 9.2's node ids ignore the group suffix that
-    pytest-xdist 3.8 appends, so ``--dist loadgroup`` spreads a group over the workers."""
+    """Under pytest-xdist (``make test`` runs one worker more than the cores) the SLURM tests run one at a time:
+    the local cluster has 8 CPUs, and a job of one test queued behind another test's job leaves its eval jobs
+    pending (then cancelled and run in the run's allocation). An exclusive ``flock`` on a file in the directory all
+    workers' base temp dirs share, held for the test; not ``xdist_group``: pytest 9.2's node ids ignore the group
+    suffix that pytest-xdist 3.8 appends, so ``--dist loadgroup`` spreads a group over the workers."""
     if request.node.get_closest_marker("slurm") is None or "PYTEST_XDIST_WORKER" not in os.environ:
         yield
         return
