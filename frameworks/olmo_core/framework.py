@@ -291,7 +291,7 @@ def precision_config(precision: Precision, cuda: bool, sharded: bool = False) ->
     optimizer state stay fp32, as OLMo-core trains), ``auto`` too where ``cuda`` and the device supports bf16,
     ``fp32`` (and ``auto`` elsewhere) to ``None``; the float8 config is :func:`float8_config` of ``sharded`` for
     ``fp8``, else ``None``. Whether the machine can train fp8 is checked before the run starts
-    (:func:`pretrain_exp.app.validate.check_machine`)."""
+    (:func:`pretrain_exp.app.launch.check_machine`)."""
     from olmo_core.config import DType
 
     bf16 = precision in (Precision.bf16, Precision.fp8) or (

@@ -143,7 +143,9 @@ def main() -> None:
     """The command (module docstring): Hydra's composition errors (a mistyped key, a wrong group option, a wrong
     type) become one ``error:`` line with the closest name and exit status 2
     (:func:`~pretrain_exp.app.hydra_errors.hydra_error_line`), like the project's own errors; so does a sweep's
-    SLURM submission that sbatch refuses (:func:`~pretrain_exp.app.sweep_check.exit_on_submission_error`)."""
+    SLURM submission that sbatch refuses (:func:`~pretrain_exp.app.sweep_check.exit_on_submission_error`); a sweep
+    job that ended without a result is one line and exit status 1
+    (:func:`~pretrain_exp.app.sweep_check.exit_on_job_error`)."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -167,10 +169,13 @@ def main() -> None:
                 exit_now(e.exit_status)
     except (HydraException, OmegaConfBaseException) as e:  # the latter: a resolver's error in Hydra's run dir
         exit_on_hydra_error(e)
-    except (RuntimeError, OSError) as e:  # submitit's FailedJobError is a RuntimeError: sbatch refused the sweep
-        from pretrain_exp.app.sweep_check import exit_on_submission_error
+    except (RuntimeError, OSError) as e:  # submitit's errors are RuntimeErrors: sbatch refused, or a job failed
+        from pretrain_exp.app.sweep_check import exit_on_job_error, exit_on_submission_error
 
-        exit_on_submission_error(e)
+        try:
+            exit_on_submission_error(e)
+        except (RuntimeError, OSError) as not_submission:
+            exit_on_job_error(not_submission)
     finally:
         if ours:
             os.environ.pop("HYDRA_FULL_ERROR", None)
@@ -258,8 +263,8 @@ def _run(cfg: DictConfig, run_dir: Path, fresh: bool, sweep: bool) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from pretrain_exp.app.cpdt import run_cpdt
-    from pretrain_exp.app.experiment import check_same_run
     from pretrain_exp.app.launch import job_nodes, launch, surplus_task
+    from pretrain_exp.app.run_record import check_same_run
     from pretrain_exp.core.phases import PHASES
 
     if surplus_task():  # more SLURM tasks than nodes (a job requeued onto fewer nodes): one launcher per node

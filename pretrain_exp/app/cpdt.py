@@ -72,18 +72,16 @@ def run_cpdt(cfg: ExperimentConfig) -> dict:
 
     :returns: the ``cpdt.json`` content.
     """
-    from pretrain_exp.app.experiment import check_same_run, save_resolved_config
     from pretrain_exp.app.launch import launch
+    from pretrain_exp.app.run_record import record_run
     from pretrain_exp.app.tracking import Tracker
 
     run_dir = Path(cfg.run_dir).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    check_same_run(cfg, run_dir)
-    save_resolved_config(cfg, run_dir)
-    arms = [(seed, arm) for seed in cfg.cpdt.seeds for arm in arm_names(cfg)]
-    for k, (seed, arm) in enumerate(arms, 1):
+    arms = [(seed, arm, arm_config(cfg, arm, seed)) for seed in cfg.cpdt.seeds for arm in arm_names(cfg)]
+    record_run(cfg, run_dir)
+    for k, (seed, arm, arm_cfg) in enumerate(arms, 1):
         log.info("cpdt arm %d/%d: %s seed %d", k, len(arms), arm, seed)
-        launch(arm_config(cfg, arm, seed))
+        launch(arm_cfg)
     table = write_cpdt_report(run_dir)
     table_cfg = copy.deepcopy(cfg)
     table_cfg.wandb.group = cfg.wandb.group or cfg.run_name

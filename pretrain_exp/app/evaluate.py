@@ -166,7 +166,8 @@ def reevaluate(run_dir: Path, overrides: List[str], steps: Optional[List[int]] =
     :raises PretrainExpError: bad input (one line; a step whose checkpoint is gone names the option that would
         have kept it), a run dir in use by another process.
     """
-    from pretrain_exp.app.experiment import Experiment, RunDirConflict, check_same_run
+    from pretrain_exp.app.experiment import Experiment
+    from pretrain_exp.app.run_record import RunDirConflict, check_same_run
     from pretrain_exp.core.runlock import RunDirLock
 
     run_dir = Path(run_dir).resolve()

@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 import torch
-from omegaconf import OmegaConf
 
 from pretrain_exp.app.cleanup import RunDirCleanup
 from pretrain_exp.app.config import ExperimentConfig
@@ -48,7 +47,6 @@ from pretrain_exp.app.hf_export import HFExport
 from pretrain_exp.app.hooks import Hooks, load_hooks, segments
 from pretrain_exp.app.prepare import (  # noqa: F401  (re-exported: callers import these names from here)
     RunContext,
-    RunDirConflict,
     check_same_items,
     fit_held_out,
     held_out_collision,
@@ -57,16 +55,21 @@ from pretrain_exp.app.prepare import (  # noqa: F401  (re-exported: callers impo
 )
 from pretrain_exp.app.results import LoopTiming, RunResults, run_results
 from pretrain_exp.app.run_name import MUTABLE_KEYS  # noqa: F401  (re-exported: the keys a re-run may change)
+from pretrain_exp.app.run_record import (  # noqa: F401  (re-exported: callers import these names from here)
+    RunDirConflict,
+    check_same_run,
+    holds_credentials,
+    record_run,
+    write_private_config,
+)
 from pretrain_exp.app.stream_hook import StreamHook
-from pretrain_exp.app.tracking import NullTracker, Tracker, config_dict, write_private_config
+from pretrain_exp.app.tracking import NullTracker, Tracker
 from pretrain_exp.core.distributed import is_main_process, world_size
 from pretrain_exp.core.errors import ConfigError, PretrainExpError, TrainingError
-from pretrain_exp.core.io import disk_full_error, is_disk_full, write_text
+from pretrain_exp.core.io import disk_full_error, is_disk_full
 from pretrain_exp.core.phases import PHASES
 from pretrain_exp.core.rundir import RunDir
-from pretrain_exp.core.secrets import redact_obj
 from pretrain_exp.frameworks.base import Checkpoint
-from pretrain_exp.insertion import dynamic
 from pretrain_exp.insertion.audit import AuditResult
 from pretrain_exp.insertion.audit_job import BackgroundAudit
 from pretrain_exp.insertion.plan import Plan
@@ -328,10 +331,11 @@ class Experiment:
         try:
             if not self.main:
                 return self.framework.train(start, until_step, self.rows, tracker.log)
+            # written before the segment trains: a job killed after its checkpoint and before anything else still
+            # leaves the layout that trained it (a line of a segment cut short is superseded when it is trained again)
+            record_layout(self.rundir, self.cfg.training, start.step, until_step)
             with segment_lines(tracker.log, start.step, until_step, self.end_step) as log_fn:
-                ckpt = self.framework.train(start, until_step, self.rows, log_fn)
-            record_layout(self.rundir, self.cfg.training, start.step, ckpt.step)
-            return ckpt
+                return self.framework.train(start, until_step, self.rows, log_fn)
         except Exception as e:
             if isinstance(e, PretrainExpError) or not is_disk_full(e):
                 raise
@@ -353,8 +357,10 @@ def worker_config(cfg: ExperimentConfig, rundir: RunDir) -> Tuple[Path, bool]:
 
 
 def record_layout(rundir: RunDir, t, from_step: int, to_step: int) -> None:
-    """Append the device layout (``t``: the ``training`` node) that trained steps ``from_step+1 .. to_step`` to
-    ``layouts.jsonl`` (a run may resume on another layout: :data:`~pretrain_exp.app.run_name.LAYOUT_KEYS`)."""
+    """Append the device layout (``t``: the ``training`` node) that trains steps ``from_step+1 .. to_step`` to
+    ``layouts.jsonl`` as the segment starts (a run may resume on another layout:
+    :data:`~pretrain_exp.app.run_name.LAYOUT_KEYS`; :meth:`~pretrain_exp.core.rundir.RunDir.read_layouts` drops what
+    a later segment trained again)."""
     rec = {"from_step": from_step, "to_step": to_step, "world_size": world_size(), "nnodes": t.nnodes,
            "nproc_per_node": t.nproc_per_node, "micro_batch_size": t.micro_batch_size,
            "data_parallel": t.data_parallel, "gradient_accumulation": t.global_batch_size // max(
@@ -385,89 +391,6 @@ def release_run(cfg: ExperimentConfig, rundir: RunDir) -> dict:
     return rec
 
 
-def save_resolved_config(cfg: ExperimentConfig, run_dir: Path) -> Path:
-    """Write ``config.resolved.yaml`` (what re-runs compare with and workers read; no Hydra interpolations left),
-    credentials redacted (:func:`~pretrain_exp.core.secrets.redact_obj`: a URL's userinfo and query string, the
-    values of secret environment variables)."""
-    path = RunDir(run_dir).config
-    write_text(path, OmegaConf.to_yaml(OmegaConf.create(redact_obj(config_dict(cfg)))))
-    return path
-
-
-def holds_credentials(cfg: ExperimentConfig) -> bool:
-    """Whether redaction changes the config (then ``config.resolved.yaml`` cannot stand in for it)."""
-    plain = config_dict(cfg)
-    return redact_obj(plain) != plain
-
-
-def _flatten(d: dict, prefix: str = "") -> Dict[str, object]:
-    out: Dict[str, object] = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out |= _flatten(v, f"{prefix}{k}.")
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def check_same_run(cfg: ExperimentConfig, run_dir: Path) -> None:
-    """Refuse to continue a run dir that was started with a different training config.
-
-    :raises RunDirConflict: naming the first keys that differ from the run dir's ``config.resolved.yaml`` (old ->
-        new).
-    """
-    path = RunDir(run_dir).config
-    if not path.is_file():
-        return
-    old = _flatten(_as_derived(OmegaConf.to_container(OmegaConf.load(path)), cfg))
-    new = _flatten(redact_obj(config_dict(cfg)))  # as the file holds it
-    diff = [k for k in sorted(set(old) | set(new))
-            if not k.startswith(MUTABLE_KEYS) and old.get(k) != new.get(k)]
-    if diff:
-        raise RunDirConflict(diff[0], f"run dir {run_dir} holds another run: {describe_difference(old, new, diff)}",
-                             "re-run its own command")
-
-
-def _as_derived(old: dict, cfg: ExperimentConfig) -> dict:
-    """A run dir's saved config as :func:`~pretrain_exp.app.validate.derive` leaves it today: a file written before
-    ``insertion.dynamic`` was saved parsed holds it as given (its ``task`` unset, newer options missing), and one
-    written before each policy had its own schema holds every policy's options
-    (:func:`~pretrain_exp.insertion.dynamic.own_options` drops the others), so it is parsed the same way (against
-    ``cfg``'s experiments and tasks) before the comparison."""
-    ins = old.get("insertion")
-    if isinstance(ins, dict) and ins.get("dynamic") is not None:
-        try:
-            parsed = dynamic.parse_dynamic(dynamic.own_options(ins["dynamic"]), cfg.insertion.experiments,
-                                           cfg.eval.tasks)
-        except ConfigError:  # not valid today: compared as saved, so the difference is named
-            return old
-        ins["dynamic"] = None if parsed is None else config_dict(parsed)
-    return old
-
-
-def describe_difference(old: Dict[str, object], new: Dict[str, object], diff: list) -> str:
-    """In plain words, what this config changes against a run dir's (flattened configs, ``diff`` their differing
-    keys): experiments added or dropped, then up to three changed settings."""
-    def experiments(flat):
-        return {k.split(".")[2] for k in flat if k.startswith("insertion.experiments.") and k.count(".") >= 3}
-
-    before, after = experiments(old), experiments(new)
-    parts = []
-    if after - before:
-        parts.append("this run adds experiment " + ", ".join(f"`{e}`" for e in sorted(after - before)))
-    if before - after:
-        parts.append("this run drops experiment " + ", ".join(f"`{e}`" for e in sorted(before - after)))
-    moved = {f"insertion.experiments.{e}." for e in before ^ after}
-    rest = [k for k in diff if not k.startswith(tuple(moved))]
-    shown = [f"{k} {'is new' if k not in old else 'is gone' if k not in new else 'changes'}"
-             + (f" ({old.get(k)!r} -> {new.get(k)!r})" if k in old and k in new else "") for k in rest[:3]]
-    if len(rest) > 3:
-        shown.append(f"{len(rest) - 3} more setting(s)")
-    if shown:
-        parts.append(("it was started with different settings: " if not parts else "and ") + ", ".join(shown))
-    return "; ".join(parts)
-
-
 def run(cfg: ExperimentConfig) -> dict:
     """Run one experiment end to end in this process (one rank of it under torchrun; module docstring).
 
@@ -477,9 +400,7 @@ def run(cfg: ExperimentConfig) -> dict:
         torch.set_num_threads(cfg.training.num_threads)
     run_dir = Path(cfg.run_dir).resolve()
     if is_main_process():
-        run_dir.mkdir(parents=True, exist_ok=True)
-        check_same_run(cfg, run_dir)
-        save_resolved_config(cfg, run_dir)
+        record_run(cfg, run_dir)
         PHASES.attach(run_dir)
     exp = Experiment(cfg)
     results = exp.run()

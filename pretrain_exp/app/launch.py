@@ -48,8 +48,10 @@ from typing import IO, Iterator, List, Optional
 import torch
 
 from pretrain_exp.app.config import ExperimentConfig
-from pretrain_exp.app.validate import check_machine
-from pretrain_exp.core.errors import LaunchError, TrainingError
+from pretrain_exp.app.run_record import RunRecord
+from pretrain_exp.app.validate import FP8_MIN_CAPABILITY, fp8_refusal
+from pretrain_exp.core.config import Precision
+from pretrain_exp.core.errors import ConfigError, LaunchError, TrainingError
 from pretrain_exp.core.interrupt import OWN_GROUP, track
 from pretrain_exp.core.logs import CONSOLE_ENV, console_is_plain
 from pretrain_exp.core.rundir import RunDir
@@ -141,11 +143,34 @@ def fit_to_allocation(cfg: ExperimentConfig, nodes: Nodes) -> ExperimentConfig:
     return cfg
 
 
+def check_machine(cfg: ExperimentConfig) -> None:
+    """Check ``cfg`` against the machine this job trains on: ``training.precision=fp8`` needs a CUDA GPU of compute
+    capability >= 8.9 and an importable torchao (:func:`~pretrain_exp.app.validate.fp8_refusal`, on the first visible
+    device). Called by the job before anything starts (:func:`check_allocation`), not by
+    :func:`~pretrain_exp.app.validate.validate`: a config is also validated where nothing trains (a login node
+    submitting a SLURM sweep, ``pretrain-exp-inspect``, an eval worker).
+
+    :raises ConfigError: naming ``training.precision``, with the reason.
+    """
+    if cfg.training.precision != Precision.fp8:
+        return
+    capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+    error = None
+    if capability is not None and tuple(capability) >= FP8_MIN_CAPABILITY:
+        try:
+            import torchao.float8  # noqa: F401  (OLMo-core's Float8Config converts the model with it)
+        except Exception as e:  # not installed, or built for another torch
+            error = f"{type(e).__name__}: {e}"
+    why = fp8_refusal(capability, error, torch.__version__)
+    if why is not None:
+        raise ConfigError("training.precision", why)
+
+
 def check_allocation(cfg: ExperimentConfig, nodes: Optional[Nodes] = None) -> None:
     """Fail fast if the job cannot hold ``training.nproc_per_node`` ranks on each node, if its nodes are not the
     ones the run asks for (``training.nnodes``; :func:`launch` first sets it to a SLURM job's node count,
     :func:`fit_to_allocation`), or if this machine cannot train the config
-    (:func:`~pretrain_exp.app.validate.check_machine`: ``training.precision=fp8``).
+    (:func:`check_machine`: ``training.precision=fp8``).
 
     :raises LaunchError: for too few devices on this node or a node count other than ``training.nnodes``, naming
         what was asked and what is there.
@@ -203,15 +228,14 @@ def _copy_output(src: IO[bytes], dst: IO[str], plain: bool, muted: threading.Eve
 
 
 @contextlib.contextmanager
-def _worker_config(cfg: ExperimentConfig, resolved: Path) -> Iterator[Path]:
-    """The config file the workers read: ``config.resolved.yaml``, or, when the config holds credentials (which
-    that file has redacted), an unredacted copy readable by this user only, outside the run dir, removed when
-    the workers are done."""
-    from pretrain_exp.app.experiment import holds_credentials
-    from pretrain_exp.app.tracking import write_private_config
+def _worker_config(cfg: ExperimentConfig, record: RunRecord) -> Iterator[Path]:
+    """The config file the workers read: ``config.resolved.yaml`` (``record.config``), or, when the config holds
+    credentials (which that file has redacted), an unredacted copy readable by this user only, outside the run dir,
+    removed when the workers are done."""
+    from pretrain_exp.app.run_record import write_private_config
 
-    if not holds_credentials(cfg):
-        yield resolved
+    if not record.holds_credentials:
+        yield record.config
         return
     tmp = write_private_config(cfg)
     try:
@@ -226,8 +250,9 @@ def launch(cfg: ExperimentConfig) -> dict | None:
     :raises LaunchError: for an allocation that cannot hold the ranks.
     :raises TrainingError: if the torchrun child fails.
     """
-    from pretrain_exp.app.experiment import check_same_run, run, save_resolved_config
+    from pretrain_exp.app.experiment import run
     from pretrain_exp.app.prepare import prepare
+    from pretrain_exp.app.run_record import record_run
 
     nodes = job_nodes()
     cfg = fit_to_allocation(cfg, nodes)
@@ -236,22 +261,19 @@ def launch(cfg: ExperimentConfig) -> dict | None:
         return run(cfg)
     run_dir = Path(cfg.run_dir).resolve()
     world = cfg.training.nproc_per_node * nodes.count
+    # the other nodes write nothing into the run dir: their workers read a node-local copy of the config
+    own_dir = run_dir if nodes.rank == 0 else Path(tempfile.mkdtemp(
+        prefix=f"pretrain_exp-{nodes.rdzv_id}-node{nodes.rank}-"))
+    record, log_dir = record_run(cfg, own_dir), RunDir(own_dir).torchrun_logs
     if nodes.rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        check_same_run(cfg, run_dir)
-        config_path = save_resolved_config(cfg, run_dir)
         # assets, tokens, plan + verification here (no process started): config and data errors surface before
         # torchrun; the audit beside training and the window stream start in the ranks' loop
         prepare(cfg)
-        log_dir = RunDir(run_dir).torchrun_logs
-    else:  # the other nodes write nothing into the run dir: their workers read a node-local copy of the config
-        node_dir = Path(tempfile.mkdtemp(prefix=f"pretrain_exp-{nodes.rdzv_id}-node{nodes.rank}-"))
-        config_path, log_dir = save_resolved_config(cfg, node_dir), RunDir(node_dir).torchrun_logs
     # the run dir must be on a filesystem every node sees; OLMo-core refuses to checkpoint across nodes unless told
     env = dict(os.environ) if nodes.count == 1 else {"OLMO_SHARED_FS": "1", **os.environ}
     plain = console_is_plain(cfg.verbose)
     env[CONSOLE_ENV] = "plain" if plain else "full"
-    with _worker_config(cfg, config_path) as worker_config:
+    with _worker_config(cfg, record) as worker_config:
         argv = torchrun_argv(cfg.training.nproc_per_node, worker_config, log_dir, nodes)
         log.info("starting %d of %d ranks (node %d of %d): %s", cfg.training.nproc_per_node, world, nodes.rank,
                  nodes.count, " ".join(argv))

@@ -1,11 +1,12 @@
 """Everything a run decides before step 1, as plain data: :func:`prepare` ``(cfg) -> RunContext``.
 
-1. the model (asset or dir) and tokenizer, the corpus tokenized if needed, the data order (:func:`run_data`); remote
-   token files: the window's rows fetched now (``data.prefetch=window``), or a
-   :class:`~pretrain_exp.data.stream.WindowStream` made ready to fetch them beside training (``stream``, the
+1. the model (asset or dir, :func:`open_framework`), then the data in one trip down the data layer
+   (:func:`~pretrain_exp.data.corpus.open_corpus` on the plain :func:`corpus_spec`): the tokenizer, the corpus
+   tokenized if needed, the data order; remote token files: the window's rows fetched now (``data.prefetch=window``),
+   or a :class:`~pretrain_exp.data.stream.WindowStream` made ready to fetch them beside training (``stream``, the
    default; started by the loop's ``pre_train`` hook, :mod:`~pretrain_exp.app.stream_hook`);
 2. the held-out rows (a null ``data.held_out_rows`` resolved into :attr:`RunContext.held_out_rows`, the config left
-   as validated; :func:`fit_held_out`, :func:`held_out_collision`);
+   as validated; :func:`~pretrain_exp.data.corpus.fit_held_out`, :func:`~pretrain_exp.data.corpus.held_out_collision`);
 3. the items, placed in the training window ``[S*B*L, (S+n)*B*L)``: the :class:`~pretrain_exp.insertion.plan.Plan`
    and its owner :class:`~pretrain_exp.app.run_plan.RunPlan` (with the decisions of dynamic insertion saved in the
    run dir); ``plan.npz`` + ``manifest.jsonl`` saved (or the plan already in the run dir checked to be identical);
@@ -32,19 +33,22 @@ import numpy as np
 from pretrain_exp.app.audit_hook import RunAudit
 from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.app.parent import ParentRun
-from pretrain_exp.app.run_plan import PlanHistory, RunPlan
-from pretrain_exp.core.config import DEFAULT_HELD_OUT_ROWS
+from pretrain_exp.app.run_plan import RunPlan, check_same_items  # noqa: F401  (re-exported)
 from pretrain_exp.core.distributed import is_main_process, world_size
-from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.core.phases import PHASES
 from pretrain_exp.core.rundir import RunDir
-from pretrain_exp.data.hf_dataset import tokenize_dataset
-from pretrain_exp.data.order import DataOrder, step_window
-from pretrain_exp.data.prefetch import prefetch_rows, prefetch_window, resolve_prefetch
+from pretrain_exp.data.corpus import (  # noqa: F401  (re-exported: callers import these names from here)
+    Corpus,
+    CorpusSpec,
+    fit_held_out,
+    held_out_collision,
+    open_corpus,
+    open_order,
+)
+from pretrain_exp.data.order import DataOrder
+from pretrain_exp.data.prefetch import prefetch_rows
 from pretrain_exp.data.rows import TrainingRows
 from pretrain_exp.data.stream import WindowStream
-from pretrain_exp.data.token_files import TokenFiles, dtype_for_vocab
-from pretrain_exp.data.tokenize import load_tokenizer, tokenize_sources
 from pretrain_exp.evals.base import EvalContext
 from pretrain_exp.frameworks.registry import get_framework_class
 from pretrain_exp.insertion.items import LoadContext
@@ -163,81 +167,34 @@ def prepare(cfg: ExperimentConfig) -> RunContext:
     rundir = RunDir(Path(cfg.run_dir).resolve())
     rundir.path.mkdir(parents=True, exist_ok=True)
     main = is_main_process()  # only rank 0 writes files, logs and evaluates
-    framework, tokenizer, vocab_size, order = run_data(cfg, progress=main)
-    t = cfg.training
-    first, count = cfg.model.checkpoint_step * t.global_batch_size, t.num_steps * t.global_batch_size
-    window = step_window(cfg.model.checkpoint_step, t.num_steps, t.sequence_length, t.global_batch_size)
-    with PHASES.phase("permutation", instances=order.num_instances) as rec:
-        rec["cached"] = order.prepare(first, count)
-    window_fetched, stream = _fetch_window(cfg, order, main)
-    held_out_rows = resolve_held_out(cfg, order, window, main)
-    auditor = RunAudit(cfg.insertion, rundir, order, window, held_out_rows, tokenizer.eos_token_id, cfg.cache_dir,
-                       window_fetched)
-    plan = plan_run(cfg, rundir, order, window, tokenizer, vocab_size, held_out_rows, auditor, main)
-    rows = plan.rows = TrainingRows(order, plan.current, first, count)
-    ctx = RunContext(cfg, rundir, main, framework, tokenizer, vocab_size, order, window, window_fetched,
-                     held_out_rows, plan, rows, auditor, stream)
+    framework = open_framework(cfg)
+    spec = corpus_spec(cfg, framework)
+    data = open_corpus(spec, main)  # tokenizer, tokens, order, window, held-out rows: one trip down
+    order, window = data.order, data.window
+    plan, auditor = plan_run(cfg, rundir, data, main)
+    rows = plan.rows = TrainingRows(order, plan.current, *spec.rows)
+    ctx = RunContext(cfg, rundir, main, framework, data.tokenizer, data.vocab_size, order, window,
+                     data.window_fetched, data.held_out_rows, plan, rows, auditor, data.stream)
     current = plan.current
     if main and cfg.insertion.verify and current.num_insertions:
         span = (rows.first_row, rows.first_row + len(rows))
         with PHASES.phase("verify", rows=int(current.affected_rows().size)):
-            if stream is not None:  # the rows the verifier reads, fetched before the stream starts
+            if data.stream is not None:  # the rows the verifier reads, fetched before the stream starts
                 prefetch_rows(order, rows_to_verify(current, span, seed=cfg.seed))
             verify_batches(current, functools.partial(framework.peek_rows, rows), order.row_tokens, span,
                            world_size(), seed=cfg.seed)
     return ctx
 
 
-def _fetch_window(cfg: ExperimentConfig, order: DataOrder, main: bool) -> Tuple[bool, Optional[WindowStream]]:
-    """``data.prefetch``: fetch the window's remote rows now (``window``), or make the stream that fetches them
-    beside training (``stream``, not started). Returns ``(whether the window is local or fetched, the stream)``."""
-    t = cfg.training
-    first, count = cfg.model.checkpoint_step * t.global_batch_size, t.num_steps * t.global_batch_size
-    prefetch = resolve_prefetch(cfg.data.prefetch, order.files)
-    fetched = prefetch in ("window", "stream") or not any(order.files.remote)
-    if prefetch == "window":  # remote rows of the run, fetched once
-        with PHASES.phase("prefetch", mode="window") as rec:
-            rec["fetched_bytes"] = prefetch_window(order, first, count, progress=main).fetched_bytes
-    elif prefetch == "stream" and t.num_steps:
-        return fetched, WindowStream(order, first, count, ahead_steps=cfg.data.prefetch_ahead_steps)
-    return fetched, None
-
-
-def resolve_held_out(cfg: ExperimentConfig, order: DataOrder, window: Tuple[int, int], main: bool = True) -> int:
-    """``data.held_out_rows``, a null one resolved (:func:`fit_held_out`, logged when fewer than the default fit);
-    held-out rows that the run or the checkpoint may train are refused.
-
-    :raises ConfigError: (``data.held_out_rows``) for a set value, or ``corpus_chunks`` rows, that collide.
-    """
-    reserved = reserved_rows(cfg.insertion.experiments)
-    L = cfg.training.sequence_length
-    span = (window[0] // L, window[1] // L, order.rows_per_epoch,
-            "data.paths" in cfg.framework.checkpoint_keys() and cfg.model.init != "random")
-    n = cfg.data.held_out_rows
-    if n is None:
-        n = fit_held_out(DEFAULT_HELD_OUT_ROWS, reserved, *span)
-        if n < DEFAULT_HELD_OUT_ROWS and main:
-            log.warning("data.held_out_rows: %d held-out row(s) at the end of the first epoch (not %d): the run%s "
-                        "trains the rows before them%s; set data.held_out_rows to choose", n,
-                        DEFAULT_HELD_OUT_ROWS, " and the checkpoint" if span[3] else "",
-                        " (no held-out perplexity)" if n == 0 else "")
-    why = held_out_collision(n + reserved, *span)
-    if why:
-        raise ConfigError("data.held_out_rows", f"{why} (perplexity rows and corpus_chunks items); lower "
-                          "data.held_out_rows or the corpus_chunks num_items, or train fewer steps")
-    return n
-
-
-def _static_plan(cfg: ExperimentConfig, order: DataOrder, window: Tuple[int, int], tokenizer, vocab_size: int,
-                 held_out_rows: int) -> Tuple[Plan, dict]:
-    """The items of ``insertion.experiments`` placed in ``window`` (``insertion.withheld`` placed, then left out).
-    Returns ``(static plan, experiment -> items)``."""
-    L, B = cfg.training.sequence_length, cfg.training.global_batch_size
-    ctx = LoadContext(tokenizer, vocab_size, L, cfg.insertion.seed, cfg.cache_dir, order, held_out_rows)
+def _static_plan(cfg: ExperimentConfig, data: Corpus) -> Tuple[Plan, dict]:
+    """The items of ``insertion.experiments`` placed in the training window of ``data`` (``insertion.withheld``
+    placed, then left out). Returns ``(static plan, experiment -> items)``."""
+    L, B, vocab_size = cfg.training.sequence_length, cfg.training.global_batch_size, data.vocab_size
+    ctx = LoadContext(data.tokenizer, vocab_size, L, cfg.insertion.seed, cfg.cache_dir, data.order, data.held_out_rows)
     with PHASES.phase("items", experiments=len(cfg.insertion.experiments)):
         items = {name: load_items(name, exp, ctx) for name, exp in cfg.insertion.experiments.items()}
     with PHASES.phase("plan") as rec:
-        plan = build_plan(items, cfg.insertion.experiments, window, L, B, cfg.insertion.seed, vocab_size)
+        plan = build_plan(items, cfg.insertion.experiments, data.window, L, B, cfg.insertion.seed, vocab_size)
         rec["insertions"] = plan.num_insertions
     if cfg.insertion.withheld:  # placed with the others (same positions), then left out
         plan = plan.without(cfg.insertion.withheld)
@@ -245,37 +202,27 @@ def _static_plan(cfg: ExperimentConfig, order: DataOrder, window: Tuple[int, int
     return plan, items
 
 
-def plan_run(cfg: ExperimentConfig, rundir: RunDir, order: DataOrder, window: Tuple[int, int], tokenizer,
-             vocab_size: int, held_out_rows: int, auditor: RunAudit, main: bool) -> RunPlan:
-    """The run's plan (module docstring, step 3): the static plan, the decisions saved in the run dir re-applied,
-    audited (rank 0) and saved unless the run dir holds it already with the same counts.
+def plan_run(cfg: ExperimentConfig, rundir: RunDir, data: Corpus, main: bool) -> Tuple[RunPlan, RunAudit]:
+    """The run's plan (module docstring, step 3): the static plan, the decisions saved in the run dir re-applied
+    (:meth:`RunPlan.resume <pretrain_exp.app.run_plan.RunPlan.resume>`), audited (rank 0; the audit beside training
+    made ready) and saved unless the run dir holds it already with the same counts. Returns ``(the plan's owner,
+    the audit)``.
 
     :raises RunDirConflict: for a run dir whose items or plan differ from this config's.
     """
-    static, items = _static_plan(cfg, order, window, tokenizer, vocab_size, held_out_rows)
-    path = rundir.plan
-    exists = path.is_file()
-    saved_plan = Plan.load(path) if exists else None
-    if exists:  # a re-run: an input of the plan that changed is named before its saved decisions are re-applied
-        check_same_items(saved_plan, static, cfg.insertion.experiments, rundir.path)
-    #: the plan after each decision (``insertion.dynamic``): on a re-run the saved decisions, re-applied
-    history = PlanHistory.resume(static, rundir, cfg.insertion.dynamic is not None)
-    plan = history.current
-    saved = saved_plan.digest() if exists else None
-    if exists and saved not in history.digests():
-        raise RunDirConflict("insertion", f"{path} holds another plan than this config gives, though the "
-                             "config and the items are the same (the corpus, the tokenizer or the program's "
-                             "placement changed since the run started)", "restore them")
+    static, items = _static_plan(cfg, data)
+    owner = RunPlan.resume(static, items, rundir, cfg.insertion.experiments, cfg.insertion.dynamic is not None, main)
+    auditor = RunAudit(cfg.insertion, rundir, data.order, data.window, data.held_out_rows,
+                       data.tokenizer.eos_token_id, cfg.cache_dir, data.window_fetched)
     with PHASES.phase("audit", mode=cfg.insertion.audit.value) as rec:
-        audit, fresh = auditor.audit(static, items) if main else (None, False)
+        owner.audit, fresh = auditor.audit(static, items) if main else (None, False)
         rec["computed"] = fresh
-    owner = RunPlan(history, items, rundir, main, audit)
     auditor.on_finish = owner.set_audit  # the audit beside training: items.jsonl gets its counts
-    if main and (not exists or fresh or saved != plan.digest()):  # items.jsonl carries the audit's counts
+    if main and (fresh or owner.saved_digest != owner.current.digest()):  # items.jsonl carries the audit's counts
         with PHASES.phase("plan saved"):
             owner.write()
-    _log_plan(plan, window)
-    return owner
+    _log_plan(owner.current, data.window)
+    return owner, auditor
 
 
 def _log_plan(plan: Plan, window: Tuple[int, int]) -> None:
@@ -289,102 +236,30 @@ def _log_plan(plan: Plan, window: Tuple[int, int]) -> None:
         log.info("plan: %d rows with gaussian noise (%s)", plan.noise_rows.size, plan.noise_sigma)
 
 
-def fit_held_out(default: int, reserved: int, first_row: int, end_row: int, rows_per_epoch: int,
-                 checkpoint_trained_order: bool) -> int:
-    """The most held-out rows, at most ``default``, that together with ``reserved`` rows before them
-    (``corpus_chunks`` items) provably stay untrained (:func:`held_out_collision`); 0 when none do."""
-    for n in range(default, 0, -1):
-        if held_out_collision(n + reserved, first_row, end_row, rows_per_epoch, checkpoint_trained_order) is None:
-            return n
-    return 0
+def corpus_spec(cfg: ExperimentConfig, framework) -> CorpusSpec:
+    """What the data layer opens for the run of ``cfg`` whose model ``framework`` resolved (its tokenizer and
+    vocabulary), as plain values (:class:`~pretrain_exp.data.corpus.CorpusSpec`)."""
+    t = cfg.training
+    return CorpusSpec(cfg.data, framework.tokenizer_path, cfg.cache_dir, t.sequence_length, t.global_batch_size,
+                      cfg.model.checkpoint_step, t.num_steps, framework.vocab_size,
+                      reserved_rows(cfg.insertion.experiments),
+                      "data.paths" in cfg.framework.checkpoint_keys() and cfg.model.init != "random")
 
 
-def held_out_collision(n: int, first_row: int, end_row: int, rows_per_epoch: int,
-                       checkpoint_trained_order: bool) -> Optional[str]:
-    """Why the ``n`` held-out rows ``[rows_per_epoch - n, rows_per_epoch)`` (the first epoch's last rows,
-    :meth:`DataOrder.held_out_rows <pretrain_exp.data.order.DataOrder.held_out_rows>`) may have been trained, or
-    ``None`` when they provably were not. The run trains rows ``[first_row, end_row)``; with
-    ``checkpoint_trained_order`` (an OLMo checkpoint whose data order the run continues) the checkpoint trained
-    ``[0, first_row)`` too, so every row before ``end_row`` counts (past the first epoch, all of it)."""
-    if not n:
-        return None
-    start = rows_per_epoch - n
-    if checkpoint_trained_order and end_row > start:
-        return (f"the checkpoint and the run train rows [0, {end_row}) of their data order, which reach the {n} "
-                f"held-out rows [{start}, {rows_per_epoch}) of the first epoch")
-    if first_row < rows_per_epoch and end_row > start:
-        return (f"the run trains rows [{first_row}, {end_row}), which reach the {n} held-out rows "
-                f"[{start}, {rows_per_epoch}) of the first epoch")
-    return None
+def open_framework(cfg: ExperimentConfig):
+    """The run's :class:`~pretrain_exp.frameworks.base.Framework`, its model resolved (an asset, a dir, a
+    checkpoint)."""
+    framework_class = get_framework_class(cfg.framework.name)
+    with PHASES.phase("model resolved", framework=cfg.framework.name):
+        return framework_class(cfg, framework_class.resolve_model(cfg))
 
 
 def run_data(cfg: ExperimentConfig, progress: bool = True):
-    """The framework, tokenizer, vocabulary size and data order of a run (what :class:`Experiment` and
-    :mod:`~pretrain_exp.app.inspect` build from a config; the corpus is tokenized once into the cache).
+    """The framework, tokenizer, vocabulary size and data order of a run (what :mod:`~pretrain_exp.app.inspect`
+    reads a run dir's rows with; the corpus is tokenized once into the cache), nothing of its window.
 
     :returns: ``(framework, tokenizer, vocab_size, DataOrder)``.
     """
-    framework_class = get_framework_class(cfg.framework.name)
-    with PHASES.phase("model resolved", framework=cfg.framework.name):
-        framework = framework_class(cfg, framework_class.resolve_model(cfg))
-    with PHASES.phase("tokenizer"):
-        tokenizer = load_tokenizer(framework.tokenizer_path, cfg.cache_dir)
-        vocab_size = framework.vocab_size or len(tokenizer)
-    d = cfg.data
-    with PHASES.phase("corpus", tokenized=not d.paths):
-        paths = d.paths or (tokenize_dataset(d.dataset, tokenizer, d.token_dir, d.split, d.subset, d.text_key,
-                                             d.num_proc, progress=progress) if d.dataset else
-                            tokenize_sources(d.text, tokenizer, d.token_dir, cfg.cache_dir, d.text_key))
-    # one token-file dtype for the order, the plan and the framework's reader: the data config's (an OLMo
-    # checkpoint's data.memmap_dtype / dataset.dtype), else the vocabulary's
-    with PHASES.phase("size index", files=len(paths)) as rec:
-        files = TokenFiles(paths, cfg.data.dtype or dtype_for_vocab(max(vocab_size, len(tokenizer))),
-                           cache_dir=cfg.cache_dir, prefixes=cfg.data.path_prefixes, progress=progress)
-        rec["remote"] = int(sum(files.remote))
-    L = cfg.training.sequence_length
-    order = DataOrder(files, L, cfg.training.global_batch_size, cfg.data.seed, cfg.data.first_epoch,
-                      cache_dir=cfg.cache_dir, chunk=(cfg.data.max_target_sequence_length or L) // L)
-    return framework, tokenizer, vocab_size, order
-
-
-class RunDirConflict(ConfigError):
-    """A refusal to reuse a run dir: ``what`` differs from the run it holds (a config key old -> new, an input file
-    whose content changed), ``restore`` what brings that run back (``"restore its content"``); the message ends with
-    the one way out, a run dir of its own (:func:`~pretrain_exp.app.run_name.own_run_dir`, ``name=<new name>``)."""
-
-    def __init__(self, key: str, what: str, restore: str, way_out: Optional[str] = None):
-        from pretrain_exp.app.run_name import own_run_dir
-
-        self.what, self.restore = what, restore
-        super().__init__(key, f"{what}; {restore} to resume that run, or {way_out or own_run_dir()}")
-
-
-def _experiment_items(plan: Plan, name: str) -> Tuple[np.ndarray, np.ndarray]:
-    """The items of experiment ``name`` in ``plan``: their lengths ``int64 (n,)`` and tokens ``int64 (sum,)``."""
-    sel = plan.item_experiment == plan.experiments.index(name)
-    lengths = np.diff(plan.token_offsets)
-    return lengths[sel], plan.tokens[np.repeat(sel, lengths)].astype(np.int64)
-
-
-def check_same_items(saved: Plan, plan: Plan, experiments: dict, run_dir: Path) -> None:
-    """Refuse a re-run whose items differ from those of the plan its run dir holds (``saved``) for an experiment
-    of both, though the config is the same: an input changed since the run started.
-
-    :param experiments: ``insertion.experiments`` (name -> its config; ``file``: the items file).
-    :raises RunDirConflict: naming the experiment's items file and that its content changed (or, without a file,
-        that the items it reads or generates changed).
-    """
-    changed = [e for e in plan.experiments if e in saved.experiments
-               and any(not np.array_equal(a, b) for a, b in zip(_experiment_items(saved, e),
-                                                                _experiment_items(plan, e)))]
-    if not changed:
-        return
-    name, more = changed[0], (f" (and the items of {', '.join(changed[1:])})" if changed[1:] else "")
-    file = getattr(experiments.get(name), "file", None)
-    if file:
-        raise RunDirConflict(f"insertion.experiments.{name}.file",
-                             f"the items file {Path(file).resolve()} changed content since the run in {run_dir} "
-                             f"started{more}", "restore its content")
-    raise RunDirConflict(f"insertion.experiments.{name}",
-                         f"its items differ from those the run in {run_dir} started with, though the config is the "
-                         f"same (what they are read or generated from changed){more}", "restore it")
+    framework = open_framework(cfg)
+    data = open_order(corpus_spec(cfg, framework), progress=progress)
+    return framework, data.tokenizer, data.vocab_size, data.order

@@ -6,13 +6,18 @@ insertion (:mod:`~pretrain_exp.app.dynamic_hook`, re-read from ``dynamic/step<a>
 :class:`RunPlan` owns it: the training rows read its current plan, the evals read the plan as of their step
 (:meth:`RunPlan.as_of`), dynamic insertion adds its decisions (:meth:`RunPlan.add`) and the audit its result
 (:meth:`RunPlan.set_audit`); it is the only writer of ``plan.npz``, ``manifest.jsonl`` and ``items.jsonl``
-(:meth:`RunPlan.write`, rank 0).
+(:meth:`RunPlan.write`, rank 0), and on a re-run the one reader of the saved plan, which it holds against this
+config's (:meth:`RunPlan.resume`, :func:`check_same_items`).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+import numpy as np
+
+from pretrain_exp.app.run_record import RunDirConflict
 from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.insertion import dynamic
 from pretrain_exp.insertion.audit import AuditResult
@@ -77,6 +82,29 @@ class RunPlan:
                  audit: Optional[AuditResult] = None):
         self.history, self.items, self.rundir, self.main, self.audit = history, items, rundir, main, audit
         self.rows = None  #: the training rows (:class:`~pretrain_exp.data.rows.TrainingRows`), which read ``current``
+        self.saved_digest: Optional[str] = None  #: the digest of the ``plan.npz`` the run dir held, if any
+
+    @classmethod
+    def resume(cls, static: Plan, items: dict, rundir: RunDir, experiments: dict, dynamic_enabled: bool,
+               main: bool) -> "RunPlan":
+        """The plan of a (re-)run in ``rundir``: ``static`` (the items of ``experiments`` placed) with the decisions
+        of dynamic insertion saved there re-applied (``dynamic_enabled``, :meth:`PlanHistory.resume`). A
+        ``plan.npz`` the run dir holds must be one of its plans.
+
+        :raises RunDirConflict: naming the experiment whose items changed (:func:`check_same_items`, before the
+            saved decisions are re-applied), or ``insertion`` for a saved plan that is none of this run's.
+        """
+        path = rundir.plan
+        saved = Plan.load(path) if path.is_file() else None
+        if saved is not None:  # a re-run: an input of the plan that changed is named first
+            check_same_items(saved, static, experiments, rundir.path)
+        owner = cls(PlanHistory.resume(static, rundir, dynamic_enabled), items, rundir, main)
+        owner.saved_digest = None if saved is None else saved.digest()
+        if saved is not None and owner.saved_digest not in owner.history.digests():
+            raise RunDirConflict("insertion", f"{path} holds another plan than this config gives, though the "
+                                 "config and the items are the same (the corpus, the tokenizer or the program's "
+                                 "placement changed since the run started)", "restore them")
+        return owner
 
     @property
     def current(self) -> Plan:
@@ -133,3 +161,34 @@ class RunPlan:
                             self.audit.item_records(plan) if self.audit is not None else None, fields,
                             items_path=self.rundir.items)
         plan.save(self.rundir.plan)
+
+
+def _experiment_items(plan: Plan, name: str) -> Tuple[np.ndarray, np.ndarray]:
+    """The items of experiment ``name`` in ``plan``: their lengths ``int64 (n,)`` and tokens ``int64 (sum,)``."""
+    sel = plan.item_experiment == plan.experiments.index(name)
+    lengths = np.diff(plan.token_offsets)
+    return lengths[sel], plan.tokens[np.repeat(sel, lengths)].astype(np.int64)
+
+
+def check_same_items(saved: Plan, plan: Plan, experiments: dict, run_dir: Path) -> None:
+    """Refuse a re-run whose items differ from those of the plan its run dir holds (``saved``) for an experiment
+    of both, though the config is the same: an input changed since the run started.
+
+    :param experiments: ``insertion.experiments`` (name -> its config; ``file``: the items file).
+    :raises RunDirConflict: naming the experiment's items file and that its content changed (or, without a file,
+        that the items it reads or generates changed).
+    """
+    changed = [e for e in plan.experiments if e in saved.experiments
+               and any(not np.array_equal(a, b) for a, b in zip(_experiment_items(saved, e),
+                                                                _experiment_items(plan, e)))]
+    if not changed:
+        return
+    name, more = changed[0], (f" (and the items of {', '.join(changed[1:])})" if changed[1:] else "")
+    file = getattr(experiments.get(name), "file", None)
+    if file:
+        raise RunDirConflict(f"insertion.experiments.{name}.file",
+                             f"the items file {Path(file).resolve()} changed content since the run in {run_dir} "
+                             f"started{more}", "restore its content")
+    raise RunDirConflict(f"insertion.experiments.{name}",
+                         f"its items differ from those the run in {run_dir} started with, though the config is the "
+                         f"same (what they are read or generated from changed){more}", "restore it")

@@ -5,11 +5,13 @@ for every job is refused once (one ``error:`` line, exit status 2) instead of on
 first job whose run dir holds another run, and, under ``hydra/launcher=slurm*``, launcher settings SLURM would refuse
 (:func:`~pretrain_exp.app.slurm_check.check_launcher`). A submission sbatch refuses all the same ends the same way
 (:func:`exit_on_submission_error`), and a sweep dir it created holding nothing but the failed submission is
-removed."""
+removed. A job that ends without a result (it failed, or SLURM stopped it at its time limit) ends the sweep with one
+``error:`` line naming the job, what it said last and its log, exit status 1 (:func:`exit_on_job_error`)."""
 
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -137,3 +139,54 @@ def exit_on_submission_error(e: BaseException) -> None:
         shutil.rmtree(sweep_dir, ignore_errors=True)
     print(f"error: {redact(line)}", file=sys.stderr)
     sys.exit(2)
+
+
+#: submitit's ``UncompletedJobError`` / ``FailedJobError`` messages (submitit/core/core.py, ``_get_outcome_and_result``
+#: and ``exception``): the job id, its state, the paths of its logs
+_NO_OUTPUT = re.compile(r"Job (?P<job>\S+) \(task: (?P<task>\d+)\) with path (?P<pickle>\S+)\s+"
+                        r"has not produced any output \(state: (?P<state>[^)]*)\)")
+_FAILED_LOG = re.compile(r"or at paths:\s+- (?P<err>\S+)")
+
+
+def job_error_line(e: BaseException) -> Optional[str]:
+    """One line (without ``error:``) for a sweep job that ended without a result: submitit's ``UncompletedJobError``
+    (no result: the job exited with an error, or SLURM ended it, ``state`` as SLURM or the local executor says) or
+    ``FailedJobError`` (the job raised). It names the job, its last words (the run's ``interrupted (...)`` line with
+    the command that resumes, else the most telling error line of its log,
+    :func:`~pretrain_exp.report.failures.last_error_line`) and its log file; ``None`` for any other error."""
+    from submitit.core.utils import UncompletedJobError
+
+    from pretrain_exp.report.failures import last_error_line
+
+    if not isinstance(e, UncompletedJobError):
+        return None
+    text = str(e)
+    m = _NO_OUTPUT.search(text)
+    if m is not None:
+        pickle = Path(m["pickle"])
+        log_path = pickle.with_name(pickle.name.replace("_result.pkl", "_log.err"))
+        what = f"job {m['job']} ended without a result (state: {m['state']})"
+    else:
+        found = _FAILED_LOG.search(text)
+        log_path = Path(found["err"]) if found else None
+        what = "a job failed"
+    said = log_path.read_text(errors="replace") if log_path is not None and log_path.is_file() else text
+    last = next((ln.strip() for ln in reversed(said.splitlines()) if ln.startswith("interrupted (")), None)
+    last = last or last_error_line(said)[1] or last_error_line(text)[1]
+    line = what + (f": {last.removeprefix('error: ')}" if last else "")
+    if log_path is not None:
+        line += f"; its log: {log_path}"
+    sweep_dir = _launching.get("dir")
+    return line + (f"; every job: pretrain-exp-report {sweep_dir}" if sweep_dir is not None else "")
+
+
+def exit_on_job_error(e: BaseException) -> None:
+    """A sweep job that ended without a result (:func:`job_error_line`) as one ``error:`` line and exit status 1;
+    re-raise ``e`` for any other error."""
+    from pretrain_exp.core.secrets import redact
+
+    line = job_error_line(e)
+    if line is None:
+        raise e
+    print(f"error: {redact(line)}", file=sys.stderr)
+    sys.exit(1)

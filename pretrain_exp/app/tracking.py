@@ -9,56 +9,22 @@ given run instead (``resume="must"``).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
 import os
 import uuid
-from enum import Enum
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from pretrain_exp.app.config import ExperimentConfig
+from pretrain_exp.app.run_record import recorded_form
 from pretrain_exp.core.config import WandbMode
 from pretrain_exp.core.io import write_text
 from pretrain_exp.core.rundir import RunDir
-from pretrain_exp.core.secrets import redact_obj
 from pretrain_exp.report.wandb_log import has_wandb_login
 
 log = logging.getLogger(__name__)
-
-
-def _plain(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj):
-        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, Enum):
-        return obj.value
-    return obj
-
-
-def config_dict(cfg: ExperimentConfig) -> Dict[str, Any]:
-    """The config as plain JSON-able dicts (enums as their values)."""
-    return _plain(cfg)
-
-
-def write_private_config(cfg: ExperimentConfig, folder: Optional[Path] = None,
-                         prefix: str = "pretrain_exp-config-") -> Path:
-    """Write the config, credentials included, to a new file ``<folder>/<prefix><random>.yaml`` readable by this
-    user only (mode 0600, :func:`tempfile.mkstemp`; ``folder`` default: the system temp dir) and return its path:
-    what child processes read when ``config.resolved.yaml`` has credentials redacted. The caller removes it."""
-    import tempfile
-
-    from omegaconf import OmegaConf
-
-    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".yaml", dir=folder)
-    with os.fdopen(fd, "w") as f:
-        f.write(OmegaConf.to_yaml(OmegaConf.create(config_dict(cfg))))
-    return Path(tmp)
 
 
 class Tracker:
@@ -96,7 +62,7 @@ class Tracker:
         os.environ.setdefault("WANDB_SILENT", "true")
         self.run = wandb.init(project=w.project, entity=w.entity, name=name, id=run_id, dir=str(self.run_dir),
                               mode=mode.value, resume="must" if w.resume_id else "allow",
-                              config=redact_obj(config_dict(cfg)), group=w.group, job_type=job_type(cfg),
+                              config=recorded_form(cfg), group=w.group, job_type=job_type(cfg),
                               tags=run_tags(cfg),
                               settings=wandb.Settings(x_disable_meta=True))  # no command line (it may hold URLs)
         self.run.define_metric("global_step")

@@ -311,31 +311,6 @@ def fp8_refusal(capability: Optional[Tuple[int, int]], torchao_error: Optional[s
     return None
 
 
-def check_machine(cfg: ExperimentConfig) -> None:
-    """Check ``cfg`` against the machine this job trains on: ``training.precision=fp8`` needs a CUDA GPU of compute
-    capability >= 8.9 and an importable torchao (:func:`fp8_refusal`, on the first visible device). Called by the
-    job before anything starts (:func:`pretrain_exp.app.launch.check_allocation`), not by :func:`validate`: a config
-    is also validated where nothing trains (a login node submitting a SLURM sweep, ``pretrain-exp-inspect``, an
-    eval worker).
-
-    :raises ConfigError: naming ``training.precision``, with the reason.
-    """
-    if cfg.training.precision != Precision.fp8:
-        return
-    import torch
-
-    capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
-    error = None
-    if capability is not None and tuple(capability) >= FP8_MIN_CAPABILITY:
-        try:
-            import torchao.float8  # noqa: F401  (OLMo-core's Float8Config converts the model with it)
-        except Exception as e:  # not installed, or built for another torch
-            error = f"{type(e).__name__}: {e}"
-    why = fp8_refusal(capability, error, torch.__version__)
-    if why is not None:
-        raise ConfigError("training.precision", why)
-
-
 def validate_release(cfg: ExperimentConfig, framework: type) -> None:
     """Check ``release.*`` for a run that pushes itself at its end (whether the Hub can be reached and a token is
     set is checked when the run starts, :meth:`Experiment.run <pretrain_exp.app.experiment.Experiment.run>`).

@@ -37,7 +37,7 @@ LOADS_HUB_MODELS = "loads_hub_models"
 #: its checkpoints are HF model dirs, so a release has the final step's model without ``training.export_hf``
 CHECKPOINTS_ARE_HF = "checkpoints_are_hf"
 #: ``training.precision=fp8`` trains (float8 matmuls in the linear layers; the machine's own rules are
-#: :func:`pretrain_exp.app.validate.check_machine`'s)
+#: :func:`pretrain_exp.app.launch.check_machine`'s)
 TRAINS_FP8 = "trains_fp8"
 # --- insertion types ----------------------------------------------------------------------------------------------
 #: its copies add noise to the input embeddings instead of inserting tokens: only a framework that

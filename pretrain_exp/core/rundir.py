@@ -205,18 +205,28 @@ class RunDir:
 
     @property
     def layouts(self) -> Path:
-        """``layouts.jsonl``: one line per trained segment, ``{"from_step", "to_step", "world_size", ...}``, the
-        device layout that trained it (a run may resume on another one)."""
+        """``layouts.jsonl``: one line per training segment, ``{"from_step", "to_step", "world_size", ...}``, the
+        device layout that trains it (a run may resume on another one), appended as the segment starts."""
         return self.path / self.LAYOUTS
 
     def read_layouts(self) -> List[dict]:
-        """``layouts.jsonl`` as a list of dicts in file order; ``[]`` if absent.
+        """``layouts.jsonl`` as the layout of each step: its lines in file order, where a line starting at or before
+        an earlier line's ``from_step`` replaces it (the segment was trained again, after a kill or a retry) and one
+        starting inside an earlier line's range ends that range at its ``from_step`` (a resume from a checkpoint
+        before the segment's end); ``[]`` if absent.
 
         :raises DataError: for a malformed line, naming the file and line (:func:`~pretrain_exp.core.io.read_jsonl`).
         """
         from pretrain_exp.core.io import read_jsonl
 
-        return [rec for _, rec in read_jsonl(self.layouts)] if self.layouts.is_file() else []
+        out: List[dict] = []
+        for _, rec in (read_jsonl(self.layouts) if self.layouts.is_file() else ()):
+            while out and out[-1]["from_step"] >= rec["from_step"]:
+                out.pop()
+            if out and out[-1]["to_step"] > rec["from_step"]:
+                out[-1]["to_step"] = rec["from_step"]
+            out.append(rec)
+        return out
 
     @property
     def wandb_id(self) -> Path:

@@ -34,6 +34,7 @@ from typing import Dict, List, Optional, Sequence
 
 from pretrain_exp.core import stats
 from pretrain_exp.core.config import RunConfig
+from pretrain_exp.insertion.policies import get_policy
 from pretrain_exp.report.text import (
     NA,
     SMALL_N_MARK,
@@ -528,19 +529,19 @@ _ADJUST_NAMES = {"holm": "Holm", "bh": "BH", "none": "not adjusted"}
 def print_dynamic_table(dyn: dict, console=None) -> None:
     """Print the closed-loop tables of ``results.json``'s ``dynamic`` entry
     (:func:`pretrain_exp.insertion.dynamic.summary`): per item its arm (target or control), static and dynamic dup
-    counts, the decision steps that inserted it, its first and final loss and the policy's columns
-    (``until_memorized``: the step it fell below the threshold, whether the next eval confirmed it, the dup count a
-    confirmed item needed; ``spaced_repetition``: re-insertions); then each arm's mean final loss (t interval) and
-    memorization counts, the intent-to-treat effect of targets vs controls (Welch interval, randomization p), and
-    the caveat that groups by realized dup count are outcome-selected (``realized_dup_groups_randomized``)."""
+    counts, the decision steps that inserted it, its first and final loss and the policy's columns (the registered
+    policy's :attr:`~pretrain_exp.insertion.policies.base.Policy.item_columns`, e.g. ``until_memorized``: the step it
+    fell below the threshold, whether the next eval confirmed it, the dup count a confirmed item needed); then each
+    arm's mean final loss (t interval) and the policy's counts (its ``arm_columns``), the intent-to-treat effect of
+    targets vs controls (Welch interval, randomization p), and the caveat that groups by realized dup count are
+    outcome-selected (``realized_dup_groups_randomized``; the policy's own ``caveat`` added)."""
     from rich.console import Console
     from rich.table import Table
 
     console = console or Console(width=120)
     level = f"{stats.LEVEL:.0%}"
-    memo = dyn["policy"] == "until_memorized"
-    what = (f"until loss < {dyn['threshold']} nats/token" if memo
-            else f"when loss rose > {dyn['margin']} nats/token since the last insertion")
+    policy = get_policy(dyn["policy"], "dynamic.policy")  # its columns and words (a registered plugin)
+    what = policy.rule(dyn)
     first, last = dyn.get("initial_step"), dyn.get("final_step")
     names = list(dict.fromkeys(r["experiment"] for r in dyn["items"]))
     one = len(names) == 1  # one target experiment: named in the titles instead of a column
@@ -549,7 +550,7 @@ def print_dynamic_table(dyn: dict, console=None) -> None:
     cols = ["item", "arm"] + ([] if one else ["experiment"]) + [
         "static dups", "dynamic dups", "added at steps", "first loss" if first is None else f"loss at step {first}",
         "final loss" if last is None else f"loss at step {last}"]
-    cols += ["memorized at step", "confirmed", "dups needed"] if memo else ["repetitions"]
+    cols += policy.item_columns
     for col in cols:
         table.add_column(col, justify="left" if col in ("arm", "experiment", "added at steps") else "right")
     loss = (lambda v: "-" if missing(v) else f"{v:.3f}")
@@ -557,16 +558,7 @@ def print_dynamic_table(dyn: dict, console=None) -> None:
         cells = [str(r["item_id"]), r.get("arm", "target")] + ([] if one else [r["experiment"]]) + [
             str(r["static_dups"]), str(r["dynamic_dups"]), ",".join(map(str, r["added_at"])) or "-",
             loss(r.get("initial_loss")), loss(r["final_loss"])]
-        if memo:
-            at, ok = r["memorized_at_step"], r.get("confirmed")
-            cells += ["-" if at is None else str(at),
-                      "-" if at is None else NA if "confirmed" not in r
-                      else {True: "yes", False: "no"}.get(ok, "no next eval"),
-                      str(r["dups_needed"]) if r["dups_needed"] is not None else "not reached" if at is None
-                      else "not confirmed" if ok is False else "unconfirmed"]
-        else:
-            cells.append(str(r["repetitions"]))
-        table.add_row(*cells)
+        table.add_row(*cells, *policy.item_cells(r))
     console.print(table)
     arms = dyn.get("arms") or []
     if arms:
@@ -574,22 +566,18 @@ def print_dynamic_table(dyn: dict, console=None) -> None:
         t = Table(title=f"arms{of} at step {last}: insertion loss (nats/token)")
         cols = ([] if one else ["experiment"]) + ["arm", "randomized", "items", f"loss at step {first}",
                                                   "mean loss", f"{level} CI ({ci})"]
-        cols += ["memorized", "fell back"] if memo else []
+        cols += policy.arm_columns
         for col in cols:
             t.add_column(col, justify="left" if col in ("experiment", "arm", "randomized") else "right")
         for r in arms:
             cells = ([] if one else [r["experiment"]]) + [
                 r["arm"], "yes" if r["randomized"] else "no (policy)", fmt_items(r["n_items"], r.get("small_n")),
                 loss(r.get("initial_mean")), loss(r.get("mean")), fmt_ci(r.get("ci_low"), r.get("ci_high"))]
-            if memo:
-                cells += [f"{r.get('confirmed')}/{r['n_items']}", str(r.get("fell_back"))]
-            t.add_row(*cells)
+            t.add_row(*cells, *policy.arm_cells(r))
         console.print(t)
-        if memo:
-            open_ = sum(r.get("unconfirmed") or 0 for r in arms if r["arm"] in ("targets", "controls"))
-            console.print(f"memorized: loss < {dyn['threshold']} at two consecutive evals; fell back: below at one "
-                          "eval, at or above at the next" + (f"; {open_} item(s) crossed at the last eval, unconfirmed"
-                                                             if open_ else ""))
+        note = policy.arms_note(dyn, arms)
+        if note:
+            console.print(note)
         if any(r.get("small_n") for r in arms):
             console.print(f"{SMALL_N_MARK} fewer than {stats.MIN_ITEMS_PER_GROUP} items: wide intervals")
     itt = dyn.get("itt") or []
@@ -614,8 +602,7 @@ def print_dynamic_table(dyn: dict, console=None) -> None:
                       "count compare outcome-selected groups (not randomized: harder items get more copies); "
                       + ("the randomized comparison is targets vs controls (intent to treat)" if itt
                          else "this run has no randomized controls to compare the targets with")
-                      + ("; 'memorized at step' is a first passage below a noisy threshold (early, and regresses "
-                         "to the mean): 'dups needed' counts only items still below at the next eval" if memo else ""))
+                      + (f"; {policy.caveat}" if policy.caveat else ""))
 
 
 def _hub_commit(cfg) -> Optional[str]:

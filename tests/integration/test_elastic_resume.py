@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from pretrain_exp.app.run_name import run_suffix
+from pretrain_exp.core.rundir import RunDir
 from tests.conftest import ROOT
 from tests.integration.test_multinode import HF, cli_env, run_cli
 
@@ -68,7 +69,7 @@ def test_hf_run_resumes_on_another_number_of_ranks(tmp_path, before, after):
     logged = (cut / "pretrain_exp.log").stat().st_size
     run_cli([*RUN, f"training.nproc_per_node={after}"], cut, runs)
 
-    layouts = [json.loads(line) for line in (cut / "layouts.jsonl").read_text().splitlines()]
+    layouts = RunDir(cut).read_layouts()  # each step's layout (a line of the segment the kill cut is superseded)
     assert [(r["from_step"], r["to_step"], r["world_size"]) for r in layouts] == [(0, 2, before), (2, 4, after)]
     assert [r["gradient_accumulation"] for r in layouts] == [4 // (2 * before), 4 // (2 * after)]
     res, ref = (json.loads((d / "results.json").read_text()) for d in (cut, whole))
@@ -100,7 +101,7 @@ def test_olmo_core_run_resumes_on_fewer_ranks(tmp_path):
                                marker=Path("checkpoints") / "step2" / ".metadata.json")
     run_cli([*args, "training.nproc_per_node=1"], cut, runs)
 
-    layouts = [json.loads(line) for line in (cut / "layouts.jsonl").read_text().splitlines()]
+    layouts = RunDir(cut).read_layouts()  # each step's layout (a line of the segment the kill cut is superseded)
     assert [(r["from_step"], r["to_step"], r["world_size"]) for r in layouts] == [(0, 2, 2), (2, 4, 1)]
     rows_whole, rows_cut = trained_rows(whole), trained_rows(cut)
     assert sorted(rows_cut) == [1, 2, 3, 4] and rows_cut == rows_whole  # every step: the same rows, same tokens

@@ -107,9 +107,12 @@ def test_an_over_asking_job_fails_fast_with_a_clear_message(tmp_path):
     proc = run_sweep(tmp_path, sweep_dir, "training.nproc_per_node=4", "training.micro_batch_size=2",
                      "hydra.launcher.cpus_per_task=2", "seed=0",
                      check=False)
-    assert proc.returncode != 0
     logs = "".join(p.read_text() for p in (sweep_dir / ".submitit").rglob("*_log.err"))
     assert "training.nproc_per_node=4 but this job's allocation has 2 CPUs" in logs
+    # the sweep command says it in one line too, with the job's log
+    told = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 1 and len(told) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "training.nproc_per_node=4 but this job's allocation has 2 CPUs" in told[0] and "its log: " in told[0]
     assert not list(sweep_dir.rglob("checkpoint-*"))
     assert time.perf_counter() - t0 < 120
 
@@ -237,7 +240,6 @@ def test_a_job_at_its_time_limit_without_requeue_ends_with_one_line_and_resumes(
                  "hydra.launcher.signal_delay_s=5", "hydra.launcher.max_num_timeout=0",
                  "hooks=[tests.slow_segments:SlowSegments]"]
     proc = run_sweep(tmp_path, sweep_dir, *overrides, check=False)
-    assert proc.returncode != 0  # the sweep's only job did not finish
     (job_id,) = slurm_job_ids(sweep_dir)
     job = sweep_dir / "0"
     logs = "".join(p.read_text() for p in sorted((sweep_dir / ".submitit").rglob("*_log.*")))
@@ -252,6 +254,11 @@ def test_a_job_at_its_time_limit_without_requeue_ends_with_one_line_and_resumes(
     assert 0 < step == max(done) < 20, (step, done)
     assert "Traceback" not in logs, logs[-3000:]
     assert "task 0: Exited with exit code 143" in err, err[-3000:]  # the job's own status, not SLURM's SIGKILL
+    # the sweep command, waiting on the job: one line naming the job and repeating the run's own line, exit status 1
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    told = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(told) == 1 and told[0].startswith(f"error: job {job_id}") and f": {said[0]}; its log: " in told[0], \
+        (told, said)
     assert not (job / "results.json").exists()
     for _ in range(60):  # the accounting record lags the job's end by a few seconds
         state = subprocess.run(["sacct", "-n", "-X", "-j", job_id, "-o", "State"], capture_output=True,

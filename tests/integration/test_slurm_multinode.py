@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pretrain_exp.core.rundir import RunDir
 from tests.conftest import CACHE_DIR, CHECKOUT_PYTHONPATH, ROOT
 
 #: the environment of this module's SLURM commands: ``SLURM_CONF`` from ``$PRETRAIN_EXP_TEST_SLURM_CONF_2`` if set
@@ -171,7 +172,7 @@ def test_a_two_node_job_requeued_onto_one_node_resumes_there(tmp_path):
     assert "Requeued job" in logs
     assert "training.nnodes=2 but SLURM gave this job 1 node(s): training on 1 node(s), world size 1" in logs
 
-    layouts = [json.loads(line) for line in (job / "layouts.jsonl").read_text().splitlines()]
+    layouts = RunDir(job).read_layouts()  # each step's layout (a line of the segment the requeue cut is superseded)
     spans = [(r["from_step"], r["to_step"], r["world_size"], r["nnodes"]) for r in layouts]
     cut = next(a for a, _, w, _ in spans if w == 1)  # the step the requeued job resumed from
     assert 4 <= cut < 12 and cut % 4 == 0, spans

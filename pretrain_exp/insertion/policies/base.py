@@ -85,3 +85,31 @@ class Policy(ABC):
     def arm_counts(self, rows: List[dict]) -> dict:
         """Policy-specific counts over an arm's item rows, added to its row of ``arms``; none by default."""
         return {}
+
+    # --- how a saved closed-loop result reads (``results.json``'s ``dynamic``: the summary's tables) ----------
+    #: the headers of the per-item table's policy columns (:meth:`item_cells`), in order
+    item_columns: ClassVar[Tuple[str, ...]] = ()
+    #: the headers of the arms table's policy columns (:meth:`arm_cells`), in order
+    arm_columns: ClassVar[Tuple[str, ...]] = ()
+    #: what its columns may mislead about, added to the summary's caveat on outcome-selected groups
+    caveat: ClassVar[str] = ""
+
+    @classmethod
+    def rule(cls, saved: dict) -> str:
+        """When the policy inserts, in words, from the saved summary ``saved`` (its options are keys of it)."""
+        return ""
+
+    @classmethod
+    def item_cells(cls, row: dict) -> List[str]:
+        """The cells of :attr:`item_columns` for a saved per-item row (its :meth:`item_report` keys)."""
+        return []
+
+    @classmethod
+    def arm_cells(cls, row: dict) -> List[str]:
+        """The cells of :attr:`arm_columns` for a saved arm row (its :meth:`arm_counts` keys)."""
+        return []
+
+    @classmethod
+    def arms_note(cls, saved: dict, arms: List[dict]) -> Optional[str]:
+        """A line printed under the arms table (what the policy's counts mean), or ``None``."""
+        return None

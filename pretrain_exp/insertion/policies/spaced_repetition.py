@@ -5,7 +5,7 @@ evaluation after its last insertion (forgetting-driven repetition; ``margin=0``:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -32,6 +32,15 @@ class SpacedRepetition(Policy):
 
     name = "spaced_repetition"
     schema = SpacedRepetitionConf
+    item_columns = ("repetitions",)
+
+    @classmethod
+    def rule(cls, saved: dict) -> str:
+        return f"when loss rose > {saved['margin']} nats/token since the last insertion"
+
+    @classmethod
+    def item_cells(cls, row: dict) -> List[str]:
+        return [str(row["repetitions"])]
 
     def reference(self, item: int, history: Dict[int, Losses], since: int) -> Optional[float]:
         """The item's loss at the first evaluated step ``>= since`` (the step of its last copy)."""

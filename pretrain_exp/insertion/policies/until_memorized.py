@@ -34,6 +34,35 @@ class UntilMemorized(Policy):
 
     name = "until_memorized"
     schema = UntilMemorizedConf
+    item_columns = ("memorized at step", "confirmed", "dups needed")
+    arm_columns = ("memorized", "fell back")
+    caveat = ("'memorized at step' is a first passage below a noisy threshold (early, and regresses to the mean): "
+              "'dups needed' counts only items still below at the next eval")
+
+    @classmethod
+    def rule(cls, saved: dict) -> str:
+        return f"until loss < {saved['threshold']} nats/token"
+
+    @classmethod
+    def item_cells(cls, row: dict) -> List[str]:
+        """The step the item fell below the threshold, whether the next eval confirmed it (``n/a`` in a result saved
+        before confirmation was reported) and the dup count a confirmed item needed."""
+        at, ok = row["memorized_at_step"], row.get("confirmed")
+        return ["-" if at is None else str(at),
+                "-" if at is None else "n/a" if "confirmed" not in row
+                else {True: "yes", False: "no"}.get(ok, "no next eval"),
+                str(row["dups_needed"]) if row["dups_needed"] is not None else "not reached" if at is None
+                else "not confirmed" if ok is False else "unconfirmed"]
+
+    @classmethod
+    def arm_cells(cls, row: dict) -> List[str]:
+        return [f"{row.get('confirmed')}/{row['n_items']}", str(row.get("fell_back"))]
+
+    @classmethod
+    def arms_note(cls, saved: dict, arms: List[dict]) -> Optional[str]:
+        open_ = sum(r.get("unconfirmed") or 0 for r in arms if r["arm"] in ("targets", "controls"))
+        return (f"memorized: loss < {saved['threshold']} at two consecutive evals; fell back: below at one eval, at "
+                "or above at the next" + (f"; {open_} item(s) crossed at the last eval, unconfirmed" if open_ else ""))
 
     def memorized_at(self, item: int, history: Dict[int, Losses], upto: Optional[int] = None) -> Optional[int]:
         """The first evaluated step (``<= upto``) where the item's loss is below the threshold, or ``None``."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrain_exp.app.experiment import save_resolved_config
+from pretrain_exp.app.run_record import save_resolved_config
 from pretrain_exp.core.errors import ConfigError, InsertionError
 from tests.conftest import make_config, run_entry_point
 

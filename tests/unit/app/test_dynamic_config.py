@@ -70,7 +70,7 @@ def test_a_run_dir_saved_with_the_dynamic_policy_as_given_resumes_and_a_real_cha
     changed option is still refused, naming the key."""
     import yaml
 
-    from pretrain_exp.app.experiment import check_same_run, save_resolved_config
+    from pretrain_exp.app.run_record import check_same_run, save_resolved_config
     from pretrain_exp.core.rundir import RunDir
 
     args = [*BASE, "+insertion/dynamic=until_memorized"]
@@ -92,7 +92,7 @@ def test_a_run_dir_saved_with_every_policys_options_resumes(tmp_path):
     runs saved it before each policy had its own schema) is the same run on a re-run of its command."""
     import yaml
 
-    from pretrain_exp.app.experiment import check_same_run, save_resolved_config
+    from pretrain_exp.app.run_record import check_same_run, save_resolved_config
     from pretrain_exp.core.rundir import RunDir
 
     args = [*BASE, "+insertion/dynamic=spaced_repetition"]

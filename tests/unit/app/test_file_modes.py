@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from pretrain_exp.app.experiment import save_resolved_config
+from pretrain_exp.app.run_record import save_resolved_config
 from pretrain_exp.core.io import apply_default_modes, write_json
 from pretrain_exp.data.assets import build_once
 from pretrain_exp.data.token_files import write_token_file

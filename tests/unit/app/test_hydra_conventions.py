@@ -55,7 +55,7 @@ def test_cfg_job_resolve_shows_the_derived_values_the_run_uses(monkeypatch, tmp_
     validated config holds."""
     import yaml
 
-    from pretrain_exp.app.tracking import config_dict
+    from pretrain_exp.app.run_record import config_dict
 
     overrides = ["experiment=tiny", "+insertion/dynamic=spaced_repetition", "eval=[perplexity,insertion_loss]"]
     run_entry_point(monkeypatch, tmp_path, [*overrides, "--cfg", "job", "--resolve"], exits=False)

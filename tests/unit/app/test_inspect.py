@@ -9,8 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from pretrain_exp.app.experiment import Experiment, save_resolved_config
+from pretrain_exp.app.experiment import Experiment
 from pretrain_exp.app.inspect import RunView, main, search, show_step
+from pretrain_exp.app.run_record import save_resolved_config
 from tests.conftest import make_config
 
 pytestmark = pytest.mark.slow  # builds a real plan (tokenizer, corpus, verifier): ~25 s on 2 cores

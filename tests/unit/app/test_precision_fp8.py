@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pretrain_exp.app.launch import check_allocation
-from pretrain_exp.app.validate import FP8_TORCHAO, check_machine, fp8_refusal
+from pretrain_exp.app.launch import check_allocation, check_machine
+from pretrain_exp.app.validate import FP8_TORCHAO, fp8_refusal
 from pretrain_exp.core.capabilities import TRAINS_FP8, has
 from pretrain_exp.core.config import Precision
 from pretrain_exp.core.errors import ConfigError

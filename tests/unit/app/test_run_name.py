@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pretrain_exp.app.experiment import check_same_run, save_resolved_config
 from pretrain_exp.app.run_name import run_suffix
+from pretrain_exp.app.run_record import RunDirConflict, RunRecord, check_same_run, record_run, save_resolved_config
 from pretrain_exp.core.errors import ConfigError
 from tests.conftest import make_config, run_entry_point
 
@@ -53,6 +53,19 @@ def test_a_conflicting_run_dir_says_in_plain_words_what_differs(tmp_path):
     steps = make_config("experiment=tiny", "training.num_steps=3", run_dir=tmp_path)
     with pytest.raises(ConfigError, match=r"training.num_steps changes \(12 -> 3\)"):
         check_same_run(steps, tmp_path)
+
+
+def test_recording_a_run_refuses_another_run_and_writes_nothing(tmp_path):
+    """:func:`~pretrain_exp.app.run_record.record_run` checks the run dir before it writes: a refused config leaves
+    the dir's ``config.resolved.yaml`` as it was; the same run (a change of a mutable key only) is recorded anew."""
+    record = record_run(make_config("experiment=tiny", run_dir=tmp_path / "run"), tmp_path / "run")
+    assert record == RunRecord(tmp_path / "run" / "config.resolved.yaml", False)
+    before = record.config.read_bytes()
+    with pytest.raises(RunDirConflict, match=r"training.num_steps changes \(12 -> 3\)"):
+        record_run(make_config("experiment=tiny", "training.num_steps=3", run_dir=tmp_path / "run"), tmp_path / "run")
+    assert record.config.read_bytes() == before
+    record_run(make_config("experiment=tiny", "training.max_retries=7", run_dir=tmp_path / "run"), tmp_path / "run")
+    assert "max_retries: 7" in record.config.read_text()
 
 
 def test_a_scratch_model_from_a_config_path_names_its_run_dir_by_the_file_not_the_path(monkeypatch, tmp_path):

@@ -142,6 +142,22 @@ def layout_spelled(path: Path, allowed_folders=frozenset()) -> list:
     return out
 
 
+@pytest.mark.parametrize("lines,want", [
+    ([(0, 4, 2), (4, 8, 2)], [(0, 4, 2), (4, 8, 2)]),  # uninterrupted
+    ([(0, 4, 2), (4, 8, 2), (4, 8, 1)], [(0, 4, 2), (4, 8, 1)]),  # killed in the second segment, resumed at step 4
+    ([(0, 8, 2), (4, 8, 1)], [(0, 4, 2), (4, 8, 1)]),  # resumed from a checkpoint inside the first line's range
+    ([(0, 4, 2), (0, 4, 2), (4, 8, 1), (8, 12, 1)], [(0, 4, 2), (4, 8, 1), (8, 12, 1)]),  # a retried segment
+    ([(0, 4, 2), (4, 8, 2), (8, 12, 2), (4, 8, 1)], [(0, 4, 2), (4, 8, 1)]),  # resumed before the last two
+])
+def test_read_layouts_gives_each_steps_last_layout(tmp_path, lines, want):
+    """Lines are appended as segments start: a segment trained again supersedes what it trains again."""
+    rd = RunDir(tmp_path)
+    rd.layouts.write_text("".join(json.dumps({"from_step": a, "to_step": b, "world_size": w}) + "\n"
+                                  for a, b, w in lines))
+    assert [(r["from_step"], r["to_step"], r["world_size"]) for r in rd.read_layouts()] == want
+    assert RunDir(tmp_path / "none").read_layouts() == []
+
+
 def test_no_module_but_rundir_spells_a_run_dir_name_or_parses_step_n():
     found = {m: spelled for m, p in modules().items()
              if m != OWNER and (spelled := layout_spelled(p, {f for n, f in NOT_RUN_DIRS if n == m}))}
@@ -180,8 +196,8 @@ def test_run_dir_of_a_tiny_olmo_core_run(tmp_path):
     """Two 2-step segments with kept HF exports and an eval at each: every path RunDir names is where the run put
     it, its readers return what the run wrote, and the framework finds its checkpoints through it."""
     from pretrain_exp.app import experiment
-    from pretrain_exp.frameworks.registry import get_framework_class
     from pretrain_exp.frameworks.olmo_core.framework import COMPLETE
+    from pretrain_exp.frameworks.registry import get_framework_class
     from pretrain_exp.insertion.plan import Plan
     from pretrain_exp.report.tables import load_run
     from tests.conftest import make_config

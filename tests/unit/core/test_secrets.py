@@ -9,8 +9,14 @@ import stat
 
 import pytest
 
-from pretrain_exp.app.experiment import check_same_run, holds_credentials, save_resolved_config
-from pretrain_exp.app.tracking import write_private_config
+from pretrain_exp.app.run_record import (
+    RunRecord,
+    check_same_run,
+    holds_credentials,
+    record_run,
+    save_resolved_config,
+    write_private_config,
+)
 from pretrain_exp.core.secrets import install_log_redaction, redact, redact_obj, redact_url
 from tests.conftest import make_config
 from tests.unit.core.test_layers import modules
@@ -71,22 +77,24 @@ def test_resolved_config_is_redacted_and_a_rerun_still_matches(tmp_path, secret_
     check_same_run(cfg, tmp_path)  # the same config with its credentials matches its redacted record
     from pretrain_exp.app.launch import _worker_config
 
-    with _worker_config(cfg, tmp_path / "config.resolved.yaml") as private:  # what torchrun workers read
+    record = record_run(cfg, tmp_path)  # what the launcher writes and hands its workers
+    assert record == RunRecord(tmp_path / "config.resolved.yaml", True) and record.config.read_text() == text
+    with _worker_config(cfg, record) as private:  # what torchrun workers read
         assert tmp_path not in private.parents and stat.S_IMODE(private.stat().st_mode) == 0o600
         assert url in private.read_text()
     assert not private.exists()
-    plain = make_config("experiment=tiny", run_dir=tmp_path)
-    with _worker_config(plain, tmp_path / "config.resolved.yaml") as path:
-        assert path == tmp_path / "config.resolved.yaml"
+    plain = make_config("experiment=tiny", run_dir=tmp_path / "plain")
+    with _worker_config(plain, record_run(plain, tmp_path / "plain")) as path:
+        assert path == tmp_path / "plain" / "config.resolved.yaml"
     in_run_dir = write_private_config(cfg, tmp_path, prefix=".config-")  # what background evals read
     assert in_run_dir.parent == tmp_path and in_run_dir.name.startswith(".config-")
     assert stat.S_IMODE(in_run_dir.stat().st_mode) == 0o600 and url in in_run_dir.read_text()
 
 
 def test_the_unredacted_config_is_written_in_one_place():
-    """Only :func:`~pretrain_exp.app.tracking.write_private_config` turns the unredacted config into a file (every
+    """Only :func:`~pretrain_exp.app.run_record.write_private_config` turns the unredacted config into a file (every
     other ``OmegaConf.create`` of the config dict goes through ``redact_obj``), read from the source with ``ast``."""
     sites = sorted(m for m, p in modules().items() for node in ast.walk(ast.parse(p.read_text()))
                    if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("OmegaConf.create") and node.args
                    and isinstance(node.args[0], ast.Call) and ast.unparse(node.args[0].func).endswith("config_dict"))
-    assert sites == ["pretrain_exp.app.tracking"]
+    assert sites == ["pretrain_exp.app.run_record"]

@@ -11,7 +11,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from pretrain_exp.app.config import register_configs
-from pretrain_exp.app.experiment import save_resolved_config
+from pretrain_exp.app.run_record import save_resolved_config
 from pretrain_exp.app.validate import load_resolved, to_config
 from pretrain_exp.core.config import FrameworkConf
 from pretrain_exp.core.errors import ConfigError

@@ -132,8 +132,14 @@ def test_report_of_a_real_sweep_with_a_failed_job(tmp_path, tiny_model_dir):
     failed = _run(["-m", "pretrain_exp", "-m", *TINY_SWEEP, "seed=2", "wandb=offline", "training.adam_beta1=2.0",
                    "training.max_retries=0", "hydra/launcher=submitit_local", f"hydra.sweep.dir={sweep}",
                    "hydra.sweep.subdir=2"], ROOT, env, check=False)
-    assert failed.returncode != 0
     assert not (sweep / "2" / "results.json").exists()
+    # the sweep's own console: one line naming the job, its error and its log, no traceback, exit status 1
+    assert failed.returncode == 1 and "Traceback" not in failed.stderr, failed.stderr[-3000:]
+    said = [line for line in failed.stderr.splitlines() if line.startswith("error: ")]
+    assert len(said) == 1 and said[0].startswith("error: job ") and "ended without a result" in said[0], said
+    assert "Invalid beta parameter" in said[0] and f"every job: pretrain-exp-report {sweep.resolve()}" in said[0], said
+    log_path = Path(said[0].split("; its log: ")[1].split(";")[0])
+    assert log_path.is_file() and log_path.parent.parent == sweep.resolve() / ".submitit", said
 
     proc = _run(["-m", "pretrain_exp.report", str(sweep)], ROOT, env)
     paths = [sweep / "report.csv", sweep / "report.md", sweep / "loss_vs_dup.png", sweep / "effect_pooled.csv",
