@@ -210,11 +210,15 @@ def submission_error_line(e: BaseException, launcher: Optional[Mapping] = None) 
     """One line (without ``error:``) for a SLURM submission that failed (submitit's ``FailedJobError`` raised by
     ``sbatch``, or no ``srun``/``sbatch`` on the machine), naming the launcher option to change and, where
     ``sinfo`` answers, the partition's limits; ``None`` for any other error (e.g. a job that failed)."""
+    from submitit.core.utils import UncompletedJobError
+
     cause = e.__cause__
-    if isinstance(e, RuntimeError) and "srun" in str(e) and "slurm" in str(e).lower():
-        return ("hydra/launcher=slurm: there is no `srun`/`sbatch` on this machine's PATH (not a SLURM login node); "
-                "submit the sweep from one, or run it here with hydra/launcher=local; nothing was submitted")
     if not (isinstance(cause, subprocess.CalledProcessError) and cause.cmd and "sbatch" in str(cause.cmd[0])):
+        # a job that ran and failed (its log may name srun and slurm) is no submission
+        if isinstance(e, RuntimeError) and not isinstance(e, UncompletedJobError) and "srun" in str(e) \
+                and "slurm" in str(e).lower():
+            return ("hydra/launcher=slurm: there is no `srun`/`sbatch` on this machine's PATH (not a SLURM login "
+                    "node); submit the sweep from one, or run it here with hydra/launcher=local; nothing was submitted")
         return None
     said = [ln.split("error:", 1)[-1].strip().removeprefix("Batch job submission failed: ")
             for ln in str(cause.stderr or e).splitlines() if ln.strip()]

@@ -171,13 +171,23 @@ def job_error_line(e: BaseException) -> Optional[str]:
         log_path = Path(found["err"]) if found else None
         what = "a job failed"
     said = log_path.read_text(errors="replace") if log_path is not None and log_path.is_file() else text
-    last = next((ln.strip() for ln in reversed(said.splitlines()) if ln.startswith("interrupted (")), None)
-    last = last or last_error_line(said)[1] or last_error_line(text)[1]
+    last = _own_line(said) or last_error_line(said)[1] or last_error_line(text)[1]
     line = what + (f": {last.removeprefix('error: ')}" if last else "")
     if log_path is not None:
         line += f"; its log: {log_path}"
     sweep_dir = _launching.get("dir")
     return line + (f"; every job: pretrain-exp-report {sweep_dir}" if sweep_dir is not None else "")
+
+
+def _own_line(log_text: str) -> Optional[str]:
+    """The run's own last words in a job's log: its ``interrupted (...)`` line, else its last ``error: ...`` line
+    (bare or as a log record's message), not ``srun``'s or ``slurmstepd``'s ``...: error: ...`` after it."""
+    lines = [ln.strip() for ln in reversed(log_text.splitlines())]
+    said = next((ln for ln in lines if ln.startswith("interrupted (")), None)
+    if said is None:
+        messages = (ln.split("] - ", 1)[1] if ln.startswith("[") and "] - " in ln else ln for ln in lines)
+        said = next((m for m in messages if m.startswith("error: ")), None)
+    return said
 
 
 def exit_on_job_error(e: BaseException) -> None:

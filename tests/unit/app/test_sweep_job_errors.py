@@ -17,11 +17,15 @@ def says_error_and_exits() -> None:
     """What the entry point does for an error of the user's making: one ``error:`` line, exit status 2."""
     print("[2026-01-01 00:00:00,000][pretrain_exp][INFO] - step 1/3", file=sys.stderr)
     print("error: data.paths[0]: no such file: /nowhere.npy", file=sys.stderr)
+    print("srun: error: vm: task 0: Exited with exit code 2", file=sys.stderr)  # what SLURM adds after it
     sys.exit(2)
 
 
 def interrupted_at_the_time_limit() -> None:
-    """What a run stopped by SLURM's time limit leaves: its one line, then ``srun``'s own words, exit status 143."""
+    """What a run stopped by SLURM's time limit leaves: SLURM's notice, the run's one line, then ``srun``'s own
+    words, exit status 143."""
+    print("slurmstepd: error: *** JOB 139 ON vm CANCELLED AT 2026-01-01T00:01:00 DUE TO TIME LIMIT ***",
+          file=sys.stderr)
     print("interrupted (SIGTERM): the newest checkpoint holds step 10 (/s/0); resume with: python -m pretrain_exp "
           "-m seed=0", file=sys.stderr)
     print("srun: error: vm: task 0: Exited with exit code 143", file=sys.stderr)
@@ -49,6 +53,15 @@ def test_a_job_that_exited_with_an_error_line(tmp_path):
     line = job_error_line(e)
     assert line == (f"job {job.job_id} ended without a result (state: FINISHED): data.paths[0]: no such file: "
                     f"/nowhere.npy; its log: {job.paths.stderr}"), line
+
+
+def test_a_job_whose_log_names_srun_is_no_submission_error(tmp_path):
+    """A job's error quotes its log, where ``srun`` and ``slurm`` appear: it is not taken for a missing ``srun``."""
+    from pretrain_exp.app.slurm_check import submission_error_line
+
+    job, e = failed_job(tmp_path, interrupted_at_the_time_limit)
+    assert "srun" in str(e) and "slurm" in str(e).lower()
+    assert submission_error_line(e) is None
 
 
 def test_a_job_stopped_at_its_time_limit_gives_the_runs_own_line(tmp_path):
