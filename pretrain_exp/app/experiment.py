@@ -45,23 +45,9 @@ from pretrain_exp.app.dynamic_hook import DynamicInsertion
 from pretrain_exp.app.evaluator import Evaluator, make_evaluator
 from pretrain_exp.app.hf_export import HFExport
 from pretrain_exp.app.hooks import Hooks, load_hooks, segments
-from pretrain_exp.app.prepare import (  # noqa: F401  (re-exported: callers import these names from here)
-    RunContext,
-    check_same_items,
-    fit_held_out,
-    held_out_collision,
-    prepare,
-    run_data,
-)
+from pretrain_exp.app.prepare import RunContext, prepare
 from pretrain_exp.app.results import LoopTiming, RunResults, run_results
-from pretrain_exp.app.run_name import MUTABLE_KEYS  # noqa: F401  (re-exported: the keys a re-run may change)
-from pretrain_exp.app.run_record import (  # noqa: F401  (re-exported: callers import these names from here)
-    RunDirConflict,
-    check_same_run,
-    holds_credentials,
-    record_run,
-    write_private_config,
-)
+from pretrain_exp.app.run_record import holds_credentials, record_run, write_private_config
 from pretrain_exp.app.stream_hook import StreamHook
 from pretrain_exp.app.tracking import NullTracker, Tracker
 from pretrain_exp.core.distributed import is_main_process, world_size

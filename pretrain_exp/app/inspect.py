@@ -62,7 +62,7 @@ class RunView:
 
         :raises ConfigError: (key ``run_dir``) if either file is missing.
         """
-        from pretrain_exp.app.experiment import run_data
+        from pretrain_exp.app.prepare import run_data
         from pretrain_exp.app.validate import load_resolved
         from pretrain_exp.data.rows import TrainingRows
         from pretrain_exp.insertion.plan import Plan

@@ -33,18 +33,11 @@ import numpy as np
 from pretrain_exp.app.audit_hook import RunAudit
 from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.app.parent import ParentRun
-from pretrain_exp.app.run_plan import RunPlan, check_same_items  # noqa: F401  (re-exported)
+from pretrain_exp.app.run_plan import RunPlan
 from pretrain_exp.core.distributed import is_main_process, world_size
 from pretrain_exp.core.phases import PHASES
 from pretrain_exp.core.rundir import RunDir
-from pretrain_exp.data.corpus import (  # noqa: F401  (re-exported: callers import these names from here)
-    Corpus,
-    CorpusSpec,
-    fit_held_out,
-    held_out_collision,
-    open_corpus,
-    open_order,
-)
+from pretrain_exp.data.corpus import Corpus, CorpusSpec, open_corpus, open_order
 from pretrain_exp.data.order import DataOrder
 from pretrain_exp.data.prefetch import prefetch_rows
 from pretrain_exp.data.rows import TrainingRows

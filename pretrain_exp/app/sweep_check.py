@@ -74,8 +74,8 @@ class CheckFirstJob(Callback):
         try:
             exp = to_config(job, overrides)
             if first_dir is not None:  # a re-run into the same sweep dir: the first job's run dir as the CLI checks it
-                from pretrain_exp.app.experiment import RunDirConflict, check_same_run
                 from pretrain_exp.app.run_name import own_run_dir
+                from pretrain_exp.app.run_record import RunDirConflict, check_same_run
 
                 try:
                     check_same_run(exp, first_dir)
@@ -151,9 +151,9 @@ _FAILED_LOG = re.compile(r"or at paths:\s+- (?P<err>\S+)")
 def job_error_line(e: BaseException) -> Optional[str]:
     """One line (without ``error:``) for a sweep job that ended without a result: submitit's ``UncompletedJobError``
     (no result: the job exited with an error, or SLURM ended it, ``state`` as SLURM or the local executor says) or
-    ``FailedJobError`` (the job raised). It names the job, its last words (the run's ``interrupted (...)`` line with
-    the command that resumes, else the most telling error line of its log,
-    :func:`~pretrain_exp.report.failures.last_error_line`) and its log file; ``None`` for any other error."""
+    ``FailedJobError`` (the job raised). It names the job, its last words (the most telling line of its log,
+    :func:`~pretrain_exp.report.failures.last_error_line`: the run's ``interrupted (...)`` line with the command that
+    resumes, or its ``error:`` line) and its log file; ``None`` for any other error."""
     from submitit.core.utils import UncompletedJobError
 
     from pretrain_exp.report.failures import last_error_line
@@ -171,23 +171,12 @@ def job_error_line(e: BaseException) -> Optional[str]:
         log_path = Path(found["err"]) if found else None
         what = "a job failed"
     said = log_path.read_text(errors="replace") if log_path is not None and log_path.is_file() else text
-    last = _own_line(said) or last_error_line(said)[1] or last_error_line(text)[1]
+    last = last_error_line(said)[1] or last_error_line(text)[1]
     line = what + (f": {last.removeprefix('error: ')}" if last else "")
     if log_path is not None:
         line += f"; its log: {log_path}"
     sweep_dir = _launching.get("dir")
     return line + (f"; every job: pretrain-exp-report {sweep_dir}" if sweep_dir is not None else "")
-
-
-def _own_line(log_text: str) -> Optional[str]:
-    """The run's own last words in a job's log: its ``interrupted (...)`` line, else its last ``error: ...`` line
-    (bare or as a log record's message), not ``srun``'s or ``slurmstepd``'s ``...: error: ...`` after it."""
-    lines = [ln.strip() for ln in reversed(log_text.splitlines())]
-    said = next((ln for ln in lines if ln.startswith("interrupted (")), None)
-    if said is None:
-        messages = (ln.split("] - ", 1)[1] if ln.startswith("[") and "] - " in ln else ln for ln in lines)
-        said = next((m for m in messages if m.startswith("error: ")), None)
-    return said
 
 
 def exit_on_job_error(e: BaseException) -> None:

@@ -21,10 +21,12 @@ _LOG_LEVEL = re.compile(r"\]\[(ERROR|CRITICAL|WARNING)\] - ")
 def last_error_line(text: str) -> Tuple[int, str]:
     """The most telling failure line of a log: ``(priority, line)``, higher is better, ``(0, "")`` if none.
 
-    Priority 4: the last ``error: ...`` line or log record (what the entry point prints, and logs in a sweep, for
-    an error of the user's making; SLURM's ``slurmstepd: error: ...``); 3: the exception line closing the last
-    Python traceback; 2: the last ERROR/CRITICAL log record; 1: the last WARNING log record (e.g. a failed
-    training attempt before a retry).
+    Priority 5: the run's own last words, its last ``interrupted (...)`` line (a stopped run: the step kept and the
+    command that resumes) or ``error: ...`` line or log record (what the entry point prints, and logs in a sweep, for
+    an error of the user's making); 4: another program's ``...: error: ...`` line (SLURM's ``slurmstepd: error:``,
+    ``srun: error:``, often printed after the run's line); 3: the exception line closing the last Python traceback;
+    2: the last ERROR/CRITICAL log record; 1: the last WARNING log record (e.g. a failed training attempt before a
+    retry).
     """
     best: Dict[int, str] = {}
     in_tb = False
@@ -40,7 +42,9 @@ def last_error_line(text: str) -> Tuple[int, str]:
             in_tb = False
         m = _LOG_LEVEL.search(s)
         msg = s[m.end():] if m else s  # a log record: its message
-        if msg.startswith("error: ") or " error: " in msg:
+        if msg.startswith(("error: ", "interrupted (")):
+            best[5] = msg
+        elif " error: " in msg:
             best[4] = msg
         elif m:
             best[1 if m[1] == "WARNING" else 2] = msg

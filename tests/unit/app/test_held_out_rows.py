@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pretrain_exp.app.experiment import fit_held_out, held_out_collision
+from pretrain_exp.data.corpus import fit_held_out, held_out_collision
 
 
 @pytest.mark.parametrize("first_row, end_row, ckpt_order, collides", [
