@@ -33,19 +33,19 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import List
+from typing import TYPE_CHECKING, List
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.core.stats import interval, permutation_p_value, welch_interval
 from pretrain_exp.evals.base import EvalContext, EvalResult, EvalTaskConf
 from pretrain_exp.evals.effects import adjust_family
-from pretrain_exp.evals.scoring import model_device
 from pretrain_exp.evals.shard import map_batches
 from pretrain_exp.insertion.noise import make_noise
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +67,17 @@ class GaussianConf(EvalTaskConf):
                 raise ConfigError(f"{key}.{name}", f"must be >= 1, got {getattr(self, name)}")
 
 
-@torch.enable_grad()
 def embedding_gradients(model, rows: List[np.ndarray], batch_size: int) -> torch.Tensor:
-    """Unit-norm gradients of each row's mean next-token loss w.r.t. its input embeddings.
+    """Unit-norm gradients of each row's mean next-token loss w.r.t. its input embeddings (gradients on).
 
     :param rows: token ids, each an integer array of shape ``(L,)`` (equal lengths).
     :returns: float32 ``(n, L, d_model)`` on the CPU: ``g_q / ||g_q||`` (Frobenius norm over the row).
     """
+    import torch  # here, not at the top: composing a config imports every eval's module for its schema
+    import torch.nn.functional as F
+
+    from pretrain_exp.evals.scoring import model_device
+
     emb = model.get_input_embeddings()
     device = model_device(model)
 
@@ -88,7 +92,8 @@ def embedding_gradients(model, rows: List[np.ndarray], batch_size: int) -> torch
         return (g / g.flatten(1).norm(dim=1).clamp_min(1e-30)[:, None, None]).cpu()
 
     # batch by batch, sharded over the ranks under eval.mode=distributed (pretrain_exp.evals.shard)
-    return torch.cat(map_batches(grads, [rows[b:b + batch_size] for b in range(0, len(rows), batch_size)]))
+    with torch.enable_grad():
+        return torch.cat(map_batches(grads, [rows[b:b + batch_size] for b in range(0, len(rows), batch_size)]))
 
 
 def pattern_scores(grads: torch.Tensor, seeds: np.ndarray, sigma: float) -> np.ndarray:

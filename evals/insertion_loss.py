@@ -20,7 +20,6 @@ import numpy as np
 from pretrain_exp.core.stats import per_dup_summary
 from pretrain_exp.evals.base import EvalContext, EvalResult, EvalTaskConf
 from pretrain_exp.evals.effects import EffectSpec, family_effects
-from pretrain_exp.evals.scoring import plan_item_rows, token_losses
 
 
 @dataclass
@@ -46,6 +45,8 @@ def insertion_loss(cfg: InsertionLossConf, ctx: EvalContext) -> EvalResult:
         ``_p_value`` and ``_p_adjusted`` where an experiment has both, and ``{experiment}/trend_slope`` with
         ``_ci_low``, ``_ci_high``, ``_p_value`` where it has two or more dup counts.
     """
+    from pretrain_exp.evals.scoring import plan_item_rows, token_losses  # torch with it: imported here
+
     plan = ctx.plan
     losses = token_losses(ctx.model, [plan.item_tokens(i) for i in range(plan.num_items)], ctx.batch_size)
     rows = [dict(r, loss=float(np.mean(lo, dtype=np.float64)), n_tokens=int(lo.size))

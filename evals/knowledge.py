@@ -39,7 +39,6 @@ from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.core.stats import PERMUTATIONS, interval
 from pretrain_exp.evals.base import EvalContext, EvalResult, EvalTaskConf
 from pretrain_exp.evals.effects import EffectSpec, family_effects
-from pretrain_exp.evals.scoring import continuation_scores
 from pretrain_exp.insertion.types.knowledge import (
     PROBE_KINDS,
     facts_by_item,
@@ -122,6 +121,8 @@ def score_experiment(name: str, exp: Any, ctx: EvalContext) -> List[Dict[str, An
     :raises ConfigError: if the plan's items of ``name`` are not the items of its config (token or dup-count
         mismatch, e.g. a different tokenizer or seed).
     """
+    from pretrain_exp.evals.scoring import continuation_scores  # torch with it: imported here
+
     plan, tok = ctx.plan, ctx.tokenizer
     facts, items = knowledge_items(name, exp, ctx.insertion.seed)
     ids = np.flatnonzero(plan.item_experiment == plan.experiments.index(name))

@@ -26,17 +26,18 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import numpy as np
-import torch
 
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.core.stats import interval
 from pretrain_exp.evals.base import EvalContext, EvalResult, EvalTaskConf
 from pretrain_exp.evals.effects import EffectSpec, family_effects
-from pretrain_exp.evals.scoring import GreedyDecoder, plan_item_rows
 from pretrain_exp.evals.shard import map_batches
+
+if TYPE_CHECKING:  # torch comes with it: imported where used, as composing a config imports every eval module
+    from pretrain_exp.evals.scoring import GreedyDecoder
 
 #: per-item values summarized per dup count: ``(row key, per_dup / metric name, 0/1 proportion)``
 VALUES = (("exact_match", "exact_match_rate", True), ("fraction_matched", "fraction_matched", False),
@@ -123,6 +124,10 @@ def greedy_continuations(ctx: EvalContext, items: Extraction, c: int,
     :returns: item id -> int64 array of shape ``(c,)``.
     :raises ValueError: if ``decoder.steps != c``.
     """
+    import torch
+
+    from pretrain_exp.evals.scoring import GreedyDecoder
+
     rows = ctx.batch_size
     batches: List[List[int]] = []
     for i in sorted(items, key=lambda i: (items[i][0].size, i)):  # equal prompt lengths per batch
@@ -155,6 +160,8 @@ def memorization(cfg: MemorizationConf, ctx: EvalContext) -> EvalResult:
         ``fraction_matched``); ``metrics`` ``{experiment}/dup{d}/exact_match_rate`` (+ ``_ci_low``, ``_ci_high``),
         ``.../fraction_matched``, ``.../mean_matched_length`` and ``.../n_skipped_short``.
     """
+    from pretrain_exp.evals.scoring import plan_item_rows
+
     plan, k, c = ctx.plan, cfg.prefix_length, cfg.suffix
     items, skipped = extraction_items(plan, k, c, eos_ids(ctx))
     info = plan_item_rows(plan)

@@ -41,7 +41,6 @@ from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.core.stats import MIN_ITEMS_PER_GROUP
 from pretrain_exp.evals.base import EvalContext, EvalResult, EvalTaskConf
 from pretrain_exp.evals.effects import adjust_family, auc_effect
-from pretrain_exp.evals.scoring import plan_item_rows, token_losses
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +123,8 @@ def mia(cfg: MiaConf, ctx: EvalContext) -> EvalResult:
         ``{experiment}/dup{d}/{score}_auc`` with ``_ci_low`` and ``_ci_high``. An experiment without dup-0 items
         yields no AUCs (logged).
     """
+    from pretrain_exp.evals.scoring import plan_item_rows, token_losses  # torch with it: imported here
+
     plan = ctx.plan
     tokens = [plan.item_tokens(i) for i in range(plan.num_items)]
     losses = token_losses(ctx.model, tokens, ctx.batch_size)

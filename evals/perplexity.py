@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from pretrain_exp.evals.base import EvalContext, EvalResult, EvalTaskConf
-from pretrain_exp.evals.scoring import token_losses
 
 
 @dataclass
@@ -25,6 +24,8 @@ def perplexity(cfg: PerplexityConf, ctx: EvalContext) -> EvalResult:
         ``held_out/perplexity`` (``exp(loss)``), ``held_out/bits_per_token`` (``loss / ln 2``) and
         ``held_out/tokens`` (predicted tokens, ``n_rows * (L - 1)``); empty metrics when nothing is predicted.
     """
+    from pretrain_exp.evals.scoring import token_losses  # torch with it: imported here
+
     held_out = np.asarray(ctx.held_out)
     losses = token_losses(ctx.model, list(held_out), ctx.batch_size) if held_out.size else []
     count = sum(lo.size for lo in losses)

@@ -94,6 +94,24 @@ class Checkpoint:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+class class_constant:
+    """A class attribute computed once, on first read, by the decorated function (no arguments): for a value
+    taken from a heavy library (``transformers``' scheduler names), so that importing a framework's module, and
+    composing or validating a config with it, does not import that library. The value then replaces the
+    descriptor on the class that read it."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        self.fn, self.__doc__ = fn, fn.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: Optional[type] = None) -> Any:
+        value = self.fn()
+        setattr(owner if owner is not None else type(obj), self.name, value)
+        return value
+
+
 class Framework(ABC):
     """One training framework, bound to one run (config + run dir).
 

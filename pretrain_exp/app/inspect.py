@@ -72,9 +72,9 @@ class RunView:
         for path in (rd.config, rd.plan):
             if not path.is_file():
                 raise ConfigError("run_dir", f"{path} not found: not a run dir (plan built?)")
-        cfg = load_resolved(rd.config)
+        cfg = load_resolved(rd.config, check=False)  # validated when the run recorded it
         plan = Plan.load(rd.plan)
-        _, tokenizer, _, order = run_data(cfg, progress=False)
+        _, tokenizer, _, order = run_data(cfg, progress=False, reader=True)
         L = plan.sequence_length
         first, end = plan.window[0] // L, plan.window[1] // L
         return cls(run_dir, cfg, plan, tokenizer, TrainingRows(order, plan, first, end - first))

@@ -247,12 +247,14 @@ def open_framework(cfg: ExperimentConfig):
         return framework_class(cfg, framework_class.resolve_model(cfg))
 
 
-def run_data(cfg: ExperimentConfig, progress: bool = True):
+def run_data(cfg: ExperimentConfig, progress: bool = True, reader: bool = False):
     """The framework, tokenizer, vocabulary size and data order of a run (what :mod:`~pretrain_exp.app.inspect`
     reads a run dir's rows with; the corpus is tokenized once into the cache), nothing of its window.
 
+    :param reader: as :func:`~pretrain_exp.data.corpus.open_order`'s (the tokenizer read without ``transformers``
+        where the corpus is in the cache).
     :returns: ``(framework, tokenizer, vocab_size, DataOrder)``.
     """
     framework = open_framework(cfg)
-    data = open_order(corpus_spec(cfg, framework), progress=progress)
+    data = open_order(corpus_spec(cfg, framework), progress=progress, reader=reader)
     return framework, data.tokenizer, data.vocab_size, data.order

@@ -402,12 +402,14 @@ def report_to_list(value) -> list:
     return [] if names in ([], ["none"]) else names
 
 
-def to_config(cfg: DictConfig, overrides: Optional[Sequence[str]] = None) -> ExperimentConfig:
+def to_config(cfg: DictConfig, overrides: Optional[Sequence[str]] = None, check: bool = True) -> ExperimentConfig:
     """Convert a composed (or loaded ``config.resolved.yaml``) config into a validated :class:`ExperimentConfig`.
 
     :param overrides: the command line's overrides of a composed config (Hydra's task overrides): a continued run
         (``parent=``) then takes what the command line does not set from its parent
         (:func:`~pretrain_exp.app.parent.with_parent`); ``None`` for a config that holds the result already.
+    :param check: run the rules of :func:`validate` (``False``: the schemas' types and keys only, for a config a
+        run validated when it recorded it).
     :raises ConfigError: for a missing mandatory value, a wrong type or a violated cross-field rule.
     """
     from pretrain_exp.app.parent import with_parent
@@ -452,7 +454,9 @@ def to_config(cfg: DictConfig, overrides: Optional[Sequence[str]] = None) -> Exp
             msg = f"missing mandatory value (set {key}=...)"
         raise ConfigError(key, msg) from None
     assert isinstance(exp, ExperimentConfig)
-    exp = validate(derive(exp))
+    exp = derive(exp)
+    if check:
+        exp = validate(exp)
     log_overrides(exp)
     return exp
 
@@ -487,9 +491,11 @@ def _has_name(node) -> bool:
     return isinstance(node, DictConfig) and "name" in node and not OmegaConf.is_missing(node, "name")
 
 
-def load_resolved(path: str) -> ExperimentConfig:
+def load_resolved(path: str, check: bool = True) -> ExperimentConfig:
     """Load a ``config.resolved.yaml`` written by a run (no Hydra needed) into a validated config.
 
+    :param check: as :func:`to_config`: ``False`` for a reader of a finished run (the inspector), which then
+        imports no framework's engine (the ``hf`` framework's scheduler names come from ``transformers``).
     :raises ConfigError: as :func:`to_config`.
     """
-    return to_config(OmegaConf.load(path))
+    return to_config(OmegaConf.load(path), check=check)

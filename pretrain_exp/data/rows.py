@@ -12,19 +12,20 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
-import torch
 
 from pretrain_exp.data.order import DataOrder
 
 
-class TrainingRows(torch.utils.data.Dataset):
+class TrainingRows:
     """Rows ``[first_row, first_row + num_rows)`` of the training order, insertions applied.
 
     ``__getitem__(i)`` returns ``{"input_ids": LongTensor (L,), "labels": LongTensor (L,), "row_index":
     LongTensor ()}`` (labels equal the inputs; the model shifts them, so token 0 of a row is never a target;
     ``row_index`` is the row's training-order index ``q``, which the trainer pops before calling the model and
     hands to the Gaussian-poisoning hook, :mod:`~pretrain_exp.insertion.noise`). Safe in data-loader
-    workers (holds only arrays and lazily opened memmaps).
+    workers (holds only arrays and lazily opened memmaps). A map-style dataset as torch's ``DataLoader`` takes
+    one (``__len__`` and ``__getitem__``), without torch's base class: a reader of rows (:meth:`row`, the
+    inspector) imports no torch.
     """
 
     def __init__(self, order: DataOrder, plan: Optional["Plan"], first_row: int, num_rows: int):  # noqa: F821
@@ -44,6 +45,8 @@ class TrainingRows(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict:
         if not 0 <= i < self.num_rows:
             raise IndexError(i)
+        import torch
+
         q = self.first_row + i
         ids = torch.from_numpy(self.row(q))
         return {"input_ids": ids, "labels": ids.clone(), "row_index": torch.tensor(q, dtype=torch.long)}

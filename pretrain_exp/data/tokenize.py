@@ -22,8 +22,9 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
+from pretrain_exp.core.cachedir import CacheDir
 from pretrain_exp.core.commands import prog
 from pretrain_exp.core.config import text_sources
 from pretrain_exp.core.errors import DataError, PretrainExpError
@@ -86,6 +87,73 @@ def load_tokenizer(name_or_path: str, cache_dir: str | Path, eos_token_id: int |
     return tok
 
 
+class TokenizerFile:
+    """A tokenizer read with the ``tokenizers`` library alone, for readers of rows tokenized before (the
+    inspector): encode without special tokens, decode, EOS id, vocabulary size and the corpus cache key, as the HF
+    fast tokenizer of the same ``tokenizer.json`` gives them. Importing ``tokenizers`` takes about 0.03 s; loading
+    the HF tokenizer imports ``transformers`` and, through the model's config class, torch (seconds).
+
+    :param backend: a ``tokenizers.Tokenizer``.
+    :param eos_token_id: the EOS id (``tokenizer_config.json``'s ``eos_token``, or the checkpoint's).
+    """
+
+    def __init__(self, backend, eos_token_id: int):
+        self.backend_tokenizer, self.eos_token_id = backend, int(eos_token_id)
+
+    def __len__(self) -> int:
+        """Ids including added tokens (``len()`` of the HF tokenizer)."""
+        return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def all_special_ids(self) -> List[int]:
+        """Ids of the added tokens marked special (EOS, pad, ...), sorted."""
+        return sorted(i for i, t in self.backend_tokenizer.get_added_tokens_decoder().items() if t.special)
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+        """``{"input_ids": [int, ...]}`` of ``text``."""
+        return {"input_ids": self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids}
+
+    def decode(self, ids, clean_up_tokenization_spaces: bool = False) -> str:
+        """The text of ``ids`` (a sequence of ints), special tokens kept; no clean-up of spaces (only ``False``).
+
+        :raises ValueError: for ``clean_up_tokenization_spaces=True`` (the HF tokenizer's own rules).
+        """
+        if clean_up_tokenization_spaces:
+            raise ValueError("TokenizerFile.decode does not clean up tokenization spaces")
+        return self.backend_tokenizer.decode(list(ids), skip_special_tokens=False)
+
+
+def read_tokenizer(name_or_path: str, cache_dir: str | Path,
+                   eos_token_id: int | None = None) -> Optional[TokenizerFile]:
+    """The :class:`TokenizerFile` of what :func:`load_tokenizer` loads (a local dir or ``tokenizer.json`` file, or
+    an asset already in the cache), or ``None`` where only the HF tokenizer can say (no ``tokenizer.json``, an
+    asset not built yet, an EOS the files do not name, a Hub id).
+
+    :param eos_token_id: the EOS id where ``tokenizer_config.json`` names none (as :func:`load_tokenizer`).
+    """
+    import tokenizers
+
+    if name_or_path in TOKENIZERS or name_or_path in ASSETS or name_or_path in TINY_MODELS:
+        cache = CacheDir(cache_dir)
+        path = cache.tokenizer(name_or_path) if name_or_path in TOKENIZERS else cache.model(name_or_path)
+        if not (path / ".complete.json").is_file():  # built once by the HF path (pretrain_exp.data.assets)
+            return None
+    else:
+        path = Path(name_or_path).expanduser()
+    file = path if path.is_file() else path / "tokenizer.json"
+    if not file.is_file():
+        return None
+    backend = tokenizers.Tokenizer.from_file(str(file))
+    eos = eos_token_id
+    config = path / "tokenizer_config.json"
+    if path.is_dir() and config.is_file():
+        named = json.loads(config.read_text()).get("eos_token")
+        named = named.get("content") if isinstance(named, dict) else named
+        if isinstance(named, str):
+            eos = backend.token_to_id(named)
+    return None if eos is None else TokenizerFile(backend, eos)
+
+
 def _source_identity(source: str) -> str:
     if source in ASSETS:
         return f"asset:{get_asset(source).sha256}"
@@ -105,6 +173,30 @@ def tokenize_sources(text, tokenizer, out_root: str | Path, cache_dir: str | Pat
             for p in tokenize_source(str(source), tokenizer, out_root, cache_dir, text_key, progress)]
 
 
+def token_folder(source: str, tokenizer, out_root: str | Path, text_key: str = "text") -> Path:
+    """The cache folder of ``source`` tokenized by ``tokenizer`` (an HF tokenizer or a :class:`TokenizerFile`):
+    ``<out_root>/<source name>-<key>``, the key a hash of the source's identity, ``text_key``, the tokenizer's
+    ``tokenizers`` JSON and its EOS id. Complete once it holds ``tokens.json``."""
+    vocab_json = (tokenizer.backend_tokenizer.to_str() if hasattr(tokenizer, "backend_tokenizer")
+                  else repr(tokenizer))
+    key = hashlib.sha256("\n".join([_source_identity(source), text_key, vocab_json,
+                                    str(tokenizer.eos_token_id)]).encode()).hexdigest()[:16]
+    slug = Path(source).stem if source not in ASSETS else source
+    return Path(out_root) / f"{slug}-{key}"
+
+
+def cached_token_files(text, tokenizer, out_root: str | Path, text_key: str = "text") -> Optional[List[Path]]:
+    """The token files of every source of ``text`` as :func:`tokenize_sources` returns them, read from the cache
+    without tokenizing anything: ``None`` when a source is not tokenized yet by ``tokenizer``."""
+    paths: List[Path] = []
+    for source in text_sources(text):
+        meta = token_folder(str(source), tokenizer, out_root, text_key) / "tokens.json"
+        if not meta.is_file():
+            return None
+        paths += [meta.parent / f for f in json.loads(meta.read_text())["files"]]
+    return paths
+
+
 def tokenize_source(source: str, tokenizer, out_root: str | Path, cache_dir: str | Path,
                     text_key: str = "text", progress: bool = True) -> List[Path]:
     """Token files of ``source`` (see :func:`pretrain_exp.data.assets.iter_texts`) under ``out_root``.
@@ -114,12 +206,7 @@ def tokenize_source(source: str, tokenizer, out_root: str | Path, cache_dir: str
         take turns on a file lock (``<out_root>/.<folder>.lock``): the first tokenizes, the others reuse its folder.
     :raises DataError: for a bad source (see ``iter_texts``) or a source with no tokens.
     """
-    vocab_json = (tokenizer.backend_tokenizer.to_str() if hasattr(tokenizer, "backend_tokenizer")
-                  else repr(tokenizer))
-    key = hashlib.sha256("\n".join([_source_identity(source), text_key, vocab_json,
-                                    str(tokenizer.eos_token_id)]).encode()).hexdigest()[:16]
-    slug = Path(source).stem if source not in ASSETS else source
-    out = Path(out_root) / f"{slug}-{key}"
+    out = token_folder(source, tokenizer, out_root, text_key)
     meta_path = out / "tokens.json"
     if meta_path.is_file():
         return [out / f for f in json.loads(meta_path.read_text())["files"]]

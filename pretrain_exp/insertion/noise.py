@@ -35,10 +35,12 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # imported where used: a plan is read (the inspector, the report) without torch
+    import torch
 
 #: default noise std of the reference implementation (all its models used 0.075)
 DEFAULT_SIGMA = 0.075
@@ -52,20 +54,23 @@ def noise_seed(seed: int, experiment: str, index: int) -> int:
     return int.from_bytes(digest[:8], "big") & (2 ** 63 - 1)
 
 
-def make_noise(seed: int, sequence_length: int, d_model: int, sigma: float, dtype: torch.dtype = torch.float32,
+def make_noise(seed: int, sequence_length: int, d_model: int, sigma: float, dtype: Optional[torch.dtype] = None,
                device=None) -> torch.Tensor:
     """The noise pattern of ``seed``: ``sigma * randn(L, d_model)`` from a CPU ``torch.Generator`` seeded with
-    ``seed`` (float32 draws, then cast), shape ``(sequence_length, d_model)``, ``dtype`` on ``device``.
+    ``seed`` (float32 draws, then cast), shape ``(sequence_length, d_model)``, ``dtype`` (default float32) on
+    ``device``.
 
     :raises ValueError: for ``sigma < 0`` or non-positive sizes.
     """
+    import torch
+
     if not sigma >= 0:
         raise ValueError(f"noise sigma must be >= 0, got {sigma}")
     if sequence_length <= 0 or d_model <= 0:
         raise ValueError(f"noise shape must be positive, got ({sequence_length}, {d_model})")
     g = torch.Generator(device="cpu").manual_seed(int(seed))
     z = torch.randn((sequence_length, d_model), generator=g, dtype=torch.float32) * float(sigma)
-    return z.to(dtype=dtype, device=device)
+    return z.to(dtype=dtype or torch.float32, device=device)
 
 
 @dataclass
@@ -122,7 +127,9 @@ class EmbeddingNoise:
     def set_rows(self, q) -> None:
         """Training-order indices of the rows of the next forward pass: LongTensor or int array of shape
         ``(b,)``. ``None`` means rows without noise (e.g. an evaluation forward)."""
-        self._rows = None if q is None else np.asarray(torch.as_tensor(q).cpu(), dtype=np.int64).reshape(-1)
+        if q is not None and hasattr(q, "cpu"):  # a tensor, maybe on the GPU
+            q = q.cpu()
+        self._rows = None if q is None else np.asarray(q, dtype=np.int64).reshape(-1)
 
     def noise(self, j: int, sequence_length: int, d_model: int, dtype: torch.dtype, device) -> torch.Tensor:
         """The pattern of spec entry ``j`` (cached): ``(sequence_length, d_model)``."""
@@ -148,6 +155,8 @@ class EmbeddingNoise:
         hit = np.flatnonzero(idx >= 0)
         if hit.size == 0:
             return None
+        import torch
+
         L, d = int(output.shape[1]), int(output.shape[2])
         delta = torch.stack([self.noise(int(idx[r]), L, d, output.dtype, output.device) for r in hit])
         self.rows_noised += int(hit.size)

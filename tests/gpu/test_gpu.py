@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pretrain_exp.app.experiment import Experiment
-from pretrain_exp.frameworks.hf.framework import bf16_supported
+from pretrain_exp.frameworks.hf.trainer import bf16_supported
 from tests.conftest import make_config
 
 pytestmark = [pytest.mark.gpu,

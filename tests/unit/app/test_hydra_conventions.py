@@ -30,7 +30,8 @@ def test_a_key_added_with_plus_that_no_schema_has_is_refused(tmp_path):
 
 def test_gradient_checkpointing_compile_and_report_to_reach_the_hf_trainer(tmp_path, tiny_model_dir):
     from pretrain_exp.app.validate import derive, validate
-    from pretrain_exp.frameworks.hf.framework import CHECKPOINTING_ARG, HFFramework
+    from pretrain_exp.frameworks.hf.framework import HFFramework
+    from pretrain_exp.frameworks.hf.trainer import CHECKPOINTING_ARG
 
     cfg = make_config("experiment=tiny", "training.gradient_checkpointing=true", "training.report_to=[tensorboard,csv]",
                       "training.compile=true", run_dir=tmp_path)

@@ -4,7 +4,11 @@ at offset 0. The tiny run's plan is inspected after training in ``tests/integrat
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -93,6 +97,23 @@ def test_cli_html_and_errors(run_dir, tmp_path, capsys):
     assert main([str(run_dir), "item=nope:3"]) == 2
     assert main([str(tmp_path), "step=1"]) == 2
     assert "not a run dir" in capsys.readouterr().err
+
+
+def test_a_step_is_read_without_torch_or_transformers(run_dir, view):
+    """The inspector reads a run whose corpus is in the cache with ``tokenizers`` alone (``TokenizerFile``): the
+    command imports neither torch nor transformers, and prints what the in-process view renders."""
+    from rich.console import Console
+
+    code = ("import sys; from pretrain_exp.app.inspect import main; rc = main(sys.argv[1:]); "
+            "print('heavy:', sorted(m for m in ('torch', 'transformers', 'datasets') if m in sys.modules)); "
+            "sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code, str(run_dir), "step=2", "row=2"], capture_output=True,
+                          text=True, env=dict(os.environ, COLUMNS="100"))
+    assert proc.returncode == 0, proc.stderr
+    assert "heavy: []" in proc.stdout
+    console = Console(width=100, record=True, file=io.StringIO())
+    console.print(*show_step(view, step=2, row=2))
+    assert console.export_text().strip() in proc.stdout
 
 
 def test_search_text_on_the_command_line(view, run_dir, capsys):

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 
 import pytest
 
-from pretrain_exp.data.assets import build_once
+from pretrain_exp.core.io import sha256_file
+from pretrain_exp.data.assets import _stat, build_once, weights_intact
 
 
 def make_builder(calls: list):
@@ -49,3 +51,19 @@ def test_a_failed_build_leaves_nothing(tmp_path):
     with pytest.raises(RuntimeError, match="conversion failed"):
         build_once(tmp_path / "model", broken)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".model.lock"]
+
+
+def test_model_weights_are_hashed_again_only_when_their_size_or_time_changed(tmp_path):
+    w = tmp_path / "model.safetensors"
+    w.write_bytes(b"weights")
+    marker = {"model.safetensors": sha256_file(w), "model.safetensors.stat": _stat(w)}
+    assert weights_intact(tmp_path, marker)
+    assert weights_intact(tmp_path, dict(marker, **{"model.safetensors": "0" * 64}))  # stat equal: not hashed
+    assert weights_intact(tmp_path, {"model.safetensors": marker["model.safetensors"]})  # a marker before stats
+    w.write_bytes(b"weightz")  # same size, new time: hashed, and the hash differs
+    assert not weights_intact(tmp_path, marker)
+    w.write_bytes(b"weights")
+    os.utime(w, ns=(1, 1))  # the recorded bytes at another time: hashed, and intact
+    assert weights_intact(tmp_path, marker)
+    w.unlink()
+    assert not weights_intact(tmp_path, marker)

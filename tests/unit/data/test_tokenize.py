@@ -326,3 +326,36 @@ def test_a_list_of_sources_is_each_source_in_order(tokenizer, txt_folder, jsonl_
     for bad in ("data.text=[]", "data.text=[shakespeare,3]"):
         with pytest.raises(ConfigError, match=r"data\.text"):
             validate(make_config(bad, run_dir=tmp_path / "run"))
+
+
+# --- the tokenizer of a reader (tokenizers alone) ---------------------------------------------------------
+
+def test_a_reader_s_tokenizer_gives_the_hf_ids_text_and_cache_key(tokenizer, smollm2_dir, txt_folder, tmp_path):
+    from pretrain_exp.data.tokenize import TokenizerFile, cached_token_files, read_tokenizer, token_folder
+
+    light = read_tokenizer(str(smollm2_dir), CACHE)
+    assert isinstance(light, TokenizerFile)
+    assert (light.eos_token_id, len(light)) == (tokenizer.eos_token_id, len(tokenizer))
+    assert set(tokenizer.all_special_ids) <= set(light.all_special_ids)
+    for text in ("To be, or not to be", " Ophelia's  café\n\tend", "<|endoftext|> spaced  out "):
+        ids = light(text, add_special_tokens=False)["input_ids"]
+        assert ids == tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert light.decode(ids) == tokenizer.decode(ids, clean_up_tokenization_spaces=False)
+    assert token_folder(str(txt_folder), light, tmp_path) == token_folder(str(txt_folder), tokenizer, tmp_path)
+    assert cached_token_files(str(txt_folder), light, tmp_path) is None  # not tokenized yet: nothing is
+    paths = tokenize_source(str(txt_folder), tokenizer, tmp_path, CACHE)
+    assert cached_token_files(str(txt_folder), light, tmp_path) == paths
+    with pytest.raises(ValueError, match="clean up"):
+        light.decode([1, 2], clean_up_tokenization_spaces=True)
+
+
+def test_a_reader_s_tokenizer_is_none_where_only_transformers_can_say(smollm2_dir, tmp_path):
+    from pretrain_exp.data.tokenize import read_tokenizer
+
+    assert read_tokenizer(str(tmp_path), CACHE) is None  # no tokenizer.json
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(smollm2_dir / "tokenizer.json", bare / "tokenizer.json")
+    assert read_tokenizer(str(bare), CACHE) is None  # no tokenizer_config.json naming the EOS
+    assert read_tokenizer(str(bare), CACHE, eos_token_id=0).eos_token_id == 0  # the checkpoint's EOS
+    assert read_tokenizer("dolma2", tmp_path / "empty-cache") is None  # an asset not built yet

@@ -14,7 +14,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-import pretrain_exp.frameworks.hf.framework as hf
+import pretrain_exp.frameworks.hf.trainer as hf_trainer
 from pretrain_exp.app.evaluate import main as eval_main
 from pretrain_exp.app.experiment import run
 from pretrain_exp.app.hf_export import HFExport
@@ -65,7 +65,7 @@ def runs(tmp_path_factory, tiny_model_dir):
     dict, read from ``checkpoint-<k>/`` as it was saved), and a 4-step run with the default ``export_hf=final``."""
     root = tmp_path_factory.mktemp("export_every")
     saved = {}
-    original = hf._Segment.on_save
+    original = hf_trainer.Segment.on_save
 
     def record(self, args, state, control, **kw):
         original(self, args, state, control, **kw)
@@ -73,7 +73,7 @@ def runs(tmp_path_factory, tiny_model_dir):
         saved[self.start_step + state.global_step] = load_file(str(ckpt / "model.safetensors"))
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(hf._Segment, "on_save", record)
+        mp.setattr(hf_trainer.Segment, "on_save", record)
         run(make_config(*TINY, "training.export_hf=every", run_dir=root / "every"))
     run(make_config(*TINY, "training.num_steps=4", "training.checkpoint_interval=2",
                     "insertion.experiments.fictional_bios.repetitions=[0,1,4]", run_dir=root / "final"))

@@ -11,7 +11,7 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-import pretrain_exp.frameworks.hf.framework as hf
+import pretrain_exp.frameworks.hf.trainer as hf_trainer
 from pretrain_exp.app.experiment import Experiment, with_retries
 from pretrain_exp.core.errors import ConfigError, DataError, TrainingError
 from tests.conftest import make_config
@@ -21,13 +21,15 @@ TINY = ["experiment=tiny", "wandb=disabled", "eval=[insertion_loss]", "training.
 
 
 class _Recorder:
-    """Stands in for ``AutoModelForCausalLM`` in the framework module and records every forward's input_ids."""
+    """Stands in for ``AutoModelForCausalLM`` in the hf framework's trainer module; records every forward's
+    input_ids."""
 
     def __init__(self):
         self.batches = []
+        self.real = transformers.AutoModelForCausalLM
 
     def from_pretrained(self, *args, **kwargs):
-        model = transformers.AutoModelForCausalLM.from_pretrained(*args, **kwargs)
+        model = self.real.from_pretrained(*args, **kwargs)
         model.register_forward_pre_hook(lambda mod, a, kw: self.batches.append(kw["input_ids"].clone()),
                                         with_kwargs=True)
         return model
@@ -41,7 +43,7 @@ def test_step_k_trains_rows_k_minus_1_times_b_to_k_times_b(micro, tmp_path, monk
                       "training.checkpoint_interval=3", run_dir=tmp_path)
     exp = Experiment(cfg)
     rec = _Recorder()
-    monkeypatch.setattr(hf, "AutoModelForCausalLM", rec)
+    monkeypatch.setattr(hf_trainer, "AutoModelForCausalLM", rec)
     exp.framework.train(exp.framework.initial_checkpoint(), 3, exp.rows, lambda m, s: None)
     B = cfg.training.global_batch_size
     seen = torch.cat(rec.batches).numpy()
@@ -66,7 +68,7 @@ def test_resume_after_a_crash_mid_segment_is_bit_identical(tmp_path, monkeypatch
     Experiment(make_config(*TINY, *steps, run_dir=tmp_path / "a")).run()
 
     crashed = {"done": False}
-    orig = hf._Segment.on_step_end
+    orig = hf_trainer.Segment.on_step_end
 
     def crash_once(self, args, state, control, **kw):
         if state.global_step == 3 and not crashed["done"]:
@@ -74,7 +76,7 @@ def test_resume_after_a_crash_mid_segment_is_bit_identical(tmp_path, monkeypatch
             raise KeyboardInterrupt("simulated kill")
         return orig(self, args, state, control, **kw)
 
-    monkeypatch.setattr(hf._Segment, "on_step_end", crash_once)
+    monkeypatch.setattr(hf_trainer.Segment, "on_step_end", crash_once)
     with pytest.raises(KeyboardInterrupt):
         Experiment(make_config(*TINY, *steps, run_dir=tmp_path / "b")).run()
     assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").glob("checkpoint-*")) == ["checkpoint-2"]

@@ -12,6 +12,7 @@ import transformers
 from scipy import stats as sps
 
 import pretrain_exp.frameworks.hf.framework as hf
+import pretrain_exp.frameworks.hf.trainer as hf_trainer
 from pretrain_exp.app.experiment import Experiment
 from pretrain_exp.core.capabilities import APPLIES_EMBEDDING_NOISE
 from pretrain_exp.core.errors import ConfigError
@@ -162,14 +163,16 @@ def test_hook_api_checks_rows_and_leaves_other_rows_alone():
 
 
 class _Recorder:
-    """Stands in for ``AutoModelForCausalLM`` in the hf framework: records each forward's clean embedding
-    output (a hook registered before the noise hook) and the first decoder layer's input (after it)."""
+    """Stands in for ``AutoModelForCausalLM`` in the hf framework's trainer module: records
+    each forward's clean embedding output (a hook registered before the noise hook) and the first decoder layer's
+    input (after it)."""
 
     def __init__(self):
         self.clean, self.layer_in = [], []
+        self.real = transformers.AutoModelForCausalLM
 
     def from_pretrained(self, *args, **kwargs):
-        model = transformers.AutoModelForCausalLM.from_pretrained(*args, **kwargs)
+        model = self.real.from_pretrained(*args, **kwargs)
         model.get_input_embeddings().register_forward_hook(lambda m, a, out: self.clean.append(out.detach().clone()))
         model.model.layers[0].register_forward_pre_hook(
             lambda m, a, kw: self.layer_in.append((a[0] if a else kw["hidden_states"]).detach().clone()),
@@ -188,7 +191,7 @@ def test_hf_trainer_adds_exactly_the_planned_noise(tmp_path, monkeypatch, tiny_m
                       "training.checkpoint_interval=2", run_dir=tmp_path)
     exp = Experiment(cfg)
     rec = _Recorder()
-    monkeypatch.setattr(hf, "AutoModelForCausalLM", rec)
+    monkeypatch.setattr(hf_trainer, "AutoModelForCausalLM", rec)
     exp.framework.train(exp.framework.initial_checkpoint(), 2, exp.rows, lambda m, s: None)
     plan, L_ = exp.plan, cfg.training.sequence_length
     assert plan.noise_rows.size == 6 and plan.noise_rows.max() < 16
