@@ -18,10 +18,10 @@ Two data sets, one run of this script:
   the viewer's rows of as many steps as hold them (``B`` = ``--local-rows`` / 2, two steps), in process and as the
   command, beside ``numpy.memmap`` slices of the same rows.
 
-- **a run dir** (``--run-dir``; default: a fresh ``experiment=tiny`` run, trained once into the work dir): step
-  ``--run-step`` of the run as trained (``pretrain-exp-inspect <run dir> step=K``, insertions highlighted), warm, as
-  the command and in process (:meth:`RunView.open <pretrain_exp.app.inspect.RunView.open>` and the rendered step),
-  beside ``numpy.memmap`` slices of the same rows of its token files.
+- **a run dir** (``--run-dir DIR``, e.g. the demo's): step ``--run-step`` of the run as trained
+  (``pretrain-exp-inspect <run dir> step=K``, insertions highlighted), warm, as the command and in process
+  (:meth:`RunView.open <pretrain_exp.app.inspect.RunView.open>` and the rendered step), beside ``numpy.memmap`` slices
+  of the same rows of its token files.
 
 Prints one table (case x wall seconds, CPU seconds, bytes, requests). Numbers are printed, not asserted.
 
@@ -131,24 +131,19 @@ def bare_http(base: str, rels, files, offsets, L: int, threads: int) -> np.ndarr
     return out
 
 
-def run_dir_rows(args, work: Path) -> list:
-    """The run-dir cases (module docstring): step ``args.run_step`` of ``args.run_dir`` (trained first when not
-    given) as the command, in process and as bare memmap slices of the same rows."""
+def run_dir_rows(run_dir: Path, K: int, repeat: int) -> list:
+    """The run-dir cases (module docstring): step ``K`` of ``run_dir`` as the command, in process and as bare
+    memmap slices of the same rows; ``(case, wall s, CPU s, bytes, requests)`` rows, medians of ``repeat`` runs."""
     import io
 
     from rich.console import Console
 
     from pretrain_exp.app.inspect import RunView, show_step
 
-    run_dir = Path(args.run_dir) if args.run_dir else work / "tiny-run"
-    if not (run_dir / "plan.npz").is_file():
-        subprocess.run([sys.executable, "-m", "pretrain_exp", "experiment=tiny", f"hydra.run.dir={run_dir}"],
-                       check=True, cwd=work, stdout=subprocess.DEVNULL)
-    K = args.run_step
     cmd = [sys.executable, "-m", "pretrain_exp.inspect", str(run_dir), f"step={K}"]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)  # warm: the permutation and size index cached
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)  # warm: permutation and size index cached
     out = []
-    wall, cpu, _ = measure(lambda: subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL), args.repeat)
+    wall, cpu, _ = measure(lambda: subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL), repeat)
     view = RunView.open(run_dir)
     B, L = view.plan.global_batch_size, view.plan.sequence_length
     out.append((f"run dir, step {K} ({B} rows of {L}), command, warm (read, apply the plan, decode, render)",
@@ -160,7 +155,7 @@ def run_dir_rows(args, work: Path) -> list:
         console.print(*show_step(v, K))
         return v
 
-    wall, cpu, _ = measure(in_process, args.repeat)
+    wall, cpu, _ = measure(in_process, repeat)
     out.append((f"run dir, step {K}, in process (open the run, render the step)", wall, cpu, 0, 0))
     order = view.rows.order
     files, offsets = order.instance_locations(order.instances((K - 1) * B, B))
@@ -171,7 +166,7 @@ def run_dir_rows(args, work: Path) -> list:
             maps[int(f)] = np.memmap(order.files.paths[int(f)], dtype=order.files.dtype, mode="r")
         return np.stack([maps[int(f)][int(o):int(o) + L] for f, o in zip(files, offsets)]).astype(np.int64)
 
-    wall, cpu, toks = measure(bare, args.repeat)
+    wall, cpu, toks = measure(bare, repeat)
     raw = np.stack([order.row_tokens(q) for q in range((K - 1) * B, K * B)])
     assert np.array_equal(toks, raw)
     out.append((f"run dir, step {K}, bare numpy.memmap slices of the same rows (no plan)", wall, cpu,
@@ -193,7 +188,7 @@ def main() -> None:
     ap.add_argument("--local-rows", type=int, default=1000)
     ap.add_argument("--local-files", type=int, default=4)
     ap.add_argument("--keep", default=None, help="work dir to keep")
-    ap.add_argument("--run-dir", default=None, help="a run dir to view (default: an experiment=tiny run, trained once)")
+    ap.add_argument("--run-dir", default=None, help="a run dir whose step --run-step is viewed too")
     ap.add_argument("--run-step", type=int, default=5, help="the step of the run dir viewed")
     ap.add_argument("--random-tokens", action="store_true", help="serve first_step's hashed tokens, not text")
     ap.add_argument("--corpus", default=None, help=argparse.SUPPRESS)
@@ -287,7 +282,8 @@ def main() -> None:
     assert np.array_equal(bare, toks)
     rows.append((f"local {R} rows, bare numpy.memmap slices of the same rows", wall, cpu, R * L * 4, 0))
 
-    rows += run_dir_rows(args, work)
+    if args.run_dir:
+        rows += run_dir_rows(Path(args.run_dir), args.run_step, args.repeat)
 
     print(f"\nload average before the table: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print("| case | seconds | CPU seconds | bytes | requests |\n|---|---:|---:|---:|---:|")

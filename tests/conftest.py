@@ -87,8 +87,10 @@ def _one_slurm_test_at_a_time(request, tmp_path_factory):
     the local cluster has 8 CPUs, and a job of one test queued behind another test's job leaves its eval jobs
     pending (then cancelled and run in the run's allocation). An exclusive ``flock`` on a file in the directory all
     workers' base temp dirs share, held for the test; not ``xdist_group``: pytest 9.2's node ids ignore the group
-    suffix that pytest-xdist 3.8 appends, so ``--dist loadgroup`` spreads a group over the workers."""
-    if request.node.get_closest_marker("slurm") is None or "PYTEST_XDIST_WORKER" not in os.environ:
+    suffix that pytest-xdist 3.8 appends, so ``--dist loadgroup`` spreads a group over the workers. A test marked
+    ``slurm(jobs=False)`` submits no job (SLURM refuses it) and runs beside the others."""
+    marker = request.node.get_closest_marker("slurm")
+    if marker is None or not marker.kwargs.get("jobs", True) or "PYTEST_XDIST_WORKER" not in os.environ:
         yield
         return
     with open(tmp_path_factory.getbasetemp().parent / "slurm-tests.lock", "a") as lock:

@@ -41,7 +41,7 @@ def assert_one_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.slurm
+@pytest.mark.slurm(jobs=False)  # refused before a job runs: no turn to wait for
 @needs_slurm
 @pytest.mark.parametrize("overrides, needles", [
     # the README's sweep as it stands, on a partition without GPUs (the slurm preset asks for 1 GPU, 16 CPUs, 64 GB)
@@ -63,7 +63,7 @@ def test_a_sweep_slurm_would_refuse_is_one_line_naming_the_option(tmp_path, over
 
 
 @pytest.mark.slow
-@pytest.mark.slurm
+@pytest.mark.slurm(jobs=False)  # refused before a job runs: no turn to wait for
 @needs_slurm
 def test_a_submission_sbatch_refuses_ends_with_one_line_and_no_sweep_dir(tmp_path):
     """A refusal ``sinfo`` cannot foresee (a node feature the cluster lacks): sbatch's answer, as one line."""

@@ -116,6 +116,20 @@ def test_a_step_is_read_without_torch_or_transformers(run_dir, view):
     assert console.export_text().strip() in proc.stdout
 
 
+def test_the_viewer_benchmark_times_a_step_of_the_run_beside_a_bare_read(run_dir):
+    """``benchmarks/batch_view.py --run-dir``: the command, the in-process view and a bare ``numpy.memmap`` read of
+    the same rows (checked equal to the order's rows inside the script), 8 rows of 128 uint16 tokens."""
+    import runpy
+
+    from tests.conftest import ROOT
+
+    bench = runpy.run_path(str(ROOT / "benchmarks" / "batch_view.py"))
+    rows = bench["run_dir_rows"](run_dir, 2, 1)
+    assert [r[0].split(",")[:2] for r in rows] == [["run dir", " step 2 (8 rows of 128)"], ["run dir", " step 2"],
+                                                   ["run dir", " step 2"]]
+    assert all(r[1] > 0 and r[2] > 0 for r in rows[:2]) and rows[0][3] == rows[2][3] == 8 * 128 * 2
+
+
 def test_search_text_on_the_command_line(view, run_dir, capsys):
     """``search=TEXT``: a text of an inserted item, encoded by the run's tokenizer, is found at each of the item's
     16 copies, every hit marked inserted with the item's label; the ids searched are printed."""
