@@ -177,6 +177,9 @@ def main() -> None:
         except (RuntimeError, OSError) as not_submission:
             exit_on_job_error(not_submission)
     finally:
+        from pretrain_exp.app.sweep_check import forget_sweep
+
+        forget_sweep()
         if ours:
             os.environ.pop("HYDRA_FULL_ERROR", None)
 

@@ -26,6 +26,12 @@ log = logging.getLogger("pretrain_exp")
 _launching: dict = {}
 
 
+def forget_sweep() -> None:
+    """Forget the sweep this process launched (:func:`~pretrain_exp.app.cli.main` calls it as the command ends), so
+    that a later command in the same process (a test, a notebook) names no sweep of an earlier one."""
+    _launching.clear()
+
+
 def first_job_overrides(config: DictConfig) -> List[str] | None:
     """The overrides of a multirun's first job, expanded as Hydra's basic sweeper expands them (its
     ``hydra.sweeper.params`` then the command line's overrides), or ``None`` for another sweeper."""

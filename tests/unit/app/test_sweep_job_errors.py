@@ -97,3 +97,16 @@ def test_exit_on_job_error_is_one_line_and_exit_status_1(tmp_path):
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: job ") and "no such file: /nowhere.npy" in lines[0], lines
+
+
+def test_a_command_forgets_its_sweep_as_it_ends(tmp_path, monkeypatch):
+    """A job error after a command that launched a sweep in the same process names no sweep of that command: the
+    in-process sweep of another test once made this file's lines end in ``every job: pretrain-exp-report <its
+    sweep>``."""
+    from pretrain_exp.app import sweep_check
+    from tests.conftest import run_entry_point
+
+    sweep_check._launching.update(dir=tmp_path / "an-earlier-sweep", existed=False, launcher=None)
+    assert run_entry_point(monkeypatch, tmp_path, ["training.num_steps=-1"]) == 2  # a command that ends
+    job, e = failed_job(tmp_path, says_error_and_exits)
+    assert job_error_line(e).endswith(f"; its log: {job.paths.stderr}")
