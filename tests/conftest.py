@@ -144,6 +144,24 @@ def pytest_make_collect_report(collector):
     return report
 
 
+def pytest_collection_modifyitems(config, items):
+    """Run order, whole modules kept together: the modules with SLURM tests that submit jobs first, then the modules
+    with slow tests, then the rest, each group in collection order. Under ``--dist worksteal`` the first worker
+    takes the head of the list and others steal from the tail, so the SLURM tests (one at a time, mostly waiting
+    for the cluster) run one after another from the start beside the CPU-bound tests, and the long tests do not
+    gather at the end."""
+    def rank(item) -> int:
+        marker = item.get_closest_marker("slurm")
+        if marker is not None and marker.kwargs.get("jobs", True):
+            return 0
+        return 1 if item.get_closest_marker("slow") is not None else 2
+
+    group: dict = {}
+    for item in items:
+        group[item.path] = min(group.get(item.path, 2), rank(item))
+    items.sort(key=lambda item: group[item.path])  # stable: collection order within a group
+
+
 _FAILED_FILES: set = set()
 
 
