@@ -48,6 +48,18 @@ log = logging.getLogger(__name__)
 MAX_TOKENS_PER_FILE = 1 << 28  #: a new token file starts after this many tokens
 
 
+def _tokenizer_path(name_or_path: str, cache_dir: str | Path, build: bool) -> Optional[Path]:
+    """The dir or file a tokenizer name stands for: a tokenizer or model asset's dir in the cache (built once
+    there with ``build``; ``None`` for one not built yet without it), else the path as given."""
+    if name_or_path in TOKENIZERS or name_or_path in ASSETS or name_or_path in TINY_MODELS:
+        if build:
+            return (tokenizer_dir if name_or_path in TOKENIZERS else hf_model_dir)(name_or_path, cache_dir)
+        cache = CacheDir(cache_dir)
+        path = cache.tokenizer(name_or_path) if name_or_path in TOKENIZERS else cache.model(name_or_path)
+        return path if (path / ".complete.json").is_file() else None  # built once by the HF path
+    return Path(name_or_path).expanduser()
+
+
 def load_tokenizer(name_or_path: str, cache_dir: str | Path, eos_token_id: int | None = None,
                    pad_token_id: int | None = None):
     """An HF tokenizer from a local dir, a ``tokenizer.json`` file, a model asset name or a tokenizer asset name
@@ -59,16 +71,11 @@ def load_tokenizer(name_or_path: str, cache_dir: str | Path, eos_token_id: int |
     """
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    models = sorted(GGUF_MEMBERS) + sorted(TINY_MODELS)
-    if name_or_path in TOKENIZERS:
-        path = tokenizer_dir(name_or_path, cache_dir)
-    elif name_or_path in ASSETS or name_or_path in TINY_MODELS:
-        path = hf_model_dir(name_or_path, cache_dir)
-    else:
-        path = Path(name_or_path).expanduser()
-        if not path.exists() and (path.is_absolute() or name_or_path.startswith((".", "~"))):
-            raise DataError(f"tokenizer {name_or_path!r}: directory not found (give an HF tokenizer dir, "
-                            f"a tokenizer.json file, a model asset {models} or a hub id)")
+    path = _tokenizer_path(name_or_path, cache_dir, build=True)
+    if path is None or (not path.exists() and (path.is_absolute() or name_or_path.startswith((".", "~")))):
+        models = sorted(GGUF_MEMBERS) + sorted(TINY_MODELS)
+        raise DataError(f"tokenizer {name_or_path!r}: directory not found (give an HF tokenizer dir, "
+                        f"a tokenizer.json file, a model asset {models} or a hub id)")
     try:
         if path.is_file():
             tok = PreTrainedTokenizerFast(tokenizer_file=str(path))
@@ -133,15 +140,9 @@ def read_tokenizer(name_or_path: str, cache_dir: str | Path,
     """
     import tokenizers
 
-    if name_or_path in TOKENIZERS or name_or_path in ASSETS or name_or_path in TINY_MODELS:
-        cache = CacheDir(cache_dir)
-        path = cache.tokenizer(name_or_path) if name_or_path in TOKENIZERS else cache.model(name_or_path)
-        if not (path / ".complete.json").is_file():  # built once by the HF path (pretrain_exp.data.assets)
-            return None
-    else:
-        path = Path(name_or_path).expanduser()
-    file = path if path.is_file() else path / "tokenizer.json"
-    if not file.is_file():
+    path = _tokenizer_path(name_or_path, cache_dir, build=False)
+    file = None if path is None else path if path.is_file() else path / "tokenizer.json"
+    if file is None or not file.is_file():
         return None
     backend = tokenizers.Tokenizer.from_file(str(file))
     eos = eos_token_id
