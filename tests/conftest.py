@@ -36,6 +36,12 @@ SHARED_CACHE = Path(os.environ.get("PRETRAIN_EXP_TESTS_SHARED_CACHE") or os.envi
 #: tokenizers built from them, tokenized corpora, benchmark data), the same whatever ran before
 SHARED_SUBDIRS = CacheDir.SHARED
 
+# One intra-op thread per process unless the caller set OMP_NUM_THREADS: `make test` runs one pytest-xdist worker
+# more than there are cores, and every run, torchrun rank and eval process that a test starts would otherwise take
+# all cores (torch's default) and spend CPU handing work between threads that have no core free.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 
 def session_cache(shared: Path) -> Path:
     """A cache dir of this test process (removed at its exit): :data:`SHARED_SUBDIRS` are symlinks into ``shared``;
