@@ -839,10 +839,11 @@ class OlmoCoreFramework(Framework):
         """Train from ``start`` to global step ``until_step`` (see :meth:`Framework.train`).
 
         A segment that starts where the last one stopped continues its trainer in memory (model, optimizer, data
-        loader and RNG states are the ones its checkpoint holds), so nothing is read back from disk; any other
-        start (the first segment, a resume, a retry after a failure, Gaussian-noise runs) builds a trainer that
-        loads the newest complete checkpoint. With :attr:`async_save` the returned checkpoint may still be being
-        written: its ``wait()`` (and :meth:`finish_checkpoints`) join the save.
+        loader and RNG states are the ones its checkpoint holds), so nothing is read back from disk and OLMo-core's
+        dry-run batch is not repeated; any other start (the first segment, a resume, a retry after a failure,
+        Gaussian-noise runs) builds a trainer that loads the newest complete checkpoint. With :attr:`async_save`
+        the returned checkpoint may still be being written: its ``wait()`` (and :meth:`finish_checkpoints`) join
+        the save.
 
         :raises TrainingError: if OLMo-core's batches are not the run's rows, or training stops elsewhere.
         """
@@ -891,6 +892,7 @@ class OlmoCoreFramework(Framework):
 
         last.live_model = None  # the model moves on from here
         EnvRngStates.from_dict(self._rng).restore()  # as a trainer loading the checkpoint would
+        upstream.skip_dry_run(trainer)  # its first fit ran it
         insertions = trainer.callbacks["pretrain_exp_insertions"]
         insertions.rows, insertions.checked = rows, False
         trainer.callbacks["pretrain_exp_metrics"].log_fn = log_fn

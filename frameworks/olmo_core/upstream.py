@@ -62,6 +62,7 @@ class Member:
 
 _LOADER = "olmo_core.data.data_loader:NumpyFSLDataLoader"
 _CKPT = "olmo_core.train.callbacks:CheckpointerCallback"
+_TRAINER = "olmo_core.train.trainer:Trainer"
 #: every private OLMo-core member the project reaches, by key
 MEMBERS: Dict[str, Member] = {m.name: m for m in (
     Member(_LOADER, "_epoch", "instance", "reading a data loader's order of any epoch (peek_rows, global indices)"),
@@ -81,6 +82,7 @@ MEMBERS: Dict[str, Member] = {m.name: m for m in (
     Member(_CKPT, "_save_checkpoint", "method", "the segment-end save and its hold time",
            ("save_async", "ephemeral")),
     Member(_CKPT, "_await_last_checkpoint", "method", "waiting for the asynchronous segment-end save"),
+    Member(_TRAINER, "_dry_run_batch", "method", "not repeating the dry-run batch in a trainer continued in memory"),
 )}
 
 
@@ -261,6 +263,14 @@ def reset_world_mesh() -> None:
     own)."""
     member = _checked("_WORLD_MESH")
     setattr(importlib.import_module(member.owner), member.name, None)
+
+
+# --- the trainer ----------------------------------------------------------------------------------------------------
+def skip_dry_run(trainer) -> None:
+    """Make ``trainer.fit()`` skip OLMo-core's dry-run batch (a forward and backward pass over a mock batch before
+    step 1, to compile the model and meet an out-of-memory error early; the gradients are zeroed after it): for a
+    trainer continued in memory, which ran it in its first fit over the same shapes."""
+    _set(trainer, "_dry_run_batch", lambda: None)
 
 
 # --- the checkpointer callback -------------------------------------------------------------------------------------

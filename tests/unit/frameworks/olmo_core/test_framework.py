@@ -163,10 +163,15 @@ def test_trainer_state_is_read_without_unpickling_and_its_step_checked(tiny_ckpt
 @pytest.mark.slow
 def test_olmo_core_trains_exactly_the_runs_rows_with_the_plan_applied(tmp_path, monkeypatch):
     """Every row OLMo-core's data loader hands the train module, after our pre_step callback, is
-    ``TrainingRows.row(q)``: the training-order row with the planned spans written."""
+    ``TrainingRows.row(q)``: the training-order row with the planned spans written. Of the two segments, only the
+    first runs OLMo-core's dry-run batch: the second continues its trainer in memory."""
+    from olmo_core.train.trainer import Trainer
+
     from pretrain_exp.app.experiment import Experiment
 
-    seen = []
+    seen, dry_runs = [], []
+    dry_run = Trainer._dry_run_batch
+    monkeypatch.setattr(Trainer, "_dry_run_batch", lambda self: (dry_runs.append(self.global_step), dry_run(self)))
 
     class Record(olmo_core_framework.Insertions):
         def pre_step(self, batch):
@@ -180,6 +185,7 @@ def test_olmo_core_trains_exactly_the_runs_rows_with_the_plan_applied(tmp_path, 
     exp.run()
     B = cfg.training.global_batch_size
     assert [k for k, _ in seen] == [1, 2, 3, 4]
+    assert dry_runs == [0]
     inserted = 0
     for k, ids in seen:
         for i in range(B):
