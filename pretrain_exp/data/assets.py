@@ -177,24 +177,25 @@ def hf_model_dir(name: str, cache_dir: str | Path) -> Path:
         weights = tmp / "model.safetensors"
         return {"model.safetensors": sha256_file(weights), "model.safetensors.stat": _stat(weights)}
 
-    out = build_once(CacheDir(cache_dir).model(name), build, weights_intact)
-    marker = _complete(out) or {}
-    if "model.safetensors.stat" not in marker:  # a cache written before the stats were recorded: hashed just now
-        with file_lock(out.parent / f".{out.name}.lock"):
-            stat = {"model.safetensors.stat": _stat(out / "model.safetensors")}
-            write_json(out / ".complete.json", dict(marker, **stat))
-    return out
+    return build_once(CacheDir(cache_dir).model(name), build, weights_intact)
 
 
 def weights_intact(path: Path, marker: dict) -> bool:
     """Whether model dir ``path`` still holds the ``model.safetensors`` its ``.complete.json`` (``marker``)
-    recorded: the same size and modification time (``model.safetensors.stat``), else the same sha256."""
+    recorded: the same size and modification time (``model.safetensors.stat``), else the same sha256. Where the
+    hash had to be taken and matched (a file touched or copied, a marker older than the stats), the marker records
+    the file's size and time now, so the next call does not hash it again. Called under :func:`build_once`'s lock.
+    """
     weights = path / "model.safetensors"
     if not weights.is_file():
         return False
-    if marker.get("model.safetensors.stat") == _stat(weights):
+    stat = _stat(weights)
+    if marker.get("model.safetensors.stat") == stat:
         return True
-    return sha256_file(weights) == marker.get("model.safetensors")
+    if sha256_file(weights) != marker.get("model.safetensors"):
+        return False
+    write_json(path / ".complete.json", dict(marker, **{"model.safetensors.stat": stat}))
+    return True
 
 
 def _stat(path: Path) -> list:

@@ -60,10 +60,14 @@ def test_model_weights_are_hashed_again_only_when_their_size_or_time_changed(tmp
     assert weights_intact(tmp_path, marker)
     assert weights_intact(tmp_path, dict(marker, **{"model.safetensors": "0" * 64}))  # stat equal: not hashed
     assert weights_intact(tmp_path, {"model.safetensors": marker["model.safetensors"]})  # a marker before stats
+    assert json.loads((tmp_path / ".complete.json").read_text()) == marker  # ... gets the stats once hashed
     w.write_bytes(b"weightz")  # same size, new time: hashed, and the hash differs
     assert not weights_intact(tmp_path, marker)
     w.write_bytes(b"weights")
-    os.utime(w, ns=(1, 1))  # the recorded bytes at another time: hashed, and intact
+    os.utime(w, ns=(1, 1))  # the recorded bytes at another time: hashed, intact, and that time recorded
     assert weights_intact(tmp_path, marker)
+    touched = json.loads((tmp_path / ".complete.json").read_text())
+    assert touched == dict(marker, **{"model.safetensors.stat": _stat(w)}) != marker
+    assert weights_intact(tmp_path, dict(touched, **{"model.safetensors": "0" * 64}))  # not hashed again
     w.unlink()
     assert not weights_intact(tmp_path, marker)
