@@ -125,15 +125,15 @@ class HFFramework(Framework):
         return Checkpoint(self.model_dir, self.cfg.model.checkpoint_step)
 
     def latest_checkpoint(self) -> Optional[Checkpoint]:
-        """Newest ``checkpoint-<k>`` with a ``trainer_state.json`` (written last by the Trainer); its global step
-        is ``model.checkpoint_step + k``."""
-        found = self.rundir.checkpoint_dirs(RunDir.HF_CHECKPOINT, "trainer_state.json")
+        """Newest complete ``checkpoint-<k>`` (its ``trainer_state.json`` whole: :meth:`RunDir.hf_checkpoint_dirs
+        <pretrain_exp.core.rundir.RunDir.hf_checkpoint_dirs>`); its global step is ``model.checkpoint_step + k``."""
+        found = self.rundir.hf_checkpoint_dirs()
         return Checkpoint(found[-1][1], self.cfg.model.checkpoint_step + found[-1][0]) if found else None
 
     def checkpoints(self) -> Dict[int, Checkpoint]:
-        """Every ``checkpoint-<k>`` with a ``trainer_state.json``, by global step."""
+        """Every complete ``checkpoint-<k>``, by global step."""
         s = self.cfg.model.checkpoint_step
-        found = self.rundir.checkpoint_dirs(RunDir.HF_CHECKPOINT, "trainer_state.json")
+        found = self.rundir.hf_checkpoint_dirs()
         return {s + k: Checkpoint(d, s + k) for k, d in found}
 
     def sampler(self, dp_world: int) -> RankLayoutSampler:
@@ -172,8 +172,8 @@ class HFFramework(Framework):
 
         s0 = self.cfg.model.checkpoint_step
         resume = None if start.path == self.model_dir else start.path
-        if resume is not None and not (resume / "trainer_state.json").is_file():
-            raise CheckpointError(f"{resume}: not a complete trainer checkpoint (no trainer_state.json)")
+        if resume is not None and not (resume / RunDir.HF_TRAINER_STATE).is_file():
+            raise CheckpointError(f"{resume}: not a complete trainer checkpoint (no {RunDir.HF_TRAINER_STATE})")
         model = load_model(start.path, self.cfg.model.dtype, self.cfg.framework.attn_implementation)
         t = self.cfg.training
         noise = NoiseFeed.for_plan(getattr(rows, "plan", None))

@@ -98,11 +98,11 @@ _where: list = [None, 0]
 
 def newest_checkpoint_step(run_dir: Path, checkpoint_step: int = 0) -> Optional[int]:
     """The global step of the newest complete checkpoint under ``run_dir/checkpoints`` (OLMo-core's ``step<N>``
-    with its ``.metadata.json``; the HF Trainer's ``checkpoint-<k>`` with its ``trainer_state.json``, at step
+    with its ``.metadata.json``; the HF Trainer's ``checkpoint-<k>`` with a whole ``trainer_state.json``, at step
     ``checkpoint_step + k``), or ``None``."""
     rd = RunDir(run_dir)
     steps = [s for s, _ in rd.checkpoint_dirs(RunDir.OLMO_CORE_CHECKPOINT, ".metadata.json")]
-    steps += [checkpoint_step + k for k, _ in rd.checkpoint_dirs(RunDir.HF_CHECKPOINT, "trainer_state.json")]
+    steps += [checkpoint_step + k for k, _ in rd.hf_checkpoint_dirs()]
     return max(steps, default=None)
 
 

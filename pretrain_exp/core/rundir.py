@@ -117,6 +117,8 @@ class RunDir:
     #: ``checkpoint-<k>`` (``transformers.trainer_utils.PREFIX_CHECKPOINT_DIR``; step ``k`` of this run)
     OLMO_CORE_CHECKPOINT = STEP
     HF_CHECKPOINT = "checkpoint-"
+    #: the file the HF Trainer writes last into a checkpoint (``transformers.trainer.TRAINER_STATE_NAME``)
+    HF_TRAINER_STATE = "trainer_state.json"
 
     #: the files logged as the run's ``insertion-plan`` W&B artifact (those present)
     PLAN_FILES = (PLAN, MANIFEST, ITEMS, AUDIT, CONFIG)
@@ -267,6 +269,20 @@ class RunDir:
         (OLMo-core's global step, the HF Trainer's step of this run)."""
         return step_dirs(self.checkpoints, prefix, marker)
 
+    def hf_checkpoint_dirs(self) -> List[Tuple[int, Path]]:
+        """The complete HF Trainer checkpoints ``checkpoints/checkpoint-<k>/`` as ``[(k, path), ...]`` by ``k``:
+        those whose ``trainer_state.json``, which the Trainer writes last and with a plain ``open``, holds a whole
+        JSON document. A file a kill cut short (empty, or half-written) leaves its checkpoint out: the re-run
+        trains that segment again and writes the checkpoint anew."""
+        out = []
+        for k, d in self.checkpoint_dirs(self.HF_CHECKPOINT, self.HF_TRAINER_STATE):
+            try:
+                json.loads((d / self.HF_TRAINER_STATE).read_bytes())
+            except (OSError, ValueError):
+                continue
+            out.append((k, d))
+        return out
+
     @property
     def olmo_core_work(self) -> Path:
         """``olmo_core_work/``: OLMo-core's data work dir (its global-indices files)."""
@@ -333,7 +349,7 @@ class RunDir:
         HF Trainer's ``checkpoints/checkpoint-<k>/`` holding a ``config.json`` (global step ``start_step + k``, the
         run's ``model.checkpoint_step`` plus the Trainer's count); an export wins over a checkpoint of its step."""
         found: Dict[int, Path] = dict(self.hf_exports(marker="config.json"))
-        for k, d in self.checkpoint_dirs(self.HF_CHECKPOINT, marker="trainer_state.json"):
+        for k, d in self.hf_checkpoint_dirs():
             if (d / "config.json").is_file():
                 found.setdefault(start_step + k, d)
         return dict(sorted(found.items()))

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import transformers
 from safetensors.torch import load_file
+from transformers.trainer_callback import TrainerState
 
 import pretrain_exp.frameworks.hf.trainer as hf_trainer
 from pretrain_exp.app.experiment import Experiment, with_retries
@@ -62,8 +64,9 @@ def _final_weights(run_dir):
 
 @pytest.mark.slow
 def test_resume_after_a_crash_mid_segment_is_bit_identical(tmp_path, monkeypatch, tiny_model_dir):
-    """Kill training inside segment 2 (step 3 of 2->4), re-run the same config in the same run dir: the final
-    weights equal those of an uninterrupted run, bit for bit (CPU)."""
+    """Kill training inside segment 2 (step 3 of 2->4), re-run the same config in the same run dir, kill that
+    re-run while it writes checkpoint-4's ``trainer_state.json``, re-run again: the final weights equal those of an
+    uninterrupted run, bit for bit (CPU)."""
     steps = ["training.num_steps=6", "training.checkpoint_interval=2", "training.keep_last_checkpoints=0"]
     Experiment(make_config(*TINY, *steps, run_dir=tmp_path / "a")).run()
 
@@ -80,6 +83,23 @@ def test_resume_after_a_crash_mid_segment_is_bit_identical(tmp_path, monkeypatch
     with pytest.raises(KeyboardInterrupt):
         Experiment(make_config(*TINY, *steps, run_dir=tmp_path / "b")).run()
     assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").glob("checkpoint-*")) == ["checkpoint-2"]
+    monkeypatch.setattr(hf_trainer.Segment, "on_step_end", orig)
+
+    # the re-run is killed while the Trainer writes checkpoint-4's trainer_state.json (after its open(), before
+    # its write): that checkpoint is not complete, and the next re-run trains 2->4 again
+    save_state = TrainerState.save_to_json
+
+    def cut_state_write(self, json_path):
+        if Path(json_path).parent.name == "checkpoint-4":
+            Path(json_path).write_text("")
+            raise KeyboardInterrupt("simulated kill")
+        return save_state(self, json_path)
+
+    monkeypatch.setattr(TrainerState, "save_to_json", cut_state_write)
+    with pytest.raises(KeyboardInterrupt):
+        Experiment(make_config(*TINY, *steps, run_dir=tmp_path / "b")).run()
+    assert (tmp_path / "b" / "checkpoints" / "checkpoint-4" / "trainer_state.json").read_text() == ""
+    monkeypatch.setattr(TrainerState, "save_to_json", save_state)
     Experiment(make_config(*TINY, *steps, run_dir=tmp_path / "b")).run()
 
     wa, na = _final_weights(tmp_path / "a")
