@@ -38,7 +38,7 @@ from pretrain_exp.core.capabilities import (
     TRAINS_FP8,
     has,
 )
-from pretrain_exp.core.config import Cleanup, EvalMode, ExportHF, Precision, text_sources
+from pretrain_exp.core.config import Cleanup, EvalMode, ExportHF, Precision, TrainingConf, text_sources
 from pretrain_exp.core.errors import ConfigError, project_error
 from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.core.stats import ADJUST_METHODS
@@ -266,7 +266,10 @@ def check_plugins(cfg: ExperimentConfig, framework: type) -> None:
     if t.checkpoint_async and not has(framework, SAVES_ASYNC):
         raise ConfigError("training.checkpoint_async", f"framework {name!r} saves checkpoints "
                           "synchronously (its engine has no asynchronous save); set it to null or false")
-    if cfg.framework.may_use_run_lr_schedule() and t.lr_scheduler not in framework.lr_schedulers:
+    # the schema's default is a scheduler of every framework (tests/unit/frameworks/test_registry.py); the hf
+    # framework's list is transformers' SchedulerType, whose import (2 s) a run refused or only submitted never needs
+    if (cfg.framework.may_use_run_lr_schedule() and t.lr_scheduler != TrainingConf.lr_scheduler
+            and t.lr_scheduler not in framework.lr_schedulers):
         raise ConfigError("training.lr_scheduler", f"unknown scheduler {t.lr_scheduler!r} for framework "
                           f"{name!r}; allowed: {sorted(framework.lr_schedulers)}")
     experiments = cfg.insertion.experiments
