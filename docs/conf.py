@@ -75,7 +75,7 @@ suppress_warnings: list[str] = []
 # The theme builds the whole navigation tree for every page it writes (furo calls ``toctree()`` in its
 # ``html-page-context`` handler). A highlighted-source page (``_modules/...``, sphinx.ext.viewcode) is in no toctree,
 # so every such page of one folder gets the same tree (its links are relative to the folder): it is built once per
-# folder here, before the theme's handler (priority 400 < 500) asks for it. Half the build's time went to these trees.
+# folder here, before the theme's handler (priority 400 < 500) asks for it (85 -> 51 CPU s for the whole build).
 _SOURCE_PAGE_TREES: dict = {}
 
 
