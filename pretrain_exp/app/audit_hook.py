@@ -18,7 +18,7 @@ import numpy as np
 
 from pretrain_exp.app.hooks import RunHook
 from pretrain_exp.core.cachedir import CacheDir
-from pretrain_exp.core.errors import CheckpointError, InsertionError
+from pretrain_exp.core.errors import CheckpointError
 from pretrain_exp.core.logs import rate
 from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.data.order import DataOrder
@@ -57,8 +57,8 @@ class RunAudit(RunHook):
         """The audit of ``plan`` (module docstring); ``items``: experiment -> its items (for the report).
 
         :returns: ``(result or None when off, skipped or beside training, whether it was computed now)``.
-        :raises InsertionError: ``insertion.audit=strict`` and a dup-0 control occurs in the window, naming the
-            item and where (step, row, offset).
+        :raises InsertionError: ``insertion.audit=strict`` and a dup-0 control occurs in the window
+            (:meth:`AuditResult.report <pretrain_exp.insertion.audit.AuditResult.report>`).
         """
         ins, self.items = self.conf, items
         if ins.audit == AuditMode.off or not plan.num_items:
@@ -90,38 +90,20 @@ class RunAudit(RunHook):
                     res = AuditResult.load(shared)
                     res.plan_digest = plan.digest()
                     log.info("audit: reused %s (the same window rows, held-out rows and items)", shared)
-            if res is None and ins.audit == AuditMode.on:  # beside training: nothing of it before step 1
+            if res is None and ins.audit != AuditMode.on:
+                res = audit_plan(plan, o.row_tokens, window_rows, held_rows, ins.audit_ngram,
+                                 strip=self.eos, workers=ins.audit_workers or default_workers())
+                res.save(shared, plan, ins.audit.value)
+            elif res is None:  # beside training: nothing of it before step 1
                 self.job = BackgroundAudit(
                     plan, o, (self.window[0] // L, self.window[1] // L), held_rows, ins.audit_ngram,
                     self.eos, ins.audit_workers or default_workers(), path, shared, "on")
                 return None, False
-            if res is None:
-                res = audit_plan(plan, o.row_tokens, window_rows, held_rows, ins.audit_ngram,
-                                 strip=self.eos, workers=ins.audit_workers or default_workers())
-                res.save(shared, plan, ins.audit.value)
             fresh = True
         if fresh:  # also when strict refuses: the full table of what was found
             res.save(path, plan, ins.audit.value)
-        self.report(res, plan)
+        res.report(plan, items, ins.audit == AuditMode.strict)
         return res, fresh
-
-    def report(self, res: AuditResult, plan: Plan) -> None:
-        """Log the controls found in the window and the items in the held-out rows; ``strict`` refuses a control
-        found in the window.
-
-        :raises InsertionError: as :meth:`audit`.
-        """
-        labels = [f"{it.experiment}[{it.index}] {it.source}" for name in plan.experiments for it in self.items[name]]
-        bad = res.contaminated_controls(plan)
-        if bad and self.conf.audit == AuditMode.strict:
-            more = f"; {len(bad) - 1} more control(s) in {RunDir.AUDIT}" if len(bad) > 1 else ""
-            raise InsertionError(f"insertion.audit=strict: control {res.describe(plan, bad[0], labels)}{more}")
-        for i in bad[:10]:
-            log.warning("audit: control %s", res.describe(plan, i, labels))
-        held = [i for i in range(plan.num_items) if res.held_out.exact[i]]
-        if held:
-            log.warning("audit: %d item(s) occur in the held-out rows (perplexity), e.g. %s", len(held),
-                        labels[held[0]])
 
     def start(self) -> None:
         """Start the audit beside training, if there is one to run."""
@@ -150,7 +132,7 @@ class RunAudit(RunHook):
         log.info("audit: %d items against %d window + %d held-out tokens in %.1f s beside training%s",
                  job.plan.num_items, res.window.tokens, res.held_out.tokens, secs,
                  rate(res.window.tokens + res.held_out.tokens, secs, "tokens", "{:.2e}"))
-        self.report(res, job.plan)
+        res.report(job.plan, self.items, self.conf.audit == AuditMode.strict)
         if self.on_finish is not None:
             self.on_finish(res)
         return res

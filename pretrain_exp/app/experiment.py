@@ -205,12 +205,12 @@ class Experiment:
         try:
             with tracker_cm as tracker:
                 ckpt, initial = self._resume_point()
-                evaluator = self.evaluator(tracker, initial)
-                results = RunResults(self.ctx, tracker, evaluator, timing, initial, ckpt, self.dynamic_insertion)
-                hooks = self.hooks(evaluator, results)
+                hooks, results = self.hooks(tracker, timing, initial, ckpt)
                 self._loop(hooks, ckpt, tracker, timing)
             if self.cfg.release.push_to_hub and self.main:
-                release_run(self.cfg, self.rundir)
+                from pretrain_exp.report.release import release_run
+
+                release_run(self.rundir, self.cfg.release, self.cfg.run_name)
         except BaseException as e:
             hooks.on_error(e)
             hooks.close()
@@ -240,15 +240,20 @@ class Experiment:
         timing.post_train_start = time.perf_counter()
         hooks.post_train()  # async: the wait for the background evals; then the results
 
-    def hooks(self, evaluator: Evaluator, results: RunResults) -> Hooks:
-        """The run's components, in the order their hooks run: the window stream, the audit beside training,
-        dynamic insertion, the kept HF export, the evaluator, the components named in ``hooks``
-        (:func:`~pretrain_exp.app.hooks.load_hooks`), the results, the cleanup."""
-        ctx = self.ctx
+    def hooks(self, tracker, timing: LoopTiming, initial: Checkpoint, ckpt: Checkpoint
+              ) -> Tuple[Hooks, RunResults]:
+        """The run's components, built here alone, in the order their hooks run: the window stream, the audit
+        beside training, dynamic insertion, the kept HF export, the evaluator (:meth:`evaluator`, logging to
+        ``tracker``), the components named in ``hooks`` (:func:`~pretrain_exp.app.hooks.load_hooks`), the results
+        (:class:`~pretrain_exp.app.results.RunResults`: ``timing``, the ``initial`` checkpoint and ``ckpt``, the
+        one training resumes from), the cleanup. Returns ``(the hooks, the results)``."""
+        ctx, evaluator = self.ctx, self.evaluator(tracker, initial)
+        results = RunResults(ctx, tracker, evaluator, timing, initial, ckpt, self.dynamic_insertion)
+        named = load_hooks(self.cfg.hooks, ctx)
         return Hooks([StreamHook(ctx.stream, ctx.order), ctx.auditor, self.dynamic_insertion, self.hf, evaluator,
-                      *load_hooks(self.cfg.hooks, ctx), results,
+                      *named, results,
                       RunDirCleanup(self.rundir, self.cfg.training.cleanup, self.framework.latest_checkpoint,
-                                    self.main)])
+                                    self.main)]), results
 
     def segments(self) -> List[Tuple[int, int]]:
         """The run's segments ``(a, b]`` of ``training.checkpoint_interval`` steps
@@ -353,28 +358,6 @@ def record_layout(rundir: RunDir, t, from_step: int, to_step: int) -> None:
                1, t.micro_batch_size * world_size())}
     with open(rundir.layouts, "a", encoding="utf-8") as f:  # one whole line per segment
         f.write(json.dumps(rec) + "\n")
-
-
-def release_run(cfg: ExperimentConfig, rundir: RunDir) -> dict:
-    """Bundle the finished run in ``rundir`` and push it (``release.*``, :func:`pretrain_exp.report.release.release`);
-    returns the bundle's record.
-
-    :raises PushError: if the push fails; the bundle stays in ``release.out_dir`` and the logged
-        ``pretrain-exp-release`` command retries it.
-    """
-    from pretrain_exp.core.errors import PushError
-    from pretrain_exp.report.release import release
-
-    r = cfg.release
-    out = Path(r.out_dir) if r.out_dir else rundir.release
-    retry = f"pretrain-exp-release {rundir.path} {out} --push {r.repo_id}" + (" --private" if r.private else "")
-    try:
-        (rec,) = release(rundir.path, out, r.repo_id, push=True, private=r.private, revision=r.revision,
-                         license_id=r.license)
-    except PushError as e:
-        raise PushError(f"{e} (retry: {retry})") from None
-    log.info("released %s: model and dataset repos %s (bundle %s)", cfg.run_name, r.repo_id, out)
-    return rec
 
 
 def run(cfg: ExperimentConfig) -> dict:

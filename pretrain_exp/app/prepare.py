@@ -171,7 +171,8 @@ def prepare(cfg: ExperimentConfig) -> RunContext:
     current = plan.current
     if main and cfg.insertion.verify and current.num_insertions:
         span = (rows.first_row, rows.first_row + len(rows))
-        with PHASES.phase("verify", rows=int(current.affected_rows().size)):
+        with PHASES.phase("verify") as rec:
+            rec["rows"] = int(current.affected_rows().size)
             if data.stream is not None:  # the rows the verifier reads, fetched before the stream starts
                 prefetch_rows(order, rows_to_verify(current, span, seed=cfg.seed))
             verify_batches(current, functools.partial(framework.peek_rows, rows), order.row_tokens, span,
@@ -184,7 +185,7 @@ def _static_plan(cfg: ExperimentConfig, data: Corpus) -> Tuple[Plan, dict]:
     placed, then left out). Returns ``(static plan, experiment -> items)``."""
     L, B, vocab_size = cfg.training.sequence_length, cfg.training.global_batch_size, data.vocab_size
     ctx = LoadContext(data.tokenizer, vocab_size, L, cfg.insertion.seed, cfg.cache_dir, data.order, data.held_out_rows)
-    with PHASES.phase("items", experiments=len(cfg.insertion.experiments)):
+    with PHASES.phase("items"):
         items = {name: load_items(name, exp, ctx) for name, exp in cfg.insertion.experiments.items()}
     with PHASES.phase("plan") as rec:
         plan = build_plan(items, cfg.insertion.experiments, data.window, L, B, cfg.insertion.seed, vocab_size)
@@ -207,7 +208,7 @@ def plan_run(cfg: ExperimentConfig, rundir: RunDir, data: Corpus, main: bool) ->
     owner = RunPlan.resume(static, items, rundir, cfg.insertion.experiments, cfg.insertion.dynamic is not None, main)
     auditor = RunAudit(cfg.insertion, rundir, data.order, data.window, data.held_out_rows,
                        data.tokenizer.eos_token_id, cfg.cache_dir, data.window_fetched)
-    with PHASES.phase("audit", mode=cfg.insertion.audit.value) as rec:
+    with PHASES.phase("audit") as rec:
         owner.audit, fresh = auditor.audit(static, items) if main else (None, False)
         rec["computed"] = fresh
     auditor.on_finish = owner.set_audit  # the audit beside training: items.jsonl gets its counts
@@ -243,7 +244,7 @@ def open_framework(cfg: ExperimentConfig):
     """The run's :class:`~pretrain_exp.frameworks.base.Framework`, its model resolved (an asset, a dir, a
     checkpoint)."""
     framework_class = get_framework_class(cfg.framework.name)
-    with PHASES.phase("model resolved", framework=cfg.framework.name):
+    with PHASES.phase("model resolved"):
         return framework_class(cfg, framework_class.resolve_model(cfg))
 
 

@@ -9,7 +9,9 @@ finished phase is logged as ``phase <name>: <seconds> s`` and, once the run has 
      "events": {"first step": {"at_s": 61.2, "unix": <unix time>, "step": 1}}}
 
 ``start_s`` and ``at_s`` are seconds since the process started (``/proc/self/stat``; where that cannot be read,
-since this module was imported); extra keys of a phase say what it did (``cached``, ``bytes``, ...). The event
+since this module was imported); extra keys of a phase say what it measured (``cached``, ``files``, ``rows``, ...),
+set on the record the ``with`` block yields; the settings the run ran under are in ``config.resolved.yaml``, not
+repeated here. The event
 ``first step`` is the moment the training engine has the first batch in hand and starts the step
 (``benchmarks/first_step.py`` reads it). Wall-clock seconds (``time.time``), so a parent process can compare them
 with its own clock.

@@ -99,16 +99,16 @@ def open_order(spec: CorpusSpec, progress: bool = True, reader: bool = False) ->
         with PHASES.phase("tokenizer"):
             tokenizer = load_tokenizer(spec.tokenizer, spec.cache_dir)
             vocab_size = spec.model_vocab_size or len(tokenizer)
-        with PHASES.phase("corpus", tokenized=not d.paths):
+        with PHASES.phase("corpus"):
             paths = d.paths or (tokenize_dataset(d.dataset, tokenizer, d.token_dir, d.split, d.subset, d.text_key,
                                                  d.num_proc, progress=progress) if d.dataset else
                                 tokenize_sources(d.text, tokenizer, d.token_dir, spec.cache_dir, d.text_key))
     # one token-file dtype for the order, the plan and the framework's reader: the data config's (an OLMo
     # checkpoint's data.memmap_dtype / dataset.dtype), else the vocabulary's
-    with PHASES.phase("size index", files=len(paths)) as rec:
-        files = TokenFiles(paths, d.dtype or dtype_for_vocab(max(vocab_size, len(tokenizer))),
-                           cache_dir=spec.cache_dir, prefixes=d.path_prefixes, progress=progress)
-        rec["remote"] = int(sum(files.remote))
+    dtype = d.dtype or dtype_for_vocab(max(vocab_size, len(tokenizer)))
+    with PHASES.phase("size index") as rec:
+        files = TokenFiles(paths, dtype, cache_dir=spec.cache_dir, prefixes=d.path_prefixes, progress=progress)
+        rec.update(files=len(files.paths), remote=int(sum(files.remote)))
     L = spec.sequence_length
     order = DataOrder(files, L, spec.global_batch_size, d.seed, d.first_epoch, cache_dir=spec.cache_dir,
                       chunk=(d.max_target_sequence_length or L) // L)
@@ -140,8 +140,8 @@ def open_corpus(spec: CorpusSpec, main: bool = True) -> Corpus:
     corpus = open_order(spec, progress=main)
     order, (first, count) = corpus.order, spec.rows
     corpus.window = step_window(spec.start_step, spec.num_steps, spec.sequence_length, spec.global_batch_size)
-    with PHASES.phase("permutation", instances=order.num_instances) as rec:
-        rec["cached"] = order.prepare(first, count)
+    with PHASES.phase("permutation") as rec:
+        rec.update(instances=order.num_instances, cached=order.prepare(first, count))
     corpus.window_fetched, corpus.stream = _fetch_window(spec, order, main)
     corpus.held_out_rows = resolve_held_out(spec, order, main)
     return corpus

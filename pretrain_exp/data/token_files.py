@@ -111,7 +111,6 @@ class TokenFiles:
         self.remote = [isinstance(p, str) for p in self.paths]  #: per file: read over the network
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.reader = reader or (RemoteReader() if any(self.remote) else None)
-        self.window = WindowCache(self.cache_dir) if self.cache_dir is not None else None
         if any(self.remote) and self.cache_dir is None:
             first = next(p for p in self.paths if isinstance(p, str))
             raise ConfigError("cache_dir", f"remote token files ({redact(first)}, ...) need a cache dir for the size "
@@ -131,6 +130,7 @@ class TokenFiles:
             sizes.append(nbytes)
         self.num_bytes = np.asarray(sizes, dtype=np.int64)  #: bytes per file, shape ``(num_files,)``
         self.num_tokens = self.num_bytes // self.dtype.itemsize  #: tokens per file, shape ``(num_files,)``
+        self.window = WindowCache(self.cache_dir) if self.cache_dir is not None else None
         self._maps: dict[int, np.memmap] = {}
         self._present: dict[int, np.ndarray] = {}
 

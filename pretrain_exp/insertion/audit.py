@@ -35,9 +35,10 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-from pretrain_exp.core.errors import CheckpointError
+from pretrain_exp.core.errors import CheckpointError, InsertionError
 from pretrain_exp.core.io import write_json
 from pretrain_exp.core.logs import MEASURABLE_S, rate
+from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.data.order import step_row_offset
 
 log = logging.getLogger(__name__)
@@ -454,6 +455,25 @@ class AuditResult:
         return (f"{name}: {kind} at step {int(step)}, row {int(row)}, offset {int(off)} (position {p}); "
                 f"{int(self.window.exact[i])} exact occurrence(s), {int(self.window.ngram_hits[i])} of "
                 f"{int(self.ngrams[i])} {self.n}-grams in the window")
+
+    def report(self, plan, items: Dict[str, Sequence], strict: bool) -> None:
+        """Log the controls found in the window (the first 10) and the items in the held-out rows; ``items``:
+        experiment -> its items (their labels).
+
+        :raises InsertionError: with ``strict`` (``insertion.audit=strict``), for a control found in the window,
+            naming the item and where (step, row, offset).
+        """
+        labels = [f"{it.experiment}[{it.index}] {it.source}" for name in plan.experiments for it in items[name]]
+        bad = self.contaminated_controls(plan)
+        if bad and strict:
+            more = f"; {len(bad) - 1} more control(s) in {RunDir.AUDIT}" if len(bad) > 1 else ""
+            raise InsertionError(f"insertion.audit=strict: control {self.describe(plan, bad[0], labels)}{more}")
+        for i in bad[:10]:
+            log.warning("audit: control %s", self.describe(plan, i, labels))
+        held = [i for i in range(plan.num_items) if self.held_out.exact[i]]
+        if held:
+            log.warning("audit: %d item(s) occur in the held-out rows (perplexity), e.g. %s", len(held),
+                        labels[held[0]])
 
     def to_json(self, plan, mode: str) -> dict:
         """The ``audit.json`` content: parameters, cost, per-item counts and occurrence positions."""

@@ -16,8 +16,7 @@ from typing import List, Sequence
 import numpy as np
 
 from pretrain_exp.core.errors import ConfigError, InsertionError
-from pretrain_exp.insertion.placements import kind_of
-from pretrain_exp.insertion.schema import InsertionExperimentConf
+from pretrain_exp.insertion.schema import PlacementConf
 
 MAX_ROUNDS = 200  #: redraw rounds before a random placement gives up (the window is too full)
 
@@ -76,27 +75,19 @@ def place_explicit(positions: np.ndarray, lengths: np.ndarray, labels: Sequence[
     occ.add(s, e)
 
 
-def row_range(key: str, exp: InsertionExperimentConf, window: tuple[int, int], sequence_length: int) -> tuple[int, int]:
-    """Training-order rows ``[lo, hi)`` an experiment with drawn positions may use, as its placement kind gives them
-    (:meth:`PlacementSpec.row_range <pretrain_exp.insertion.placements.base.PlacementSpec.row_range>`): the whole
-    window for ``random``, the complete rows inside the range for ``range``.
-
-    :raises ConfigError: for an unknown kind, or a range outside the window, not aligned to L, or holding no
-        complete row.
-    """
-    return kind_of(exp, key).row_range(key, exp.placement, window, sequence_length)
-
-
-def allowed_rows(key: str, exp: InsertionExperimentConf, window: tuple[int, int], sequence_length: int,
-                 global_batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+def allowed_rows(key: str, pl: PlacementConf, row_range: tuple[int, int], window: tuple[int, int],
+                 sequence_length: int, global_batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     """The rows a random/range experiment may use, as sorted disjoint intervals ``[starts[i], ends[i])``
-    (``int64``): :func:`row_range`, intersected with the batches of ``placement.steps`` (global steps) or of
-    every ``placement.every_n_steps``-th step of the run (steps S+n, S+2n, ... for a run continuing step S).
+    (``int64``): the training-order rows ``row_range = [lo, hi)`` its placement kind gives
+    (:meth:`PlacementSpec.row_range <pretrain_exp.insertion.placements.base.PlacementSpec.row_range>`: the whole
+    window for ``random``, the complete rows inside the range for ``range``), intersected with the batches of
+    ``pl.steps`` (global steps) or of every ``pl.every_n_steps``-th step of the run (steps S+n, S+2n, ... for a run
+    continuing step S); ``key``: the experiment's config key, for messages.
 
     :raises ConfigError: for a step outside the run, or a selection that leaves no row.
     """
-    lo, hi = row_range(key, exp, window, sequence_length)
-    pl, B = exp.placement, global_batch_size
+    lo, hi = row_range
+    B = global_batch_size
     first_step, last_step = window[0] // (sequence_length * B) + 1, window[1] // (sequence_length * B)
     if pl.steps:
         bad = [k for k in pl.steps if not first_step <= k <= last_step]

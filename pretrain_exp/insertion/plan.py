@@ -335,6 +335,12 @@ def build_plan(items: Dict[str, ItemSet], experiments: Dict[str, InsertionExperi
         raise InsertionError(f"training window [{window[0]}, {window[1]}) is not aligned to the sequence "
                              f"length {L}")
     names = sorted(items)
+    keys = {n: f"insertion.experiments.{n}" for n in names}
+    kinds = {n: kind_of(experiments[n], keys[n]) for n in names}  # each placement kind, resolved once
+    placing = window[1] > window[0]
+    drawn = [n for n in names if placing and not kinds[n].from_items]
+    # the rows each experiment with drawn positions may use, checked before anything is placed
+    row_ranges = {n: kinds[n].row_range(keys[n], experiments[n].placement, window, L) for n in drawn}
     sets = [items[n] for n in names]
     lengths = np.concatenate([s.lengths for s in sets]) if sets else np.empty(0, np.int64)
     dups = np.concatenate([s.dup_counts for s in sets]) if sets else np.empty(0, np.int64)
@@ -349,10 +355,9 @@ def build_plan(items: Dict[str, ItemSet], experiments: Dict[str, InsertionExperi
     copy_item, copy_dup, copy_pos = [], [], []
 
     # explicit experiments first (all together, so overlaps between them name both items)
-    placing = window[1] > window[0]
     if not placing:
         dups = np.zeros_like(dups)
-    exp_names = [n for n in names if placing and kind_of(experiments[n], f"insertion.experiments.{n}").from_items]
+    exp_names = [n for n in names if placing and kinds[n].from_items]
     if exp_names:
         ids, dix, pos, cross, labels = [], [], [], [], []
         for n in exp_names:
@@ -377,15 +382,13 @@ def build_plan(items: Dict[str, ItemSet], experiments: Dict[str, InsertionExperi
         place_explicit(pos, lengths[ids], labels, window, L, np.concatenate(cross), occ)
         copy_item.append(ids), copy_dup.append(dix), copy_pos.append(pos)
 
-    for k, n in enumerate(names):
-        exp = experiments[n]
-        if not placing or kind_of(exp, f"insertion.experiments.{n}").from_items:
-            continue
+    for n in drawn:
+        k, pl = names.index(n), experiments[n].placement
         loc_item, loc_dup = expand_copies(dups[first_item[k]:first_item[k + 1]])
         ids = loc_item + first_item[k]
-        rows = allowed_rows(f"insertion.experiments.{n}", exp, window, L, global_batch_size)
-        pos = place_random(lengths[ids], rows, L, experiment_rng(seed, n + "/placement"), occ,
-                           f"insertion.experiments.{n}", global_batch_size, exp.placement.max_per_batch)
+        rows = allowed_rows(keys[n], pl, row_ranges[n], window, L, global_batch_size)
+        pos = place_random(lengths[ids], rows, L, experiment_rng(seed, n + "/placement"), occ, keys[n],
+                           global_batch_size, pl.max_per_batch)
         copy_item.append(ids), copy_dup.append(loc_dup), copy_pos.append(pos)
 
     pos = np.concatenate(copy_pos) if copy_pos else np.empty(0, np.int64)

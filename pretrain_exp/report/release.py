@@ -63,6 +63,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from pretrain_exp.core.commands import prog
+from pretrain_exp.core.config import ReleaseConf
 from pretrain_exp.core.errors import DataError, PretrainExpError, PushError
 from pretrain_exp.core.io import default_mode, sha256_file, write_json
 from pretrain_exp.core.rundir import RunDir
@@ -771,6 +772,24 @@ def release(path: str | Path, out_dir: str | Path, repo_id: Optional[str] = None
             rec["pushed"] = push_bundle(out, rec["repo_id"], private=private, revision=revision)
         records.append(rec)
     return records
+
+
+def release_run(rundir: RunDir, conf: ReleaseConf, run_name: str) -> Dict[str, Any]:
+    """Bundle the finished run in ``rundir`` and push it as ``conf`` (the ``release`` node) says
+    (:func:`release`); ``run_name``: for the log line. Returns the bundle's record.
+
+    :raises PushError: if the push fails; the bundle stays in ``release.out_dir`` (default: the run dir's
+        ``release/``) and the error names the ``pretrain-exp-release`` command that retries it.
+    """
+    out = Path(conf.out_dir) if conf.out_dir else rundir.release
+    retry = f"pretrain-exp-release {rundir.path} {out} --push {conf.repo_id}" + (" --private" if conf.private else "")
+    try:
+        (rec,) = release(rundir.path, out, conf.repo_id, push=True, private=conf.private, revision=conf.revision,
+                         license_id=conf.license)
+    except PushError as e:
+        raise PushError(f"{e} (retry: {retry})") from None
+    log.info("released %s: model and dataset repos %s (bundle %s)", run_name, conf.repo_id, out)
+    return rec
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
