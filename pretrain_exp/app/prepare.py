@@ -37,7 +37,7 @@ from pretrain_exp.app.run_plan import RunPlan
 from pretrain_exp.core.distributed import is_main_process, world_size
 from pretrain_exp.core.phases import PHASES
 from pretrain_exp.core.rundir import RunDir
-from pretrain_exp.data.corpus import Corpus, CorpusSpec, open_corpus, open_order
+from pretrain_exp.data.corpus import Corpus, CorpusSpec, open_corpus, open_order, read_order
 from pretrain_exp.data.order import DataOrder
 from pretrain_exp.data.prefetch import prefetch_rows
 from pretrain_exp.data.rows import TrainingRows
@@ -252,10 +252,10 @@ def run_data(cfg: ExperimentConfig, progress: bool = True, reader: bool = False)
     """The framework, tokenizer, vocabulary size and data order of a run (what :mod:`~pretrain_exp.app.inspect`
     reads a run dir's rows with; the corpus is tokenized once into the cache), nothing of its window.
 
-    :param reader: as :func:`~pretrain_exp.data.corpus.open_order`'s (the tokenizer read without ``transformers``
-        where the corpus is in the cache).
+    :param reader: for a reader of rows tokenized before (:func:`~pretrain_exp.data.corpus.read_order`: the
+        tokenizer read without ``transformers`` where the corpus is in the cache).
     :returns: ``(framework, tokenizer, vocab_size, DataOrder)``.
     """
     framework = open_framework(cfg)
-    data = open_order(corpus_spec(cfg, framework), progress=progress, reader=reader)
+    data = (read_order if reader else open_order)(corpus_spec(cfg, framework), progress=progress)
     return framework, data.tokenizer, data.vocab_size, data.order

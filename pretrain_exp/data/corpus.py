@@ -22,7 +22,7 @@ from pretrain_exp.data.hf_dataset import tokenize_dataset
 from pretrain_exp.data.order import DataOrder, step_window
 from pretrain_exp.data.prefetch import prefetch_window, resolve_prefetch
 from pretrain_exp.data.stream import WindowStream
-from pretrain_exp.data.token_files import TokenFiles, dtype_for_vocab
+from pretrain_exp.data.token_files import TokenFiles, token_dtypes
 from pretrain_exp.data.tokenize import cached_token_files, load_tokenizer, read_tokenizer, tokenize_sources
 
 log = logging.getLogger(__name__)
@@ -81,31 +81,27 @@ class Corpus:
     held_out_rows: int = 0
 
 
-def open_order(spec: CorpusSpec, progress: bool = True, reader: bool = False) -> Corpus:
-    """The tokenizer and the data order of ``spec`` (the corpus tokenized once into the cache if needed), nothing
-    of its window: what a reader of a run's rows needs (``window``, ``stream`` and ``held_out_rows`` left at their
-    defaults).
+def open_order(spec: CorpusSpec, progress: bool = True, tokenizer: Any = None, paths: Any = None) -> Corpus:
+    """The tokenizer and the data order of ``spec``, nothing of its window: what a reader of a run's rows needs
+    (``window``, ``stream`` and ``held_out_rows`` left at their defaults). A text or ``datasets`` corpus is
+    tokenized once into the cache, in the run's token-file dtype
+    (:func:`~pretrain_exp.data.token_files.token_dtypes`).
 
-    :param reader: for a reader of rows tokenized before (the inspector): the tokenizer is a
-        :class:`~pretrain_exp.data.tokenize.TokenizerFile` where one can be read and the corpus is in the cache
-        under its key (no ``transformers`` import), else the HF tokenizer as for a run.
+    :param tokenizer: the tokenizer, if read already (else loaded here); ``paths``: the corpus's token files, if
+        known already (:func:`read_order`).
     """
     d = spec.data
-    light = _read_order(spec) if reader else None
-    if light is not None:
-        tokenizer, paths = light
-        vocab_size = spec.model_vocab_size or len(tokenizer)
-    else:
+    if tokenizer is None:
         with PHASES.phase("tokenizer"):
             tokenizer = load_tokenizer(spec.tokenizer, spec.cache_dir)
-            vocab_size = spec.model_vocab_size or len(tokenizer)
+    vocab_size = spec.model_vocab_size or len(tokenizer)
+    dtype, tokenized = token_dtypes(d.dtype, vocab_size, len(tokenizer))
+    if paths is None:
         with PHASES.phase("corpus"):
             paths = d.paths or (tokenize_dataset(d.dataset, tokenizer, d.token_dir, d.split, d.subset, d.text_key,
-                                                 d.num_proc, progress=progress) if d.dataset else
-                                tokenize_sources(d.text, tokenizer, d.token_dir, spec.cache_dir, d.text_key))
-    # one token-file dtype for the order, the plan and the framework's reader: the data config's (an OLMo
-    # checkpoint's data.memmap_dtype / dataset.dtype), else the vocabulary's
-    dtype = d.dtype or dtype_for_vocab(max(vocab_size, len(tokenizer)))
+                                                 d.num_proc, progress=progress, dtype=tokenized) if d.dataset else
+                                tokenize_sources(d.text, tokenizer, d.token_dir, spec.cache_dir, d.text_key,
+                                                 dtype=tokenized))
     with PHASES.phase("size index") as rec:
         files = TokenFiles(paths, dtype, cache_dir=spec.cache_dir, prefixes=d.path_prefixes, progress=progress)
         rec.update(files=len(files.paths), remote=int(sum(files.remote)))
@@ -115,18 +111,19 @@ def open_order(spec: CorpusSpec, progress: bool = True, reader: bool = False) ->
     return Corpus(tokenizer, vocab_size, order)
 
 
-def _read_order(spec: CorpusSpec):
-    """``(TokenizerFile, token-file paths)`` of ``spec`` without the HF tokenizer, or ``None`` (see
-    :func:`open_order`'s ``reader``): a ``datasets`` corpus, or a text source not in the cache under the key of
-    that tokenizer, takes the HF path."""
+def read_order(spec: CorpusSpec, progress: bool = True) -> Corpus:
+    """:func:`open_order` for a reader of rows tokenized before (the inspector): the tokenizer is a
+    :class:`~pretrain_exp.data.tokenize.TokenizerFile` where one can be read and the corpus is in the cache under
+    its key (no ``transformers`` import); a ``datasets`` corpus, or a text source not in the cache under that key,
+    is opened as for a run."""
     d = spec.data
-    if d.dataset:
-        return None
-    tokenizer = read_tokenizer(spec.tokenizer, spec.cache_dir)
-    if tokenizer is None:
-        return None
-    paths = d.paths or cached_token_files(d.text, tokenizer, d.token_dir, d.text_key)
-    return None if paths is None else (tokenizer, paths)
+    reader = None if d.dataset else read_tokenizer(spec.tokenizer, spec.cache_dir)
+    if reader is not None:
+        _, tokenized = token_dtypes(d.dtype, spec.model_vocab_size or len(reader), len(reader))
+        paths = d.paths or cached_token_files(d.text, reader, d.token_dir, d.text_key, tokenized)
+        if paths:
+            return open_order(spec, progress, reader, paths)
+    return open_order(spec, progress)
 
 
 def open_corpus(spec: CorpusSpec, main: bool = True) -> Corpus:

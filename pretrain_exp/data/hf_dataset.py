@@ -23,19 +23,18 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import List, Optional
+from typing import Iterator, List, Optional
 
 import numpy as np
 
 from pretrain_exp.core.errors import ConfigError, DataError
-from pretrain_exp.data.token_files import dtype_for_vocab, write_token_file
+from pretrain_exp.data.token_files import dtype_for_vocab, write_token_files
 
 log = logging.getLogger(__name__)
 
 #: ``datasets`` packaged builder of a data-file suffix
 BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".json": "json", ".jsonl": "json", ".csv": "csv",
             ".txt": "text"}
-MAX_TOKENS_PER_FILE = 1 << 28  #: a new token file starts after this many tokens
 EOS_POLICY = "eos-after-each-document"  #: part of the cache key: how documents are joined
 
 
@@ -80,10 +79,12 @@ def load_text_dataset(spec: str, split: str = "train", subset: Optional[str] = N
 
 def tokenize_dataset(spec: str, tokenizer, out_root: str | Path, split: str = "train",
                      subset: Optional[str] = None, text_key: str = "text", num_proc: int = 1,
-                     progress: bool = True) -> List[Path]:
+                     progress: bool = True, dtype: Optional[np.dtype] = None) -> List[Path]:
     """Token files of dataset ``spec`` (module docstring), tokenized once and cached under ``out_root``.
 
-    :param tokenizer: an HF fast tokenizer (its EOS separates documents; the vocab size picks the dtype).
+    :param tokenizer: an HF fast tokenizer (its EOS separates documents).
+    :param dtype: the token files' dtype, as :func:`~pretrain_exp.data.tokenize.tokenize_source`'s (``None``: the
+        dtype the tokenizer's vocabulary needs; another is part of the cache key).
     :param num_proc: processes of the tokenizing ``map`` (1: in this process).
     :param progress: show ``datasets``' progress bar of the ``map``.
     :returns: the token-file paths, in order (documents in dataset order).
@@ -103,14 +104,14 @@ def tokenize_dataset(spec: str, tokenizer, out_root: str | Path, split: str = "t
         raise DataError(f"data.text_key={text_key}: column of {spec} holds {feature}, not text")
     eos = int(tokenizer.eos_token_id)
     vocab = (tokenizer.backend_tokenizer.to_str() if hasattr(tokenizer, "backend_tokenizer") else repr(tokenizer))
-    key = hashlib.sha256("\n".join([ds._fingerprint, split, subset or "", text_key, vocab, EOS_POLICY,
-                                    str(eos)]).encode()).hexdigest()[:16]
+    parts = [ds._fingerprint, split, subset or "", text_key, vocab, EOS_POLICY, str(eos)]
+    key = hashlib.sha256("\n".join(parts + ([] if dtype is None else [np.dtype(dtype).name])).encode()
+                         ).hexdigest()[:16]
     slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(spec.rstrip("/")).name.split("*")[0])
     out = Path(out_root) / f"{slug or 'dataset'}-{key}"
     meta_path = out / "tokens.json"
     if meta_path.is_file():
         return [out / f for f in json.loads(meta_path.read_text())["files"]]
-    dtype = dtype_for_vocab(len(tokenizer))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
     os.chmod(tmp, 0o755)
@@ -133,7 +134,9 @@ def tokenize_dataset(spec: str, tokenizer, out_root: str | Path, split: str = "t
         finally:
             if quiet:
                 datasets.utils.enable_progress_bars()
-        files, total = _write(tokenized, tmp, dtype, eos)
+        docs = _documents(tokenized)
+        dtype = dtype_for_vocab(len(tokenizer)) if dtype is None else np.dtype(dtype)
+        files, total = write_token_files(docs, tmp, dtype, eos)
         shutil.rmtree(tmp / "map", ignore_errors=True)
         del tokenized
         if total == 0:
@@ -155,30 +158,10 @@ def tokenize_dataset(spec: str, tokenizer, out_root: str | Path, split: str = "t
     return [out / f for f in json.loads(meta_path.read_text())["files"]]
 
 
-def _write(tokenized, out: Path, dtype: np.dtype, eos: int):
-    """Write the ``input_ids`` column as token files of at most :data:`MAX_TOKENS_PER_FILE` tokens."""
-    files: List[str] = []
-    docs: List[np.ndarray] = []
-    total = size = 0
-
-    def flush():
-        nonlocal docs, size, total
-        name = f"part-{len(files):05d}.npy"
-        total += write_token_file(out / name, docs, dtype, eos)
-        files.append(name)
-        docs, size = [], 0
-
+def _documents(tokenized) -> Iterator[np.ndarray]:
+    """The documents of the ``input_ids`` column of ``tokenized``, in order, read in Arrow batches."""
     for batch in tokenized.with_format("arrow").iter(batch_size=4096):
-        col = batch.column("input_ids")
-        for chunk in col.chunks:
-            offsets = chunk.offsets.to_numpy()
-            values = chunk.values.to_numpy()
+        for chunk in batch.column("input_ids").chunks:
+            offsets, values = chunk.offsets.to_numpy(), chunk.values.to_numpy()
             for i in range(len(chunk)):
-                doc = values[offsets[i]:offsets[i + 1]]
-                docs.append(doc)
-                size += doc.size + 1
-                if size >= MAX_TOKENS_PER_FILE:
-                    flush()
-    if docs:
-        flush()
-    return files, total
+                yield values[offsets[i]:offsets[i + 1]]

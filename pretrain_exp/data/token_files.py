@@ -12,7 +12,7 @@ import gzip
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -20,6 +20,8 @@ from pretrain_exp.core.errors import ConfigError, DataError
 from pretrain_exp.core.io import default_mode
 from pretrain_exp.data.remote import DEFAULT_THREADS, RemoteReader, fetch_sizes, is_remote, map_prefixes, redact
 from pretrain_exp.data.window import WindowCache, covers
+
+MAX_TOKENS_PER_FILE = 1 << 28  #: a corpus's next token file starts after this many tokens (EOS included)
 
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
@@ -35,6 +37,26 @@ def dtype_for_vocab(vocab_size: int) -> np.dtype:
     if vocab_size <= 2**32:
         return np.dtype(np.uint32)
     raise DataError(f"vocab size {vocab_size} does not fit in uint32 token files")
+
+
+def token_dtypes(configured: Optional[str], vocab_size: int,
+                 tokenizer_size: int) -> Tuple[np.dtype, Optional[np.dtype]]:
+    """A run's token-file dtype, one for its order, its plan and its framework's reader: ``configured``
+    (``data.dtype``: an OLMo checkpoint's ``data.memmap_dtype`` / ``dataset.dtype``), else what the model's
+    vocabulary (``vocab_size``) and the tokenizer's (``tokenizer_size`` ids) need (:func:`dtype_for_vocab`); and
+    the dtype a text or ``datasets`` corpus is tokenized into, ``None`` where that is the tokenizer's own (its cache
+    key then holds no dtype, as before the dtype was a choice). Returns ``(run dtype, tokenized dtype or None)``.
+
+    :raises ConfigError: (``data.dtype``) for a ``configured`` name that is no unsigned integer dtype.
+    """
+    try:
+        dtype = np.dtype(configured) if configured else dtype_for_vocab(max(vocab_size, tokenizer_size))
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.kind != "u":
+        raise ConfigError("data.dtype", f"{configured!r} is no token-file dtype; give uint16 or uint32 (or leave it "
+                                        "unset: the vocabulary's size picks it)")
+    return dtype, None if dtype == dtype_for_vocab(tokenizer_size) else dtype
 
 
 def write_token_file(path: Path, documents: Iterable[Sequence[int]], dtype: np.dtype, eos_id: int) -> int:
@@ -77,6 +99,31 @@ def write_token_file(path: Path, documents: Iterable[Sequence[int]], dtype: np.d
                 os.unlink(t)
         raise
     return n
+
+
+def write_token_files(documents: Iterable[Sequence[int]], out: Path, dtype: np.dtype, eos_id: int,
+                      max_tokens: int = MAX_TOKENS_PER_FILE) -> Tuple[List[str], int]:
+    """Write a corpus's documents as the token files ``<out>/part-00000.npy``, ``part-00001.npy``, ... in order
+    (each with its ``.csv.gz``, :func:`write_token_file`), a new file once one holds ``max_tokens`` tokens.
+
+    :param documents: token-id sequences, one per document (read once, as they come).
+    :returns: ``(the files' names in order, the number of tokens written)``.
+    :raises DataError: as :func:`write_token_file`.
+    """
+    files: List[str] = []
+    batch: List[Sequence[int]] = []
+    size = total = 0
+    for doc in documents:
+        batch.append(doc)
+        size += len(doc) + 1
+        if size >= max_tokens:
+            files.append(f"part-{len(files):05d}.npy")
+            total += write_token_file(Path(out) / files[-1], batch, dtype, eos_id)
+            batch, size = [], 0
+    if batch:
+        files.append(f"part-{len(files):05d}.npy")
+        total += write_token_file(Path(out) / files[-1], batch, dtype, eos_id)
+    return files, total
 
 
 class TokenFiles:

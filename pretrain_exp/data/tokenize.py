@@ -5,10 +5,11 @@ Usage::
     python -m pretrain_exp.data.tokenize --source shakespeare --tokenizer <HF dir or model asset> --out <dir>
     python -m pretrain_exp.data.tokenize --source my_docs.jsonl --text-key body --tokenizer <dir> --out <dir>
 
-Each document is encoded without special tokens and followed by the tokenizer's EOS (no BOS), the dtype is
-``uint16`` or ``uint32`` by vocab size, and every file gets its ``.csv.gz`` document offsets
-(:mod:`pretrain_exp.data.token_files`). The output folder is keyed by a hash of the source and the tokenizer
-and holds ``tokens.json`` (written last); a folder with ``tokens.json`` is reused as is.
+Each document is encoded without special tokens and followed by the tokenizer's EOS (no BOS), the dtype is the
+run's (``uint16`` or ``uint32`` by the vocabulary's size where none is given), and every file gets its
+``.csv.gz`` document offsets (:mod:`pretrain_exp.data.token_files`). The output folder is keyed by a hash of the
+source and the tokenizer (and a dtype other than the vocabulary's) and holds ``tokens.json`` (written last); a
+folder with ``tokens.json`` is reused as is.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import List, Optional
+from typing import Iterator, List, Optional
+
+import numpy as np
 
 from pretrain_exp.core.cachedir import CacheDir
 from pretrain_exp.core.commands import prog
@@ -41,11 +44,9 @@ from pretrain_exp.data.assets import (
     iter_texts,
     tokenizer_dir,
 )
-from pretrain_exp.data.token_files import dtype_for_vocab, write_token_file
+from pretrain_exp.data.token_files import dtype_for_vocab, write_token_files
 
 log = logging.getLogger(__name__)
-
-MAX_TOKENS_PER_FILE = 1 << 28  #: a new token file starts after this many tokens
 
 
 def _tokenizer_path(name_or_path: str, cache_dir: str | Path, build: bool) -> Optional[Path]:
@@ -164,34 +165,38 @@ def _source_identity(source: str) -> str:
 
 
 def tokenize_sources(text, tokenizer, out_root: str | Path, cache_dir: str | Path, text_key: str = "text",
-                     progress: bool = True) -> List[Path]:
+                     progress: bool = True, dtype: Optional[np.dtype] = None) -> List[Path]:
     """Token files of every source of ``text`` (:func:`pretrain_exp.core.config.text_sources`), each tokenized
-    and cached on its own (:func:`tokenize_source`), concatenated in the order given.
+    and cached on its own (:func:`tokenize_source`, ``dtype`` as there), concatenated in the order given.
 
     :raises DataError: as :func:`tokenize_source`, for the first bad source.
     """
     return [p for source in text_sources(text)
-            for p in tokenize_source(str(source), tokenizer, out_root, cache_dir, text_key, progress)]
+            for p in tokenize_source(str(source), tokenizer, out_root, cache_dir, text_key, progress, dtype)]
 
 
-def token_folder(source: str, tokenizer, out_root: str | Path, text_key: str = "text") -> Path:
+def token_folder(source: str, tokenizer, out_root: str | Path, text_key: str = "text",
+                 dtype: Optional[np.dtype] = None) -> Path:
     """The cache folder of ``source`` tokenized by ``tokenizer`` (an HF tokenizer or a :class:`TokenizerFile`):
     ``<out_root>/<source name>-<key>``, the key a hash of the source's identity, ``text_key``, the tokenizer's
-    ``tokenizers`` JSON and its EOS id. Complete once it holds ``tokens.json``."""
+    ``tokenizers`` JSON and its EOS id, and ``dtype`` when given (``None``: the vocabulary's own,
+    :func:`~pretrain_exp.data.token_files.dtype_for_vocab`). Complete once it holds ``tokens.json``."""
     vocab_json = (tokenizer.backend_tokenizer.to_str() if hasattr(tokenizer, "backend_tokenizer")
                   else repr(tokenizer))
-    key = hashlib.sha256("\n".join([_source_identity(source), text_key, vocab_json,
-                                    str(tokenizer.eos_token_id)]).encode()).hexdigest()[:16]
+    parts = [_source_identity(source), text_key, vocab_json, str(tokenizer.eos_token_id)]
+    key = hashlib.sha256("\n".join(parts + ([] if dtype is None else [np.dtype(dtype).name])).encode()
+                         ).hexdigest()[:16]
     slug = Path(source).stem if source not in ASSETS else source
     return Path(out_root) / f"{slug}-{key}"
 
 
-def cached_token_files(text, tokenizer, out_root: str | Path, text_key: str = "text") -> Optional[List[Path]]:
+def cached_token_files(text, tokenizer, out_root: str | Path, text_key: str = "text",
+                       dtype: Optional[np.dtype] = None) -> Optional[List[Path]]:
     """The token files of every source of ``text`` as :func:`tokenize_sources` returns them, read from the cache
-    without tokenizing anything: ``None`` when a source is not tokenized yet by ``tokenizer``."""
+    without tokenizing anything: ``None`` when a source is not tokenized yet by ``tokenizer`` into ``dtype``."""
     paths: List[Path] = []
     for source in text_sources(text):
-        meta = token_folder(str(source), tokenizer, out_root, text_key) / "tokens.json"
+        meta = token_folder(str(source), tokenizer, out_root, text_key, dtype) / "tokens.json"
         if not meta.is_file():
             return None
         paths += [meta.parent / f for f in json.loads(meta.read_text())["files"]]
@@ -199,15 +204,17 @@ def cached_token_files(text, tokenizer, out_root: str | Path, text_key: str = "t
 
 
 def tokenize_source(source: str, tokenizer, out_root: str | Path, cache_dir: str | Path,
-                    text_key: str = "text", progress: bool = True) -> List[Path]:
+                    text_key: str = "text", progress: bool = True, dtype: Optional[np.dtype] = None) -> List[Path]:
     """Token files of ``source`` (see :func:`pretrain_exp.data.assets.iter_texts`) under ``out_root``.
 
-    :param tokenizer: an HF tokenizer (its EOS separates documents; vocab size picks the dtype).
+    :param tokenizer: an HF tokenizer (its EOS separates documents).
+    :param dtype: the token files' dtype, the run's (its ``data.dtype``, or what its model's vocabulary needs);
+        ``None``: the dtype the tokenizer's vocabulary needs (:func:`~pretrain_exp.data.token_files.dtype_for_vocab`).
     :returns: the token-file paths, in order. Concurrent calls for one source and tokenizer (the jobs of a sweep)
         take turns on a file lock (``<out_root>/.<folder>.lock``): the first tokenizes, the others reuse its folder.
     :raises DataError: for a bad source (see ``iter_texts``) or a source with no tokens.
     """
-    out = token_folder(source, tokenizer, out_root, text_key)
+    out = token_folder(source, tokenizer, out_root, text_key, dtype)
     meta_path = out / "tokens.json"
     if meta_path.is_file():
         return [out / f for f in json.loads(meta_path.read_text())["files"]]
@@ -217,7 +224,7 @@ def tokenize_source(source: str, tokenizer, out_root: str | Path, cache_dir: str
     try:
         with file_lock(lock):  # the jobs of a sweep tokenize a source once
             if not meta_path.is_file():
-                _tokenize_into(out, source, tokenizer, cache_dir, text_key, progress)
+                _tokenize_into(out, source, tokenizer, cache_dir, text_key, progress, dtype)
     except BaseException:  # a failed build leaves nothing behind: no lock file, no folder it created
         lock.unlink(missing_ok=True)
         if created:
@@ -229,9 +236,9 @@ def tokenize_source(source: str, tokenizer, out_root: str | Path, cache_dir: str
     return [out / f for f in json.loads(meta_path.read_text())["files"]]
 
 
-def _tokenize_into(out: Path, source: str, tokenizer, cache_dir, text_key: str, progress: bool) -> None:
+def _tokenize_into(out: Path, source: str, tokenizer, cache_dir, text_key: str, progress: bool,
+                   dtype: Optional[np.dtype]) -> None:
     meta_path = out / "tokens.json"
-    dtype = dtype_for_vocab(len(tokenizer))
     eos = int(tokenizer.eos_token_id)
     docs = list(iter_texts(source, cache_dir, text_key))  # a bad source fails before anything is written
     if not docs:
@@ -240,7 +247,7 @@ def _tokenize_into(out: Path, source: str, tokenizer, cache_dir, text_key: str, 
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
     os.chmod(tmp, default_mode(directory=True))
     try:
-        files, total = _write_files(docs, tokenizer, tmp, dtype, eos, progress, source)
+        files, total, dtype = _write_files(docs, tokenizer, tmp, dtype, eos, progress, source)
         if total == 0:
             raise DataError(f"text source {source!r} yields no tokens")
         (tmp / "tokens.json").write_text(json.dumps({
@@ -263,18 +270,18 @@ def _tokenize_into(out: Path, source: str, tokenizer, cache_dir, text_key: str, 
         raise
 
 
-def _write_files(docs, tokenizer, out: Path, dtype, eos: int, progress: bool, source: str):
-    files: List[str] = []
-    batch: List[List[int]] = []
-    total = batch_tokens = 0
+def _write_files(docs, tokenizer, out: Path, dtype: Optional[np.dtype], eos: int, progress: bool, source: str):
+    """``docs`` (``(name, text)`` pairs) encoded and written as token files of ``dtype`` (``None``: the
+    vocabulary's) into ``out`` (:func:`~pretrain_exp.data.token_files.write_token_files`); returns
+    ``(file names, tokens, dtype)``."""
+    encoded = _encoded(docs, tokenizer, progress, source)
+    dtype = dtype_for_vocab(len(tokenizer)) if dtype is None else np.dtype(dtype)
+    return (*write_token_files(encoded, out, dtype, eos), dtype)
 
-    def flush():
-        nonlocal batch, batch_tokens, total
-        name = f"part-{len(files):05d}.npy"
-        total += write_token_file(out / name, batch, dtype, eos)
-        files.append(name)
-        batch, batch_tokens = [], 0
 
+def _encoded(docs, tokenizer, progress: bool, source: str) -> Iterator[List[int]]:
+    """The token ids of each document of ``docs``, encoded 16 at a time without special tokens, with a progress
+    bar; a document the tokenizer fails on is a :class:`DataError` naming it (:func:`_tokenizer_error`)."""
     with phase_progress(f"tokenizing {source}", len(docs), enabled=None if progress else False) as done:
         for i in range(0, len(docs), 16):
             chunk = [text for _, text in docs[i:i + 16]]
@@ -282,15 +289,8 @@ def _write_files(docs, tokenizer, out: Path, dtype, eos: int, progress: bool, so
                 encoded = tokenizer(chunk, add_special_tokens=False, verbose=False)["input_ids"]
             except Exception as e:
                 raise _tokenizer_error(docs, i, tokenizer, source, e) from None
-            for ids in encoded:
-                batch.append(ids)
-                batch_tokens += len(ids) + 1
-                if batch_tokens >= MAX_TOKENS_PER_FILE:
-                    flush()
+            yield from encoded
             done(i + len(chunk))
-    if batch:
-        flush()
-    return files, total
 
 
 def _tokenizer_error(docs, start: int, tokenizer, source: str, error: Exception) -> DataError:

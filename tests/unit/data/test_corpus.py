@@ -3,6 +3,8 @@ window and the held-out rows, as the pieces it is made of give them one by one."
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -44,6 +46,25 @@ def test_open_corpus_gives_what_its_pieces_give(tmp_path, tiny_model_dir, cache_
     assert corpus.held_out_rows == rows - 24 and held_out_collision(corpus.held_out_rows, B, 3 * B, rows, False) is None
     bare = open_order(spec, progress=False)  # a reader of a run's rows: no window, no held-out rows
     assert bare.window == (0, 0) and bare.held_out_rows == 0 and bare.order.rows_per_epoch == rows
+
+
+def test_a_text_corpus_is_tokenized_into_the_runs_token_file_dtype(tmp_path, tiny_model_dir, cache_dir):
+    """``data.dtype`` wider than the tokenizer's own: the corpus is written in it (read in it, the rows are the
+    tokenizer's ids, not two ids fused into one), in a cache folder of its own; the default keeps its folder."""
+    spec = _spec(tmp_path, tiny_model_dir, cache_dir)  # (writes the documents: their mtime is in the cache key)
+    own = open_order(spec, progress=False).order
+    wide = open_order(dataclasses.replace(spec, data=dataclasses.replace(spec.data, dtype="uint32")),
+                      progress=False).order
+    assert own.files.dtype == np.uint16 and wide.files.dtype == np.uint32
+    assert own.files.paths[0].parent != wide.files.paths[0].parent
+    assert wide.rows_per_epoch == own.rows_per_epoch
+    assert all(np.array_equal(wide.row_tokens(q), own.row_tokens(q)) for q in range(own.rows_per_epoch))
+    tokenizer = load_tokenizer(str(tiny_model_dir), cache_dir)
+    default = tokenize_sources(str(tmp_path / "docs"), tokenizer, tmp_path / "tokens", cache_dir)  # key as before
+    assert [p.resolve() for p in default] == [p.resolve() for p in own.files.paths]
+    with pytest.raises(ConfigError, match="no token-file dtype") as e:
+        open_order(dataclasses.replace(spec, data=dataclasses.replace(spec.data, dtype="float32")), progress=False)
+    assert e.value.key == "data.dtype"
 
 
 def test_held_out_rows_the_run_trains_are_refused_with_the_key(tmp_path, tiny_model_dir, cache_dir):

@@ -85,7 +85,7 @@ def test_two_processes_write_the_same_tokens(tmp_path, files, tok):
 def test_cached_by_fingerprint_tokenizer_and_eos(tmp_path, files, tok, monkeypatch):
     first = tokenize_dataset(str(files["parquet"]), tok, tmp_path / "t", progress=False)
     calls = []
-    monkeypatch.setattr(hf_dataset, "_write", lambda *a: calls.append(a))  # a cache hit writes nothing
+    monkeypatch.setattr(hf_dataset, "write_token_files", lambda *a: calls.append(a))  # a cache hit writes nothing
     assert tokenize_dataset(str(files["parquet"]), tok, tmp_path / "t", progress=False) == first and not calls
     monkeypatch.undo()
     pq.write_table(pa.table({"text": DOCS[:-1]}), files["parquet"])  # changed data: a new fingerprint, new files
