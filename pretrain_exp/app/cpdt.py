@@ -77,7 +77,8 @@ def run_cpdt(cfg: ExperimentConfig) -> dict:
     from pretrain_exp.app.tracking import Tracker
 
     run_dir = Path(cfg.run_dir).resolve()
-    arms = [(seed, arm, arm_config(cfg, arm, seed)) for seed in cfg.cpdt.seeds for arm in arm_names(cfg)]
+    names = arm_names(cfg)
+    arms = [(seed, arm, arm_config(cfg, arm, seed)) for seed in cfg.cpdt.seeds for arm in names]
     record_run(cfg, run_dir)
     for k, (seed, arm, arm_cfg) in enumerate(arms, 1):
         log.info("cpdt arm %d/%d: %s seed %d", k, len(arms), arm, seed)

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Optional
+from typing import Dict, Optional
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from pretrain_exp.core.cachedir import CacheDir
 from pretrain_exp.core.errors import DataError
 from pretrain_exp.core.io import atomic_path, file_lock
 from pretrain_exp.data.token_files import TokenFiles
+from pretrain_exp.data.window import merge_ranges
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +216,24 @@ class DataOrder:
         inst = np.asarray(instances, dtype=np.int64)
         f = np.searchsorted(self.file_starts, inst, side="right") - 1
         return f, (inst - self.file_starts[f]) * self.sequence_length
+
+    def byte_ranges(self, instances: np.ndarray) -> Dict[int, np.ndarray]:
+        """Where the instances ``instances`` (``int64``) lie in the token files, as merged byte ranges per file
+        (one sort by file and offset, not a pass per file; touching instances merged into one range).
+
+        :returns: ``{file index: int64 array (k, 2) of [start, end) byte offsets}``, only files with instances.
+        """
+        f, off = self.instance_locations(np.asarray(instances, dtype=np.int64))
+        isz, L = self.files.dtype.itemsize, self.sequence_length
+        by = np.lexsort((off, f))
+        f, starts = f[by], off[by] * isz
+        files, first = np.unique(f, return_index=True)
+        bounds = np.append(first, f.size)
+        out: Dict[int, np.ndarray] = {}
+        for k, fi in enumerate(files.tolist()):
+            s = starts[bounds[k]:bounds[k + 1]]
+            out[int(fi)] = merge_ranges(np.stack([s, s + L * isz], axis=1))
+        return out
 
     def instance_location(self, instance: int) -> tuple[int, int]:
         """``(file index, token offset in that file)`` of the first token of an instance."""

@@ -60,28 +60,14 @@ class PrefetchStats:
 
 
 def window_ranges(order: DataOrder, first_row: int, num_rows: int) -> Ranges:
-    """Merged byte ranges of the instances of training-order rows ``[first_row, first_row + num_rows)``.
+    """Merged byte ranges of the instances of training-order rows ``[first_row, first_row + num_rows)``
+    (:meth:`DataOrder.byte_ranges <pretrain_exp.data.order.DataOrder.byte_ranges>`).
 
     :returns: ``{file index: int64 array (k, 2) of [start, end) byte offsets}``, only files with rows; touching
         instances are merged into one range.
     """
-    return instance_ranges(order, order.instances(first_row, num_rows))
-
-
-def instance_ranges(order: DataOrder, instances: np.ndarray) -> Ranges:
-    """Merged byte ranges of the instances ``instances`` (``int64``) of ``order``'s files, as
-    :func:`window_ranges` (one sort by file and offset, not a pass per file)."""
-    f, off = order.instance_locations(np.asarray(instances, dtype=np.int64))
-    isz, L = order.files.dtype.itemsize, order.sequence_length
-    by = np.lexsort((off, f))
-    f, starts = f[by], off[by] * isz
-    files, first = np.unique(f, return_index=True)
-    bounds = np.append(first, f.size)
-    out: Ranges = {}
-    for k, fi in enumerate(files.tolist()):
-        s = starts[bounds[k]:bounds[k + 1]]
-        out[int(fi)] = merge_ranges(np.stack([s, s + L * isz], axis=1))
-    return out
+    instances = order.instances(first_row, num_rows)
+    return order.byte_ranges(instances)
 
 
 def missing_ranges(files: TokenFiles, ranges: Ranges) -> Ranges:
@@ -281,7 +267,7 @@ def prefetch_rows(order: DataOrder, rows: np.ndarray, *, threads: int = DEFAULT_
     :raises DataError: see :func:`prefetch_ranges` and :func:`check_window`.
     """
     rows = np.unique(np.asarray(rows, dtype=np.int64))
-    ranges = instance_ranges(order, np.array([order.instance(int(q))[1] for q in rows], dtype=np.int64))
+    ranges = order.byte_ranges(np.array([order.instance(int(q))[1] for q in rows], dtype=np.int64))
     stats = prefetch_ranges(order.files, ranges, threads=threads, chunk_bytes=chunk_bytes, progress=progress)
     check_window(order.files, ranges)
     return stats

@@ -295,34 +295,30 @@ def fetch_sizes(paths: Sequence[str], cache_dir: str | Path, reader: Optional[Re
         return {}
     index = size_index_path(cache_dir, list(paths))
     with file_lock(index.with_name(f".{index.name}.lock")):  # the jobs of a sweep index a path list once
-        return _indexed_sizes(index, urls, reader, threads, progress)
-
-
-def _indexed_sizes(index: Path, urls: List[str], reader: Optional[RemoteReader], threads: int,
-                   progress: bool) -> Dict[str, int]:
-    if index.is_file():
-        try:
-            sizes = json.loads(index.read_text())["sizes"]
-            if len(sizes) == len(urls):
-                return dict(zip(urls, (int(s) for s in sizes)))
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise DataError(f"{index}: unreadable size index ({e}); delete it to re-index") from None
-        raise DataError(f"{index}: size index lists {len(sizes)} files, the path list has {len(urls)}; delete it")
-    reader = reader or RemoteReader()
-    t0 = time.monotonic()
-    with _progress(progress) as bar, ThreadPoolExecutor(max_workers=max(1, min(threads, len(urls)))) as pool:
-        task = bar.add_task("size index", total=len(urls))
-        futures = [pool.submit(reader.size, u) for u in urls]
-        sizes = []
-        try:
-            for fut in futures:
-                sizes.append(fut.result())
-                bar.advance(task)
-        except BaseException:
-            for fut in futures:
-                fut.cancel()
-            raise
-    write_json(index, {"version": 1, "paths": [redact(u) for u in urls], "sizes": sizes})
+        if index.is_file():
+            try:
+                sizes = json.loads(index.read_text())["sizes"]
+                if len(sizes) == len(urls):
+                    return dict(zip(urls, (int(s) for s in sizes)))
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise DataError(f"{index}: unreadable size index ({e}); delete it to re-index") from None
+            raise DataError(f"{index}: size index lists {len(sizes)} files, the path list has {len(urls)}; "
+                            "delete it")
+        reader = reader or RemoteReader()
+        t0 = time.monotonic()
+        with _progress(progress) as bar, ThreadPoolExecutor(max_workers=max(1, min(threads, len(urls)))) as pool:
+            task = bar.add_task("size index", total=len(urls))
+            futures = [pool.submit(reader.size, u) for u in urls]
+            sizes = []
+            try:
+                for fut in futures:
+                    sizes.append(fut.result())
+                    bar.advance(task)
+            except BaseException:
+                for fut in futures:
+                    fut.cancel()
+                raise
+        write_json(index, {"version": 1, "paths": [redact(u) for u in urls], "sizes": sizes})
     log.info("size index: %d remote files, %.1f GB, in %.1f s -> %s", len(urls), sum(sizes) / 1e9,
              time.monotonic() - t0, index)
     return dict(zip(urls, sizes))

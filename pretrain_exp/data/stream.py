@@ -376,7 +376,7 @@ class _Streamer:
         return out
 
     def run(self) -> None:
-        from pretrain_exp.data.prefetch import check_window, instance_ranges
+        from pretrain_exp.data.prefetch import check_window
         from pretrain_exp.data.window import merge_ranges
 
         files, t0 = self.files, time.monotonic()
@@ -445,7 +445,7 @@ class _Streamer:
                 os.close(fd)
             for fi in finished:
                 record(fi, force=True)
-        check_window(files, instance_ranges(self.order, inst))  # every range of the window is recorded
+        check_window(files, self.order.byte_ranges(inst))  # every range of the window is recorded
         self.ready_row = self.end_row
         self.write("done")
         secs = time.monotonic() - t0

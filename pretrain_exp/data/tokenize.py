@@ -216,57 +216,57 @@ def tokenize_source(source: str, tokenizer, out_root: str | Path, cache_dir: str
     """
     out = token_folder(source, tokenizer, out_root, text_key, dtype)
     meta_path = out / "tokens.json"
-    if meta_path.is_file():
-        return [out / f for f in json.loads(meta_path.read_text())["files"]]
+    if not meta_path.is_file():
+        _tokenize_into(out, source, tokenizer, cache_dir, text_key, progress, dtype)
+    return [out / f for f in json.loads(meta_path.read_text())["files"]]
+
+
+def _tokenize_into(out: Path, source: str, tokenizer, cache_dir, text_key: str, progress: bool,
+                   dtype: Optional[np.dtype]) -> None:
+    """Tokenize ``source`` into the folder ``out`` (:func:`tokenize_source`) under its file lock, unless another
+    process did meanwhile: into a temp folder renamed to ``out`` once whole (``tokens.json`` written last). A failed
+    build leaves nothing behind: no temp folder, no lock file, no folder it created."""
+    meta_path = out / "tokens.json"
     created = not out.parent.exists()
     out.parent.mkdir(parents=True, exist_ok=True)
-    lock = out.parent / f".{out.name}.lock"
+    lock, tmp = out.parent / f".{out.name}.lock", None
     try:
         with file_lock(lock):  # the jobs of a sweep tokenize a source once
-            if not meta_path.is_file():
-                _tokenize_into(out, source, tokenizer, cache_dir, text_key, progress, dtype)
-    except BaseException:  # a failed build leaves nothing behind: no lock file, no folder it created
+            if meta_path.is_file():
+                return
+            eos = int(tokenizer.eos_token_id)
+            docs = list(iter_texts(source, cache_dir, text_key))  # a bad source fails before anything is written
+            if not docs:
+                raise DataError(f"text source {source!r} holds no documents")
+            tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
+            os.chmod(tmp, default_mode(directory=True))
+            files, total, dtype = _write_files(docs, tokenizer, tmp, dtype, eos, progress, source)
+            if total == 0:
+                raise DataError(f"text source {source!r} yields no tokens")
+            (tmp / "tokens.json").write_text(json.dumps({
+                "source": source, "text_key": text_key, "dtype": dtype.name, "eos_token_id": eos,
+                "vocab_size": len(tokenizer), "num_documents": len(docs), "num_tokens": total, "files": files,
+            }, indent=1))
+            if meta_path.is_file():  # another process finished first
+                shutil.rmtree(tmp)
+            else:
+                if out.exists():  # a folder without tokens.json is incomplete (not written by this function)
+                    shutil.rmtree(out)
+                try:
+                    os.replace(tmp, out)
+                except OSError:
+                    if not meta_path.is_file():  # not a concurrent writer that finished first
+                        raise
+                    shutil.rmtree(tmp)
+    except BaseException:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         lock.unlink(missing_ok=True)
         if created:
             try:
                 out.parent.rmdir()
             except OSError:
                 pass
-        raise
-    return [out / f for f in json.loads(meta_path.read_text())["files"]]
-
-
-def _tokenize_into(out: Path, source: str, tokenizer, cache_dir, text_key: str, progress: bool,
-                   dtype: Optional[np.dtype]) -> None:
-    meta_path = out / "tokens.json"
-    eos = int(tokenizer.eos_token_id)
-    docs = list(iter_texts(source, cache_dir, text_key))  # a bad source fails before anything is written
-    if not docs:
-        raise DataError(f"text source {source!r} holds no documents")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
-    os.chmod(tmp, default_mode(directory=True))
-    try:
-        files, total, dtype = _write_files(docs, tokenizer, tmp, dtype, eos, progress, source)
-        if total == 0:
-            raise DataError(f"text source {source!r} yields no tokens")
-        (tmp / "tokens.json").write_text(json.dumps({
-            "source": source, "text_key": text_key, "dtype": dtype.name, "eos_token_id": eos,
-            "vocab_size": len(tokenizer), "num_documents": len(docs), "num_tokens": total, "files": files,
-        }, indent=1))
-        if meta_path.is_file():  # another process finished first
-            shutil.rmtree(tmp)
-        else:
-            if out.exists():  # a folder without tokens.json is incomplete (not written by this function)
-                shutil.rmtree(out)
-            try:
-                os.replace(tmp, out)
-            except OSError:
-                if not meta_path.is_file():  # not a concurrent writer that finished first
-                    raise
-                shutil.rmtree(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
