@@ -47,7 +47,7 @@ from pretrain_exp.app.hf_export import HFExport
 from pretrain_exp.app.hooks import Hooks, load_hooks, segments
 from pretrain_exp.app.prepare import RunContext, prepare
 from pretrain_exp.app.results import LoopTiming, RunResults, run_results
-from pretrain_exp.app.run_record import holds_credentials, record_run, write_private_config
+from pretrain_exp.app.run_record import holds_credentials, write_private_config
 from pretrain_exp.app.stream_hook import StreamHook
 from pretrain_exp.app.tracking import NullTracker, Tracker
 from pretrain_exp.core.distributed import is_main_process, world_size
@@ -361,7 +361,9 @@ def record_layout(rundir: RunDir, t, from_step: int, to_step: int) -> None:
 
 
 def run(cfg: ExperimentConfig) -> dict:
-    """Run one experiment end to end in this process (one rank of it under torchrun; module docstring).
+    """Run one experiment end to end in this process (one rank of it under torchrun; module docstring), in a run
+    dir that :func:`~pretrain_exp.app.launch.launch` recorded (:func:`~pretrain_exp.app.run_record.record_run`:
+    ``config.resolved.yaml``, refused if it holds another run) before any process of the run started.
 
     :returns: the ``results.json`` content (``{}`` on ranks other than 0).
     """
@@ -369,7 +371,6 @@ def run(cfg: ExperimentConfig) -> dict:
         torch.set_num_threads(cfg.training.num_threads)
     run_dir = Path(cfg.run_dir).resolve()
     if is_main_process():
-        record_run(cfg, run_dir)
         PHASES.attach(run_dir)
     exp = Experiment(cfg)
     results = exp.run()

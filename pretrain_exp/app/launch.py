@@ -257,14 +257,16 @@ def launch(cfg: ExperimentConfig) -> dict | None:
     nodes = job_nodes()
     cfg = fit_to_allocation(cfg, nodes)
     check_allocation(cfg, nodes)
-    if cfg.training.nproc_per_node == 1 and nodes.count == 1:
-        return run(cfg)
     run_dir = Path(cfg.run_dir).resolve()
-    world = cfg.training.nproc_per_node * nodes.count
-    # the other nodes write nothing into the run dir: their workers read a node-local copy of the config
+    # the run is recorded here, once, before any process of it starts; the other nodes write nothing into the run
+    # dir: their workers read a node-local copy of the config
     own_dir = run_dir if nodes.rank == 0 else Path(tempfile.mkdtemp(
         prefix=f"pretrain_exp-{nodes.rdzv_id}-node{nodes.rank}-"))
-    record, log_dir = record_run(cfg, own_dir), RunDir(own_dir).torchrun_logs
+    record = record_run(cfg, own_dir)
+    if cfg.training.nproc_per_node == 1 and nodes.count == 1:
+        return run(cfg)
+    world = cfg.training.nproc_per_node * nodes.count
+    log_dir = RunDir(own_dir).torchrun_logs
     if nodes.rank == 0:
         # assets, tokens, plan + verification here (no process started): config and data errors surface before
         # torchrun; the audit beside training and the window stream start in the ranks' loop

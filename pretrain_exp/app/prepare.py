@@ -169,6 +169,8 @@ def prepare(cfg: ExperimentConfig) -> RunContext:
     ctx = RunContext(cfg, rundir, main, framework, data.tokenizer, data.vocab_size, order, window,
                      data.window_fetched, data.held_out_rows, plan, rows, auditor, data.stream)
     current = plan.current
+    for line in current.describe(window):
+        log.info("plan: %s", line)
     if main and cfg.insertion.verify and current.num_insertions:
         span = (rows.first_row, rows.first_row + len(rows))
         with PHASES.phase("verify") as rec:
@@ -215,19 +217,7 @@ def plan_run(cfg: ExperimentConfig, rundir: RunDir, data: Corpus, main: bool) ->
     if main and (fresh or owner.saved_digest != owner.current.digest()):  # items.jsonl carries the audit's counts
         with PHASES.phase("plan saved"):
             owner.write()
-    _log_plan(owner.current, data.window)
     return owner, auditor
-
-
-def _log_plan(plan: Plan, window: Tuple[int, int]) -> None:
-    """One log line on the plan (and on a plan with nothing to insert, or with noise rows)."""
-    size = window[1] - window[0]
-    log.info("plan: %d items, %d insertions, %d tokens (%.2f%% of the %d-token window)", plan.num_items,
-             plan.num_insertions, int(plan.lengths.sum()), 100 * plan.lengths.sum() / max(1, size), size)
-    if plan.num_items and size == 0:
-        log.info("plan: nothing inserted (no steps to train): all %d items are dup-0 controls", plan.num_items)
-    if plan.noise_rows.size:
-        log.info("plan: %d rows with gaussian noise (%s)", plan.noise_rows.size, plan.noise_sigma)
 
 
 def corpus_spec(cfg: ExperimentConfig, framework) -> CorpusSpec:

@@ -24,7 +24,7 @@ import json
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -134,6 +134,19 @@ class Plan:
             off = int(self.token_offsets[self.item_ids[i]])
             row[a - lo:b - lo] = self.tokens[off + a - s:off + b - s]
         return i1 - i0
+
+    def describe(self, window: Tuple[int, int]) -> List[str]:
+        """The plan in a few lines for the run's log: items, insertions and their share of the training ``window``
+        (global token positions ``[start, end)``); a plan with nothing to insert; the rows with noise."""
+        size = window[1] - window[0]
+        tokens = int(self.lengths.sum())
+        lines = [f"{self.num_items} items, {self.num_insertions} insertions, {tokens} tokens "
+                 f"({100 * tokens / max(1, size):.2f}% of the {size}-token window)"]
+        if self.num_items and size == 0:
+            lines.append(f"nothing inserted (no steps to train): all {self.num_items} items are dup-0 controls")
+        if self.noise_rows.size:
+            lines.append(f"{self.noise_rows.size} rows with gaussian noise ({self.noise_sigma})")
+        return lines
 
     def affected_rows(self) -> np.ndarray:
         """Sorted unique training-order rows touched by any token span (``int64``)."""

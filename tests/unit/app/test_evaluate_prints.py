@@ -10,8 +10,8 @@ import json
 import pytest
 
 from pretrain_exp import load_run, load_sweep
-from pretrain_exp.app import experiment
 from pretrain_exp.app.evaluate import gone_checkpoint_hint, main
+from pretrain_exp.app.launch import launch
 from pretrain_exp.core.rundir import RunDir
 from tests.conftest import make_config
 
@@ -28,7 +28,7 @@ def _mtimes(run_dir, name):
 def tiny_run(tmp_path_factory, tiny_model_dir, one_torch_thread):
     """A finished tiny run (default evals: insertion_loss, memorization, perplexity) holding checkpoint 4 only."""
     run_dir = tmp_path_factory.mktemp("evaluate_prints") / "run"
-    experiment.run(make_config(*TINY, run_dir=run_dir))
+    launch(make_config(*TINY, run_dir=run_dir))
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["checkpoint-4"]
     return run_dir
 
@@ -110,9 +110,9 @@ def test_only_eval_settings_change_and_the_error_says_so_plainly(tiny_run, capsy
 @pytest.mark.slow
 def test_a_closed_loop_run_is_reevaluated_with_other_evals(tmp_path, tiny_model_dir, one_torch_thread, capsys):
     run_dir = tmp_path / "loop"
-    experiment.run(make_config(*TINY, "eval.on_load=true", "+insertion/dynamic=until_memorized",
-                               "insertion.dynamic.threshold=10.3",
-                               "insertion.experiments.fictional_bios.repetitions=[0,1]", run_dir=run_dir))
+    launch(make_config(*TINY, "eval.on_load=true", "+insertion/dynamic=until_memorized",
+                       "insertion.dynamic.threshold=10.3",
+                       "insertion.experiments.fictional_bios.repetitions=[0,1]", run_dir=run_dir))
     config = RunDir(run_dir).config.read_text()
     losses = _mtimes(run_dir, "insertion_loss.json")
     capsys.readouterr()
@@ -137,11 +137,11 @@ def test_knowledge_and_lm_eval_tables(tmp_path, tiny_model_dir, one_torch_thread
     from lm_eval.api.metrics import mean_stderr, pooled_sample_stderr
 
     run_dir = tmp_path / "facts"
-    experiment.run(make_config("experiment=tiny", "insertion=none", "+insertion@insertion.experiments.facts=knowledge",
-                               "insertion.experiments.facts.num_items=16",
-                               "insertion.experiments.facts.repetitions=[0,1]", "training.num_steps=2",
-                               "training.checkpoint_interval=2", "eval=[knowledge]", "wandb=disabled",
-                               run_dir=run_dir))
+    launch(make_config("experiment=tiny", "insertion=none", "+insertion@insertion.experiments.facts=knowledge",
+                       "insertion.experiments.facts.num_items=16",
+                       "insertion.experiments.facts.repetitions=[0,1]", "training.num_steps=2",
+                       "training.checkpoint_interval=2", "eval=[knowledge]", "wandb=disabled",
+                       run_dir=run_dir))
     capsys.readouterr()
     main([str(run_dir), "eval=[knowledge,lm_eval]", "eval.tasks.lm_eval.tasks=[arc_easy,mmlu]",
           "eval.tasks.lm_eval.limit=2"])

@@ -7,17 +7,17 @@ import json
 
 import pytest
 
-from pretrain_exp.app import experiment
 from pretrain_exp.app.evaluate import main
+from pretrain_exp.app.launch import launch
 from tests.conftest import make_config
 
 
 @pytest.mark.slow
 def test_a_runs_checkpoints_are_evaluated_with_other_evals(tmp_path, tiny_model_dir, one_torch_thread, capsys):
     run_dir = tmp_path / "run"
-    experiment.run(make_config("experiment=tiny", "training.num_steps=4", "training.checkpoint_interval=2",
-                               "training.keep_last_checkpoints=0", "eval=[insertion_loss]", "wandb=disabled",
-                               "insertion.experiments.fictional_bios.repetitions=[0,1,2,4]", run_dir=run_dir))
+    launch(make_config("experiment=tiny", "training.num_steps=4", "training.checkpoint_interval=2",
+                       "training.keep_last_checkpoints=0", "eval=[insertion_loss]", "wandb=disabled",
+                       "insertion.experiments.fictional_bios.repetitions=[0,1,2,4]", run_dir=run_dir))
     ckpts = {p: p.stat().st_mtime_ns for p in (run_dir / "checkpoints").rglob("*") if p.is_file()}
     before = json.loads((run_dir / "results.json").read_text())
     capsys.readouterr()

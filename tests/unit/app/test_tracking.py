@@ -61,7 +61,7 @@ def test_a_self_hosted_login_counts_and_a_key_for_another_host_does_not(tmp_path
 def test_offline_run_has_one_step_axis_tables_and_artifacts(tmp_path, tiny_model_dir, monkeypatch):
     import transformers
 
-    from pretrain_exp.app.experiment import run
+    from pretrain_exp.app.launch import launch as run
 
     enabled = []
     method = next(m for m in ("activation_checkpointing_enable", "gradient_checkpointing_enable")  # transformers 5, 4

@@ -195,7 +195,7 @@ def test_the_source_check_sees_each_way_of_spelling_the_layout(tmp_path):
 def test_run_dir_of_a_tiny_olmo_core_run(tmp_path):
     """Two 2-step segments with kept HF exports and an eval at each: every path RunDir names is where the run put
     it, its readers return what the run wrote, and the framework finds its checkpoints through it."""
-    from pretrain_exp.app import experiment
+    from pretrain_exp.app.launch import launch
     from pretrain_exp.frameworks.olmo_core.framework import COMPLETE
     from pretrain_exp.frameworks.registry import get_framework_class
     from pretrain_exp.insertion.plan import Plan
@@ -205,7 +205,7 @@ def test_run_dir_of_a_tiny_olmo_core_run(tmp_path):
 
     cfg = make_config(*RUN, "training.num_steps=4", "eval=[insertion_loss]", "training.export_hf=every",
                       "training.keep_last_checkpoints=0", run_dir=tmp_path / "run")
-    results = experiment.run(cfg)
+    results = launch(cfg)
     rd = RunDir(tmp_path / "run")
     on_disk = {p.relative_to(rd.path).as_posix() for p in rd.path.rglob("*")}
     assert {"config.resolved.yaml", "plan.npz", "manifest.jsonl", "items.jsonl", "audit.json", "results.json",

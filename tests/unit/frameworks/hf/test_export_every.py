@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 
 import pretrain_exp.frameworks.hf.trainer as hf_trainer
 from pretrain_exp.app.evaluate import main as eval_main
-from pretrain_exp.app.experiment import run
 from pretrain_exp.app.hf_export import HFExport
+from pretrain_exp.app.launch import launch as run
 from pretrain_exp.core.config import ExportHF
 from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.frameworks.base import Checkpoint

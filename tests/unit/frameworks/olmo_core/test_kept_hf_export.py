@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from pretrain_exp.app.experiment import run
+from pretrain_exp.app.launch import launch as run
 from pretrain_exp.frameworks.olmo_core.checkpoint import OlmoCoreCheckpoint, load_model
 from pretrain_exp.report.cli import main as report_main
 from tests.conftest import CACHE_DIR, make_config
