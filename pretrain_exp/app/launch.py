@@ -32,7 +32,6 @@ process stops it with ``SIGTERM`` (it stops its ranks) and copies no more of its
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import os
@@ -43,12 +42,11 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterator, List, Optional
+from typing import IO, List, Optional
 
 import torch
 
 from pretrain_exp.app.config import ExperimentConfig
-from pretrain_exp.app.run_record import RunRecord
 from pretrain_exp.app.validate import FP8_MIN_CAPABILITY, fp8_refusal
 from pretrain_exp.core.config import Precision
 from pretrain_exp.core.errors import ConfigError, LaunchError, TrainingError
@@ -227,23 +225,6 @@ def _copy_output(src: IO[bytes], dst: IO[str], plain: bool, muted: threading.Eve
     return t
 
 
-@contextlib.contextmanager
-def _worker_config(cfg: ExperimentConfig, record: RunRecord) -> Iterator[Path]:
-    """The config file the workers read: ``config.resolved.yaml`` (``record.config``), or, when the config holds
-    credentials (which that file has redacted), an unredacted copy readable by this user only, outside the run dir,
-    removed when the workers are done."""
-    from pretrain_exp.app.run_record import write_private_config
-
-    if not record.holds_credentials:
-        yield record.config
-        return
-    tmp = write_private_config(cfg)
-    try:
-        yield tmp
-    finally:
-        os.unlink(tmp)
-
-
 def launch(cfg: ExperimentConfig) -> dict | None:
     """Run the experiment of ``cfg`` (module docstring); returns ``results.json``'s content when run in-process.
 
@@ -252,7 +233,7 @@ def launch(cfg: ExperimentConfig) -> dict | None:
     """
     from pretrain_exp.app.experiment import run
     from pretrain_exp.app.prepare import prepare
-    from pretrain_exp.app.run_record import record_run
+    from pretrain_exp.app.run_record import record_run, worker_config
 
     nodes = job_nodes()
     cfg = fit_to_allocation(cfg, nodes)
@@ -275,8 +256,8 @@ def launch(cfg: ExperimentConfig) -> dict | None:
     env = dict(os.environ) if nodes.count == 1 else {"OLMO_SHARED_FS": "1", **os.environ}
     plain = console_is_plain(cfg.verbose)
     env[CONSOLE_ENV] = "plain" if plain else "full"
-    with _worker_config(cfg, record) as worker_config:
-        argv = torchrun_argv(cfg.training.nproc_per_node, worker_config, log_dir, nodes)
+    with worker_config(cfg, record) as config_file:
+        argv = torchrun_argv(cfg.training.nproc_per_node, config_file, log_dir, nodes)
         log.info("starting %d of %d ranks (node %d of %d): %s", cfg.training.nproc_per_node, world, nodes.rank,
                  nodes.count, " ".join(argv))
         proc = track(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -11,11 +11,12 @@ readable by this user only, written by :func:`write_private_config` alone (:attr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from enum import Enum
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterator, Optional
 
 from omegaconf import OmegaConf
 
@@ -111,6 +112,21 @@ def write_private_config(cfg: ExperimentConfig, folder: Optional[Path] = None,
     with os.fdopen(fd, "w") as f:
         f.write(OmegaConf.to_yaml(OmegaConf.create(config_dict(cfg))))
     return Path(tmp)
+
+
+@contextlib.contextmanager
+def worker_config(cfg: ExperimentConfig, record: RunRecord) -> Iterator[Path]:
+    """The config file the torchrun workers of a run read: ``config.resolved.yaml`` (``record.config``), or, when
+    the config holds credentials (which that file has redacted), an unredacted copy readable by this user only,
+    outside the run dir (:func:`write_private_config`), removed when the workers are done."""
+    if not record.holds_credentials:
+        yield record.config
+        return
+    tmp = write_private_config(cfg)
+    try:
+        yield tmp
+    finally:
+        os.unlink(tmp)
 
 
 def _flatten(d: dict, prefix: str = "") -> Dict[str, object]:

@@ -32,7 +32,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from pretrain_exp.core.cachedir import CacheDir
 from pretrain_exp.core.errors import DataError
@@ -139,8 +139,12 @@ class RemoteReader:
         with self._lock:
             self.requests += 1
 
-    def _give_up(self, url: str):
-        return lambda failures, e: DataError(f"{redact(url)}: failed after {failures} consecutive attempts: {e}")
+    def _retried(self, url: str, attempt: Callable[[], Any]) -> Any:
+        """``attempt()`` under the retry policy, its failures named by ``url`` redacted; a :class:`DataError` once
+        the retries are spent."""
+        shown = redact(url)
+        return self.retry.call(attempt, what=shown, give_up=lambda failures, e: DataError(
+            f"{shown}: failed after {failures} consecutive attempts: {e}"))
 
     # -------------------------------------------------------------------------------- size
 
@@ -151,9 +155,8 @@ class RemoteReader:
             errors, timeouts and 5xx/408/429 answers are exhausted.
         """
         if url.lower().startswith(("http://", "https://")):
-            return self.retry.call(lambda: self._http_size(url), what=redact(url), give_up=self._give_up(url))
-        return self.retry.call(lambda: self._io_call("get_file_size", url), what=redact(url),
-                               give_up=self._give_up(url))
+            return self._retried(url, lambda: self._http_size(url))
+        return self._retried(url, lambda: self._io_call("get_file_size", url))
 
     def _http_size(self, url: str) -> int:
         import requests
@@ -203,10 +206,8 @@ class RemoteReader:
         if start + num_bytes > total:
             raise DataError(f"{redact(url)}: read of bytes [{start}, {start + num_bytes}) past its end ({total} B)")
         if url.lower().startswith(("http://", "https://")):
-            return self.retry.call(lambda: self._http_read(url, start, num_bytes, total), what=redact(url),
-                                   give_up=self._give_up(url))
-        data = self.retry.call(lambda: self._io_call("get_bytes_range", url, start, num_bytes), what=redact(url),
-                               give_up=self._give_up(url))
+            return self._retried(url, lambda: self._http_read(url, start, num_bytes, total))
+        data = self._retried(url, lambda: self._io_call("get_bytes_range", url, start, num_bytes))
         if len(data) != num_bytes:
             raise DataError(f"{redact(url)}: asked for {num_bytes} bytes at {start}, got {len(data)}")
         return data

@@ -75,16 +75,16 @@ def test_resolved_config_is_redacted_and_a_rerun_still_matches(tmp_path, secret_
     text = save_resolved_config(cfg, tmp_path).read_text()
     assert "https://data.example.org/tokens/part-0.npy" in text and "t0ken" not in text and "5ig" not in text
     check_same_run(cfg, tmp_path)  # the same config with its credentials matches its redacted record
-    from pretrain_exp.app.launch import _worker_config
+    from pretrain_exp.app.run_record import worker_config
 
     record = record_run(cfg, tmp_path)  # what the launcher writes and hands its workers
     assert record == RunRecord(tmp_path / "config.resolved.yaml", True) and record.config.read_text() == text
-    with _worker_config(cfg, record) as private:  # what torchrun workers read
+    with worker_config(cfg, record) as private:  # what torchrun workers read
         assert tmp_path not in private.parents and stat.S_IMODE(private.stat().st_mode) == 0o600
         assert url in private.read_text()
     assert not private.exists()
     plain = make_config("experiment=tiny", run_dir=tmp_path / "plain")
-    with _worker_config(plain, record_run(plain, tmp_path / "plain")) as path:
+    with worker_config(plain, record_run(plain, tmp_path / "plain")) as path:
         assert path == tmp_path / "plain" / "config.resolved.yaml"
     in_run_dir = write_private_config(cfg, tmp_path, prefix=".config-")  # what background evals read
     assert in_run_dir.parent == tmp_path and in_run_dir.name.startswith(".config-")
