@@ -123,109 +123,109 @@ def prefetch_ranges(files: TokenFiles, ranges: Ranges, *, threads: int = DEFAULT
     """
     if not any(files.remote[fi] for fi in ranges):
         return PrefetchStats()
-    with file_lock(files.window.root / ".prefetch.lock"):
-        return _prefetch_ranges(files, ranges, threads, chunk_bytes, progress, on_chunk)
+    return _prefetch_ranges(files, ranges, threads, chunk_bytes, progress, on_chunk)
 
 
 def _prefetch_ranges(files: TokenFiles, ranges: Ranges, threads: int, chunk_bytes: int, progress: bool,
                      on_chunk: Optional[Callable[[int, int, int], None]]) -> PrefetchStats:
-    t0 = time.monotonic()
-    stats = PrefetchStats()
-    remote = {fi: merge_ranges(r) for fi, r in ranges.items() if files.remote[fi]}
-    stats.needed_bytes = sum(total_bytes(r) for r in remote.values())
-    if not remote:
-        return stats
-    miss = missing_ranges(files, remote)
-    to_fetch = sum(total_bytes(r) for r in miss.values())
-    stats.cached_bytes = stats.needed_bytes - to_fetch
-    root = files.window.root
-    root.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(root).free
-    log.info("window prefetch: %.1f MB needed in %d remote files, %.1f MB already cached, %.1f MB to fetch; "
-             "%.1f MB free at %s", stats.needed_bytes / 1e6, len(remote), stats.cached_bytes / 1e6, to_fetch / 1e6,
-             free / 1e6, root)
-    if to_fetch > free:
-        raise DataError(f"{root}: the window cache needs {to_fetch / 1e6:.1f} MB more, the disk has "
-                        f"{free / 1e6:.1f} MB free; set cache_dir to a larger disk or train fewer steps")
-    if not miss:
-        stats.seconds = time.monotonic() - t0
-        return stats
+    with file_lock(files.window.root / ".prefetch.lock"):  # the processes sharing the cache take turns
+        t0 = time.monotonic()
+        stats = PrefetchStats()
+        remote = {fi: merge_ranges(r) for fi, r in ranges.items() if files.remote[fi]}
+        stats.needed_bytes = sum(total_bytes(r) for r in remote.values())
+        if not remote:
+            return stats
+        miss = missing_ranges(files, remote)
+        to_fetch = sum(total_bytes(r) for r in miss.values())
+        stats.cached_bytes = stats.needed_bytes - to_fetch
+        root = files.window.root
+        root.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(root).free
+        log.info("window prefetch: %.1f MB needed in %d remote files, %.1f MB already cached, %.1f MB to fetch; "
+                 "%.1f MB free at %s", stats.needed_bytes / 1e6, len(remote), stats.cached_bytes / 1e6, to_fetch / 1e6,
+                 free / 1e6, root)
+        if to_fetch > free:
+            raise DataError(f"{root}: the window cache needs {to_fetch / 1e6:.1f} MB more, the disk has "
+                            f"{free / 1e6:.1f} MB free; set cache_dir to a larger disk or train fewer steps")
+        if not miss:
+            stats.seconds = time.monotonic() - t0
+            return stats
 
-    for fi in miss:  # http(s) answers carry the size (Content-Range); other schemes are asked once here
-        url = files.paths[fi]
-        if not url.lower().startswith(("http://", "https://")):
-            now = files.reader.size(url)
-            if now != int(files.num_bytes[fi]):
-                raise changed_size_error(url, int(files.num_bytes[fi]), now)
-    present = {fi: files.present(fi) for fi in miss}
-    fds: Dict[int, int] = {}
-    dirty: Dict[int, float] = {}  # file index -> time of its last manifest write
+        for fi in miss:  # http(s) answers carry the size (Content-Range); other schemes are asked once here
+            url = files.paths[fi]
+            if not url.lower().startswith(("http://", "https://")):
+                now = files.reader.size(url)
+                if now != int(files.num_bytes[fi]):
+                    raise changed_size_error(url, int(files.num_bytes[fi]), now)
+        present = {fi: files.present(fi) for fi in miss}
+        fds: Dict[int, int] = {}
+        dirty: Dict[int, float] = {}  # file index -> time of its last manifest write
 
-    def fetch(fi: int, a: int, b: int) -> int:
-        data = files.reader.read(files.paths[fi], a, b - a, int(files.num_bytes[fi]))
-        files.window.write(files.window.path_for(files.paths[fi]), fds[fi], a, data)
-        return len(data)
+        def fetch(fi: int, a: int, b: int) -> int:
+            data = files.reader.read(files.paths[fi], a, b - a, int(files.num_bytes[fi]))
+            files.window.write(files.window.path_for(files.paths[fi]), fds[fi], a, data)
+            return len(data)
 
-    finished: Dict[int, list] = {fi: [] for fi in miss}  # chunks on disk, not yet merged into present[fi]
+        finished: Dict[int, list] = {fi: [] for fi in miss}  # chunks on disk, not yet merged into present[fi]
 
-    def record(fi: int, force: bool) -> None:
-        if finished[fi] and (force or time.monotonic() - dirty.get(fi, 0.0) >= MANIFEST_EVERY_S):
-            present[fi] = merge_ranges(np.vstack([present[fi], np.asarray(finished[fi], np.int64)]))
-            finished[fi].clear()
-            files.window.record(files.paths[fi], int(files.num_bytes[fi]), present[fi])
-            dirty[fi] = time.monotonic()
+        def record(fi: int, force: bool) -> None:
+            if finished[fi] and (force or time.monotonic() - dirty.get(fi, 0.0) >= MANIFEST_EVERY_S):
+                present[fi] = merge_ranges(np.vstack([present[fi], np.asarray(finished[fi], np.int64)]))
+                finished[fi].clear()
+                files.window.record(files.paths[fi], int(files.num_bytes[fi]), present[fi])
+                dirty[fi] = time.monotonic()
 
-    requests_before = files.reader.requests
-    try:
-        for fi in miss:
-            path = files.window.create(files.paths[fi], int(files.num_bytes[fi]))
-            fds[fi] = os.open(path, os.O_RDWR)
+        requests_before = files.reader.requests
+        try:
+            for fi in miss:
+                path = files.window.create(files.paths[fi], int(files.num_bytes[fi]))
+                fds[fi] = os.open(path, os.O_RDWR)
 
-        pending = _chunks(miss, int(chunk_bytes))
-        error: Optional[BaseException] = None
-        with _progress(progress, bytes_mode=True) as bar, ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-            task = bar.add_task("window prefetch", total=to_fetch)
-            inflight = {}
-            while True:
-                while error is None and len(inflight) < 2 * threads:
-                    item = next(pending, None)
-                    if item is None:
+            pending = _chunks(miss, int(chunk_bytes))
+            error: Optional[BaseException] = None
+            with _progress(progress, bytes_mode=True) as bar, ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+                task = bar.add_task("window prefetch", total=to_fetch)
+                inflight = {}
+                while True:
+                    while error is None and len(inflight) < 2 * threads:
+                        item = next(pending, None)
+                        if item is None:
+                            break
+                        inflight[pool.submit(fetch, *item)] = item
+                    if not inflight:
                         break
-                    inflight[pool.submit(fetch, *item)] = item
-                if not inflight:
-                    break
-                done, _ = wait(inflight, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    fi, a, b = inflight.pop(fut)
-                    try:
-                        n = fut.result()
-                    except BaseException as e:  # noqa: B036 - kept to re-raise after the in-flight chunks land
-                        error = error or e
-                        continue
-                    finished[fi].append((a, b))
-                    stats.fetched_bytes += n
-                    stats.chunks += 1
-                    bar.advance(task, n)
-                    record(fi, force=False)
-                    if on_chunk is not None and error is None:
+                    done, _ = wait(inflight, return_when=FIRST_COMPLETED)
+                    for fut in done:
+                        fi, a, b = inflight.pop(fut)
                         try:
-                            on_chunk(fi, a, b)
-                        except BaseException as e:  # noqa: B036
-                            error = e
-            if error is not None:
-                raise error
-    finally:
-        for fi in list(fds):
-            os.close(fds.pop(fi))
-        for fi in finished:
-            record(fi, force=True)
-        for fi in present:
-            files._present[fi] = present[fi]
-        stats.requests = files.reader.requests - requests_before
-        stats.seconds = time.monotonic() - t0
-    log.info("window prefetch: %.1f MB in %d requests, %.1f s%s", stats.fetched_bytes / 1e6,
-             stats.requests, stats.seconds, rate(stats.fetched_bytes / 1e6, stats.seconds, "MB", "{:.1f}"))
-    return stats
+                            n = fut.result()
+                        except BaseException as e:  # noqa: B036 - kept to re-raise after the in-flight chunks land
+                            error = error or e
+                            continue
+                        finished[fi].append((a, b))
+                        stats.fetched_bytes += n
+                        stats.chunks += 1
+                        bar.advance(task, n)
+                        record(fi, force=False)
+                        if on_chunk is not None and error is None:
+                            try:
+                                on_chunk(fi, a, b)
+                            except BaseException as e:  # noqa: B036
+                                error = e
+                if error is not None:
+                    raise error
+        finally:
+            for fi in list(fds):
+                os.close(fds.pop(fi))
+            for fi in finished:
+                record(fi, force=True)
+            for fi in present:
+                files._present[fi] = present[fi]
+            stats.requests = files.reader.requests - requests_before
+            stats.seconds = time.monotonic() - t0
+        log.info("window prefetch: %.1f MB in %d requests, %.1f s%s", stats.fetched_bytes / 1e6,
+                 stats.requests, stats.seconds, rate(stats.fetched_bytes / 1e6, stats.seconds, "MB", "{:.1f}"))
+        return stats
 
 
 PREFETCH_MODES = ("auto", "stream", "window", "none")

@@ -135,12 +135,12 @@ class WindowCache:
 
     def create(self, url: str, size: int) -> Path:
         """The cache file of ``url``, created (sparse, ``size`` bytes, atomically) if absent; returns its path."""
-        path = self.path_for(url)
+        path, manifest = self.path_for(url), self.manifest_path(url)
         if not path.is_file() or path.stat().st_size != size:
             with atomic_path(path) as tmp:
                 with open(tmp, "r+b") as f:
                     f.truncate(size)
-            self.manifest_path(url).unlink(missing_ok=True)
+            manifest.unlink(missing_ok=True)
         return path
 
     def record(self, url: str, size: int, ranges: np.ndarray) -> np.ndarray:
