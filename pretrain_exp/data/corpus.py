@@ -2,11 +2,12 @@
 
 In one trip down the data layer: the tokenizer (a registry asset or a dir,
 :func:`~pretrain_exp.data.tokenize.load_tokenizer`), the corpus tokenized once into the cache if it is text or a
-``datasets`` corpus, the token files' size index (:class:`~pretrain_exp.data.token_files.TokenFiles`), the data order
-(:class:`~pretrain_exp.data.order.DataOrder`) with the permutations of the training window built, the window's remote
-rows fetched now (``data.prefetch=window``) or a :class:`~pretrain_exp.data.stream.WindowStream` made ready to fetch
-them beside training (``stream``; not started), and the held-out rows (a null ``data.held_out_rows`` resolved:
-:func:`fit_held_out`, :func:`held_out_collision`). Nothing here starts a process or a thread.
+``datasets`` corpus (in the run's token-file dtype), the token files' size index
+(:class:`~pretrain_exp.data.token_files.TokenFiles`), the data order (:class:`~pretrain_exp.data.order.DataOrder`)
+with the permutations of the training window built, the held-out rows (a null ``data.held_out_rows`` resolved:
+:func:`fit_held_out`, :func:`held_out_collision`; a collision is refused before anything is fetched), and the
+window's remote rows fetched now (``data.prefetch=window``) or a :class:`~pretrain_exp.data.stream.WindowStream` made
+ready to fetch them beside training (``stream``; not started). Nothing here starts a process or a thread.
 """
 
 from __future__ import annotations
@@ -139,8 +140,8 @@ def open_corpus(spec: CorpusSpec, main: bool = True) -> Corpus:
     corpus.window = step_window(spec.start_step, spec.num_steps, spec.sequence_length, spec.global_batch_size)
     with PHASES.phase("permutation") as rec:
         rec.update(instances=order.num_instances, cached=order.prepare(first, count))
+    corpus.held_out_rows = resolve_held_out(spec, order, main)  # refused before anything is fetched
     corpus.window_fetched, corpus.stream = _fetch_window(spec, order, main)
-    corpus.held_out_rows = resolve_held_out(spec, order, main)
     return corpus
 
 
