@@ -150,7 +150,8 @@ class DataConf:
     #: rows at the end of the first epoch's order, never trained, for perplexity; null (default): up to
     #: :data:`DEFAULT_HELD_OUT_ROWS`, fewer (logged) where the run or the checkpoint trains the last rows
     held_out_rows: Optional[int] = None
-    dtype: Optional[str] = None  #: token-file dtype (``uint16``/``uint32``); None = from the vocabulary size
+    #: token-file dtype (``uint16``/``uint32``; a text corpus is tokenized into it); None = from the vocabulary size
+    dtype: Optional[str] = None
     path_prefixes: Dict[str, str] = field(default_factory=dict)  #: ``{old prefix: new prefix}`` applied to
     #: ``paths`` before reading (first match wins), e.g. ``{"http://olmo-data.org/": "/data/mirror/"}``
     #: remote paths: ``stream`` (fetch the run's rows ahead of the trainer, which starts once its first rows are
