@@ -172,8 +172,8 @@ class HFFramework(Framework):
 
         s0 = self.cfg.model.checkpoint_step
         resume = None if start.path == self.model_dir else start.path
-        if resume is not None and not (resume / RunDir.HF_TRAINER_STATE).is_file():
-            raise CheckpointError(f"{resume}: not a complete trainer checkpoint (no {RunDir.HF_TRAINER_STATE})")
+        if resume is not None and not RunDir.hf_checkpoint_complete(resume):
+            raise CheckpointError(f"{resume}: not a complete trainer checkpoint (no whole {RunDir.HF_TRAINER_STATE})")
         model = load_model(start.path, self.cfg.model.dtype, self.cfg.framework.attn_implementation)
         t = self.cfg.training
         noise = NoiseFeed.for_plan(getattr(rows, "plan", None))

@@ -269,19 +269,23 @@ class RunDir:
         (OLMo-core's global step, the HF Trainer's step of this run)."""
         return step_dirs(self.checkpoints, prefix, marker)
 
+    @classmethod
+    def hf_checkpoint_complete(cls, path: Path) -> bool:
+        """Whether the HF Trainer checkpoint ``path`` is complete: its ``trainer_state.json``, which the Trainer
+        writes last and with a plain ``open``, holds a whole JSON document (a kill can leave it empty or cut
+        short)."""
+        try:
+            json.loads((Path(path) / cls.HF_TRAINER_STATE).read_bytes())
+        except (OSError, ValueError):
+            return False
+        return True
+
     def hf_checkpoint_dirs(self) -> List[Tuple[int, Path]]:
-        """The complete HF Trainer checkpoints ``checkpoints/checkpoint-<k>/`` as ``[(k, path), ...]`` by ``k``:
-        those whose ``trainer_state.json``, which the Trainer writes last and with a plain ``open``, holds a whole
-        JSON document. A file a kill cut short (empty, or half-written) leaves its checkpoint out: the re-run
-        trains that segment again and writes the checkpoint anew."""
-        out = []
-        for k, d in self.checkpoint_dirs(self.HF_CHECKPOINT, self.HF_TRAINER_STATE):
-            try:
-                json.loads((d / self.HF_TRAINER_STATE).read_bytes())
-            except (OSError, ValueError):
-                continue
-            out.append((k, d))
-        return out
+        """The complete HF Trainer checkpoints ``checkpoints/checkpoint-<k>/`` (:meth:`hf_checkpoint_complete`) as
+        ``[(k, path), ...]`` by ``k``. One a kill cut short is left out: the re-run trains that segment again and
+        writes the checkpoint anew."""
+        return [(k, d) for k, d in self.checkpoint_dirs(self.HF_CHECKPOINT, self.HF_TRAINER_STATE)
+                if self.hf_checkpoint_complete(d)]
 
     @property
     def olmo_core_work(self) -> Path:

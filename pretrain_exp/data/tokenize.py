@@ -240,7 +240,8 @@ def _tokenize_into(out: Path, source: str, tokenizer, cache_dir, text_key: str, 
                 raise DataError(f"text source {source!r} holds no documents")
             tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
             os.chmod(tmp, default_mode(directory=True))
-            files, total, dtype = _write_files(docs, tokenizer, tmp, dtype, eos, progress, source)
+            dtype = dtype_for_vocab(len(tokenizer)) if dtype is None else np.dtype(dtype)
+            files, total = _write_files(docs, tokenizer, tmp, dtype, eos, progress, source)
             if total == 0:
                 raise DataError(f"text source {source!r} yields no tokens")
             (tmp / "tokens.json").write_text(json.dumps({
@@ -270,13 +271,11 @@ def _tokenize_into(out: Path, source: str, tokenizer, cache_dir, text_key: str, 
         raise
 
 
-def _write_files(docs, tokenizer, out: Path, dtype: Optional[np.dtype], eos: int, progress: bool, source: str):
-    """``docs`` (``(name, text)`` pairs) encoded and written as token files of ``dtype`` (``None``: the
-    vocabulary's) into ``out`` (:func:`~pretrain_exp.data.token_files.write_token_files`); returns
-    ``(file names, tokens, dtype)``."""
+def _write_files(docs, tokenizer, out: Path, dtype: np.dtype, eos: int, progress: bool, source: str):
+    """``docs`` (``(name, text)`` pairs) encoded and written as token files of ``dtype`` into ``out``
+    (:func:`~pretrain_exp.data.token_files.write_token_files`); returns ``(file names, tokens)``."""
     encoded = _encoded(docs, tokenizer, progress, source)
-    dtype = dtype_for_vocab(len(tokenizer)) if dtype is None else np.dtype(dtype)
-    return (*write_token_files(encoded, out, dtype, eos), dtype)
+    return write_token_files(encoded, out, dtype, eos)
 
 
 def _encoded(docs, tokenizer, progress: bool, source: str) -> Iterator[List[int]]:
