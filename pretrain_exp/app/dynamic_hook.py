@@ -2,11 +2,11 @@
 
 :class:`DynamicInsertion` is the hook: before each segment ``(a, b]`` (:meth:`~DynamicInsertion.pre_segment`) rank 0
 decides on the insertion losses evaluated at step ``a`` and saves the additions; every rank adds them to the run's
-plan (:meth:`RunPlan.add <pretrain_exp.app.run_plan.RunPlan.add>`: the training rows read it, rank 0 rewrites the
-plan files), and rank 0 verifies the new spans on the segment's batches. The arms (targets and randomized dup-0
-controls, :func:`~pretrain_exp.insertion.dynamic.assign_arms`) are drawn once, from the static plan, when the hook is
-built. It also gives ``results.json`` its ``dynamic`` entry (per item, and by arm:
-:func:`~pretrain_exp.insertion.dynamic.summary`).
+plan (:meth:`RunPlan.add <pretrain_exp.insertion.run_plan.RunPlan.add>`: the training rows read it, rank 0 rewrites
+the plan files), and rank 0 verifies the new spans on the segment's batches. The arms (targets and randomized dup-0
+controls, :func:`~pretrain_exp.insertion.dynamic.assign_arms`) are the plan's (:attr:`RunPlan.arms
+<pretrain_exp.insertion.run_plan.RunPlan.arms>`), drawn once, from the static plan, when the run is prepared. It also
+gives ``results.json`` its ``dynamic`` entry (per item, and by arm: :func:`~pretrain_exp.insertion.dynamic.summary`).
 """
 
 from __future__ import annotations
@@ -16,12 +16,10 @@ import logging
 from typing import Callable, Dict, Optional
 
 from pretrain_exp.app.hooks import RunHook
-from pretrain_exp.app.run_plan import PlanHistory, RunPlan
 from pretrain_exp.core.distributed import barrier
 from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.insertion import dynamic
-
-__all__ = ["DynamicInsertion", "PlanHistory"]
+from pretrain_exp.insertion.run_plan import RunPlan
 
 log = logging.getLogger(__name__)
 
@@ -30,22 +28,25 @@ class DynamicInsertion(RunHook):
     """The hook of ``insertion.dynamic`` (module docstring).
 
     :param policy: the parsed ``insertion.dynamic`` (:class:`~pretrain_exp.insertion.policies.base.DynamicConf`).
-    :param plan: the run's plan (:class:`~pretrain_exp.app.run_plan.RunPlan`; decisions are added to it).
+    :param plan: the run's plan (:class:`~pretrain_exp.insertion.run_plan.RunPlan`: its arms; decisions are added to
+        it).
     :param rundir: the run dir (``dynamic/``, ``evals/``).
     :param seed: ``insertion.seed``.
     :param verify: ``(a, b) -> None``: verifies the spans of steps ``a+1 .. b`` on rank 0; ``None`` when
         ``insertion.verify`` is off.
     :param main: whether this process is rank 0.
-    :raises ConfigError: (``insertion.dynamic.controls``) when the static plan cannot give the controls asked for
-        (:func:`~pretrain_exp.insertion.dynamic.assign_arms`).
     """
 
     def __init__(self, policy: dynamic.DynamicConf, plan: RunPlan, rundir: RunDir, seed: int,
                  verify: Optional[Callable[[int, int], None]] = None, main: bool = True):
         self.policy, self.plan, self.rundir, self.seed, self.main = policy, plan, rundir, seed, main
         self.verify = verify
-        #: targets and controls, drawn on the static plan (its dup counts: the controls' pool)
-        self.arms = dynamic.assign_arms(plan.static, policy, seed)
+
+    @property
+    def arms(self) -> dynamic.Arms:
+        """The targets and controls, drawn on the static plan when the run was prepared (:attr:`RunPlan.arms
+        <pretrain_exp.insertion.run_plan.RunPlan.arms>`)."""
+        return self.plan.arms
 
     def loss_history(self, upto: int) -> Dict[int, dynamic.Losses]:
         """Evaluated step (``<= upto``) -> item losses of the policy's ``insertion_loss`` task."""

@@ -19,8 +19,8 @@
 With ``insertion.dynamic`` (:mod:`~pretrain_exp.insertion.dynamic`) each segment ``(a, b]`` starts with a decision
 on the insertion losses evaluated at step ``a`` (:mod:`~pretrain_exp.app.dynamic_hook`): its additions are saved to
 ``dynamic/step<a>.json`` before the segment trains, added to the run's plan
-(:class:`~pretrain_exp.app.run_plan.RunPlan`: ``plan.npz``, ``manifest.jsonl`` with ``decided_at``/``segment``; the
-training rows read it) and verified on the segment's batches; results.json gets a ``dynamic`` table.
+(:class:`~pretrain_exp.insertion.run_plan.RunPlan`: ``plan.npz``, ``manifest.jsonl`` with ``decided_at``/``segment``;
+the training rows read it) and verified on the segment's batches; results.json gets a ``dynamic`` table.
 
 Re-running the same command in the same run dir resumes: finished segments and evals are skipped and training
 continues from the newest checkpoint (bit-identical to an uninterrupted run on CPU).
@@ -99,7 +99,7 @@ class Experiment:
 
     The prepared state's fields (``framework``, ``tokenizer``, ``order``, ``window``, ``rows``, ``stream``,
     ``auditor``, ``held_out``, ``held_out_rows``, ...) are read through the experiment; :attr:`plan` is the current
-    plan (:class:`~pretrain_exp.app.run_plan.RunPlan` is ``ctx.plan``). Building one starts no process.
+    plan (:class:`~pretrain_exp.insertion.run_plan.RunPlan` is ``ctx.plan``). Building one starts no process.
     """
 
     def __init__(self, cfg: ExperimentConfig, ctx: Optional[RunContext] = None):

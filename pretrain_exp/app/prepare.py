@@ -8,10 +8,10 @@
 2. the held-out rows (a null ``data.held_out_rows`` resolved into :attr:`RunContext.held_out_rows`, the config left
    as validated; :func:`~pretrain_exp.data.corpus.fit_held_out`, :func:`~pretrain_exp.data.corpus.held_out_collision`);
 3. the items, placed in the training window ``[S*B*L, (S+n)*B*L)``: the :class:`~pretrain_exp.insertion.plan.Plan`
-   and its owner :class:`~pretrain_exp.app.run_plan.RunPlan` (with the decisions of dynamic insertion saved in the
-   run dir); ``plan.npz`` + ``manifest.jsonl`` saved (or the plan already in the run dir checked to be identical);
-   the natural-duplicate audit (``insertion.audit``, :mod:`~pretrain_exp.app.audit_hook`: ``strict`` now; ``on``
-   made ready to run beside training, started by its ``pre_train`` hook);
+   and its owner :class:`~pretrain_exp.insertion.run_plan.RunPlan` (with the decisions of dynamic insertion saved in
+   the run dir, and its arms drawn); ``plan.npz`` + ``manifest.jsonl`` saved (or the plan already in the run dir
+   checked to be identical); the natural-duplicate audit (``insertion.audit``, :mod:`~pretrain_exp.app.audit_hook`:
+   ``strict`` now; ``on`` made ready to run beside training, started by its ``pre_train`` hook);
 4. the plan verified on the batches the framework will train (its ``peek_rows`` for every affected step and DP rank,
    :func:`~pretrain_exp.insertion.verify.verify_batches`; rank 0).
 
@@ -33,7 +33,7 @@ import numpy as np
 from pretrain_exp.app.audit_hook import RunAudit
 from pretrain_exp.app.config import ExperimentConfig
 from pretrain_exp.app.parent import ParentRun
-from pretrain_exp.app.run_plan import RunPlan
+from pretrain_exp.app.run_record import RunDirConflict
 from pretrain_exp.core.distributed import is_main_process, world_size
 from pretrain_exp.core.phases import PHASES
 from pretrain_exp.core.rundir import RunDir
@@ -46,6 +46,7 @@ from pretrain_exp.evals.base import EvalContext
 from pretrain_exp.frameworks.registry import get_framework_class
 from pretrain_exp.insertion.items import LoadContext
 from pretrain_exp.insertion.plan import Plan, build_plan
+from pretrain_exp.insertion.run_plan import PlanConflict, RunPlan
 from pretrain_exp.insertion.schema import InsertionConf
 from pretrain_exp.insertion.types import load_items, reserved_rows
 from pretrain_exp.insertion.verify import rows_to_verify, verify_batches
@@ -125,7 +126,7 @@ class RunContext:
 
     def eval_plan(self, step: int) -> Plan:
         """What the evals of checkpoint ``step`` measure: the plan as of ``step`` (:meth:`RunPlan.as_of
-        <pretrain_exp.app.run_plan.RunPlan.as_of>`), after a continued run's parent's plan (:meth:`Plan.then
+        <pretrain_exp.insertion.run_plan.RunPlan.as_of>`), after a continued run's parent's plan (:meth:`Plan.then
         <pretrain_exp.insertion.plan.Plan.then>`)."""
         plan, (before, _) = self.plan.as_of(step), self.parent_measured
         return plan if before is None else before.then(plan)
@@ -152,8 +153,9 @@ class RunContext:
 def prepare(cfg: ExperimentConfig) -> RunContext:
     """Prepare the run of ``cfg`` (module docstring) without starting a process or changing ``cfg``.
 
-    :raises ConfigError: (``data.held_out_rows``) for held-out rows the run may train; a
-        :class:`RunDirConflict` for a run dir whose plan or items differ from this config's.
+    :raises ConfigError: (``data.held_out_rows``) for held-out rows the run may train, (``insertion.dynamic.controls``)
+        for controls the static plan cannot give; a :class:`RunDirConflict` for a run dir whose plan or items differ
+        from this config's.
     :raises InsertionError: for a plan that does not fit or does not land (verification), or a control found in the
         window under ``insertion.audit=strict``.
     """
@@ -200,15 +202,20 @@ def _static_plan(cfg: ExperimentConfig, data: Corpus) -> Tuple[Plan, dict]:
 
 def plan_run(cfg: ExperimentConfig, rundir: RunDir, data: Corpus, main: bool) -> Tuple[RunPlan, RunAudit]:
     """The run's plan (module docstring, step 3): the static plan, the decisions saved in the run dir re-applied
-    (:meth:`RunPlan.resume <pretrain_exp.app.run_plan.RunPlan.resume>`), audited (rank 0; the audit beside training
-    made ready) and saved unless the run dir holds it already with the same counts. Returns ``(the plan's owner,
-    the audit)``.
+    and the closed loop's arms drawn (:meth:`RunPlan.resume <pretrain_exp.insertion.run_plan.RunPlan.resume>`),
+    audited (rank 0; the audit beside training made ready) and saved unless the run dir holds it already with the
+    same counts. Returns ``(the plan's owner, the audit)``.
 
-    :raises RunDirConflict: for a run dir whose items or plan differ from this config's.
+    :raises RunDirConflict: for a run dir whose items or plan differ from this config's (the insertion layer's
+        :class:`~pretrain_exp.insertion.run_plan.PlanConflict` with the way out of the command line).
     """
     static, items = _static_plan(cfg, data)
-    owner = RunPlan.resume(static, items, rundir, cfg.insertion.experiments, cfg.insertion.dynamic is not None, main)
-    auditor = RunAudit(cfg.insertion, rundir, data.order, data.window, data.held_out_rows,
+    ins = cfg.insertion
+    try:
+        owner = RunPlan.resume(static, items, rundir, ins.experiments, ins.dynamic, ins.seed, main)
+    except PlanConflict as e:
+        raise RunDirConflict(e.key, e.what, e.restore) from None
+    auditor = RunAudit(ins, rundir, data.order, data.window, data.held_out_rows,
                        data.tokenizer.eos_token_id, cfg.cache_dir, data.window_fetched)
     with PHASES.phase("audit") as rec:
         owner.audit, fresh = auditor.audit(static, items) if main else (None, False)

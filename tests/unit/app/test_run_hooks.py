@@ -14,7 +14,6 @@ import pytest
 
 from pretrain_exp.app.async_eval import AsyncEvals
 from pretrain_exp.app.cleanup import RunDirCleanup, clean_run_dir
-from pretrain_exp.app.dynamic_hook import PlanHistory
 from pretrain_exp.app.evaluator import AsyncEvaluator, DistributedEvaluator, Evaluator, make_evaluator
 from pretrain_exp.app.hf_export import HFExport
 from pretrain_exp.app.hooks import Hooks, RunHook, segments
@@ -27,6 +26,7 @@ from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.evals.base import EvalContext
 from pretrain_exp.evals.insertion_loss import InsertionLossConf
 from pretrain_exp.frameworks.base import Checkpoint
+from pretrain_exp.insertion.run_plan import PlanHistory
 from pretrain_exp.report.summary import summarize
 from tests.conftest import make_config, make_plan, random_item, tiny_model
 
@@ -231,7 +231,7 @@ def test_the_run_plan_is_the_one_owner_of_the_plan(tmp_path, plan):
     later steps measure; a rank other than 0 writes no plan file."""
     from types import SimpleNamespace
 
-    from pretrain_exp.app.run_plan import RunPlan
+    from pretrain_exp.insertion.run_plan import RunPlan
 
     rows = SimpleNamespace(plan=plan)  # the training rows' one field the owner sets
     owner = RunPlan(PlanHistory(plan), {}, RunDir(tmp_path), main=False)

@@ -4,10 +4,11 @@ plan files.
 :class:`PlanHistory` is the run's plan as decided so far: the static plan, then one entry per decision of dynamic
 insertion (:mod:`~pretrain_exp.app.dynamic_hook`, re-read from ``dynamic/step<a>.json`` on a re-run).
 :class:`RunPlan` owns it: the training rows read its current plan, the evals read the plan as of their step
-(:meth:`RunPlan.as_of`), dynamic insertion adds its decisions (:meth:`RunPlan.add`) and the audit its result
+(:meth:`RunPlan.as_of`), dynamic insertion reads its arms (:attr:`RunPlan.arms`, drawn on the static plan when the
+run is prepared) and adds its decisions (:meth:`RunPlan.add`), and the audit adds its result
 (:meth:`RunPlan.set_audit`); it is the only writer of ``plan.npz``, ``manifest.jsonl`` and ``items.jsonl``
 (:meth:`RunPlan.write`, rank 0), and on a re-run the one reader of the saved plan, which it holds against this
-config's (:meth:`RunPlan.resume`, :func:`check_same_items`).
+config's (:meth:`RunPlan.resume`, :func:`check_same_items`; a difference is a :class:`PlanConflict`).
 """
 
 from __future__ import annotations
@@ -17,11 +18,21 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from pretrain_exp.app.run_record import RunDirConflict
+from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.insertion import dynamic
 from pretrain_exp.insertion.audit import AuditResult
 from pretrain_exp.insertion.plan import Plan
+
+
+class PlanConflict(ConfigError):
+    """A run dir whose plan or items are not this config's: ``what`` differs, ``restore`` what brings that run back
+    (``"restore its content"``). The application adds the other way out, a run dir of its own
+    (:class:`~pretrain_exp.app.run_record.RunDirConflict`)."""
+
+    def __init__(self, key: str, what: str, restore: str):
+        self.what, self.restore = what, restore
+        super().__init__(key, f"{what}; {restore} to resume that run")
 
 
 class PlanHistory:
@@ -76,34 +87,41 @@ class RunPlan:
     :param rundir: the run dir (the plan files).
     :param main: whether this process is rank 0 (the only writer).
     :param audit: the natural-duplicate audit of the static plan, when it is known already.
+    :param arms: ``insertion.dynamic``: the targets and randomized dup-0 controls of the closed loop, drawn on the
+        static plan (:func:`~pretrain_exp.insertion.dynamic.assign_arms`); ``None`` without dynamic insertion.
     """
 
     def __init__(self, history: PlanHistory, items: dict, rundir: RunDir, main: bool,
-                 audit: Optional[AuditResult] = None):
+                 audit: Optional[AuditResult] = None, arms: Optional[dynamic.Arms] = None):
         self.history, self.items, self.rundir, self.main, self.audit = history, items, rundir, main, audit
+        self.arms = arms
         self.rows = None  #: the training rows (:class:`~pretrain_exp.data.rows.TrainingRows`), which read ``current``
         self.saved_digest: Optional[str] = None  #: the digest of the ``plan.npz`` the run dir held, if any
 
     @classmethod
-    def resume(cls, static: Plan, items: dict, rundir: RunDir, experiments: dict, dynamic_enabled: bool,
-               main: bool) -> "RunPlan":
+    def resume(cls, static: Plan, items: dict, rundir: RunDir, experiments: dict,
+               policy: Optional[dynamic.DynamicConf], seed: int, main: bool) -> "RunPlan":
         """The plan of a (re-)run in ``rundir``: ``static`` (the items of ``experiments`` placed) with the decisions
-        of dynamic insertion saved there re-applied (``dynamic_enabled``, :meth:`PlanHistory.resume`). A
-        ``plan.npz`` the run dir holds must be one of its plans.
+        of dynamic insertion (``policy``, the parsed ``insertion.dynamic``; ``None``: none) saved there re-applied
+        (:meth:`PlanHistory.resume`), and the closed loop's arms drawn on ``static`` with ``seed``
+        (``insertion.seed``). A ``plan.npz`` the run dir holds must be one of its plans.
 
-        :raises RunDirConflict: naming the experiment whose items changed (:func:`check_same_items`, before the
+        :raises PlanConflict: naming the experiment whose items changed (:func:`check_same_items`, before the
             saved decisions are re-applied), or ``insertion`` for a saved plan that is none of this run's.
+        :raises ConfigError: (``insertion.dynamic.controls``) when ``static`` cannot give the controls asked for.
         """
         path = rundir.plan
         saved = Plan.load(path) if path.is_file() else None
         if saved is not None:  # a re-run: an input of the plan that changed is named first
             check_same_items(saved, static, experiments, rundir.path)
-        owner = cls(PlanHistory.resume(static, rundir, dynamic_enabled), items, rundir, main)
+        history = PlanHistory.resume(static, rundir, policy is not None)
+        arms = None if policy is None else dynamic.assign_arms(static, policy, seed)
+        owner = cls(history, items, rundir, main, arms=arms)
         owner.saved_digest = None if saved is None else saved.digest()
         if saved is not None and owner.saved_digest not in owner.history.digests():
-            raise RunDirConflict("insertion", f"{path} holds another plan than this config gives, though the "
-                                 "config and the items are the same (the corpus, the tokenizer or the program's "
-                                 "placement changed since the run started)", "restore them")
+            raise PlanConflict("insertion", f"{path} holds another plan than this config gives, though the "
+                               "config and the items are the same (the corpus, the tokenizer or the program's "
+                               "placement changed since the run started)", "restore them")
         return owner
 
     @property
@@ -175,7 +193,7 @@ def check_same_items(saved: Plan, plan: Plan, experiments: dict, run_dir: Path) 
     of both, though the config is the same: an input changed since the run started.
 
     :param experiments: ``insertion.experiments`` (name -> its config; ``file``: the items file).
-    :raises RunDirConflict: naming the experiment's items file and that its content changed (or, without a file,
+    :raises PlanConflict: naming the experiment's items file and that its content changed (or, without a file,
         that the items it reads or generates changed).
     """
     changed = [e for e in plan.experiments if e in saved.experiments
@@ -186,9 +204,9 @@ def check_same_items(saved: Plan, plan: Plan, experiments: dict, run_dir: Path) 
     name, more = changed[0], (f" (and the items of {', '.join(changed[1:])})" if changed[1:] else "")
     file = getattr(experiments.get(name), "file", None)
     if file:
-        raise RunDirConflict(f"insertion.experiments.{name}.file",
-                             f"the items file {Path(file).resolve()} changed content since the run in {run_dir} "
-                             f"started{more}", "restore its content")
-    raise RunDirConflict(f"insertion.experiments.{name}",
-                         f"its items differ from those the run in {run_dir} started with, though the config is the "
-                         f"same (what they are read or generated from changed){more}", "restore it")
+        raise PlanConflict(f"insertion.experiments.{name}.file",
+                           f"the items file {Path(file).resolve()} changed content since the run in {run_dir} "
+                           f"started{more}", "restore its content")
+    raise PlanConflict(f"insertion.experiments.{name}",
+                       f"its items differ from those the run in {run_dir} started with, though the config is the "
+                       f"same (what they are read or generated from changed){more}", "restore it")
