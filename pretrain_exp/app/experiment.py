@@ -13,7 +13,8 @@
    every) segment's checkpoint in ``hf/step<N>/`` (``training.export_hf``), and evaluate
    every segment's checkpoint into ``evals/step<N>/<task>.json`` (all evals of a step read one HF export);
 4. ``post_train``: the wait for background evals, then ``results.json``, the plot and the tables
-   (:class:`~pretrain_exp.app.results.RunResults`); the release; ``close``: the cleanup
+   (:class:`~pretrain_exp.app.results.RunResults`), then the release (:mod:`~pretrain_exp.app.release_hook`);
+   ``close``: the cleanup
    (:mod:`~pretrain_exp.app.cleanup`) and the end of every process started beside training.
 
 With ``insertion.dynamic`` (:mod:`~pretrain_exp.insertion.dynamic`) each segment ``(a, b]`` starts with a decision
@@ -46,6 +47,7 @@ from pretrain_exp.app.evaluator import Evaluator, make_evaluator
 from pretrain_exp.app.hf_export import HFExport
 from pretrain_exp.app.hooks import Hooks, load_hooks, segments
 from pretrain_exp.app.prepare import RunContext, prepare
+from pretrain_exp.app.release_hook import Release
 from pretrain_exp.app.results import LoopTiming, RunResults, run_results
 from pretrain_exp.app.run_record import holds_credentials, write_private_config
 from pretrain_exp.app.stream_hook import StreamHook
@@ -195,8 +197,9 @@ class Experiment:
     def run(self) -> dict:
         """Execute the loop (module docstring) under the hook contract of :mod:`~pretrain_exp.app.hooks`:
         ``pre_train`` → per segment ``pre_segment``, training with retries, ``post_segment`` → ``post_train`` (the
-        results: :class:`~pretrain_exp.app.results.RunResults`) → release → ``close``; on an exception ``on_error``
-        then ``close``. Returns the ``results.json`` content (``{}`` on ranks other than 0)."""
+        results: :class:`~pretrain_exp.app.results.RunResults`, then the release:
+        :class:`~pretrain_exp.app.release_hook.Release`) → ``close``; on an exception ``on_error`` then ``close``.
+        Returns the ``results.json`` content (``{}`` on ranks other than 0)."""
         self._check_release()
         timing = LoopTiming()
         with PHASES.phase("tracker"):
@@ -207,10 +210,6 @@ class Experiment:
                 ckpt, initial = self._resume_point()
                 hooks, results = self.hooks(tracker, timing, initial, ckpt)
                 self._loop(hooks, ckpt, tracker, timing)
-            if self.cfg.release.push_to_hub and self.main:
-                from pretrain_exp.report.release import release_run
-
-                release_run(self.rundir, self.cfg.release, self.cfg.run_name)
         except BaseException as e:
             hooks.on_error(e)
             hooks.close()
@@ -246,12 +245,12 @@ class Experiment:
         beside training, dynamic insertion, the kept HF export, the evaluator (:meth:`evaluator`, logging to
         ``tracker``), the components named in ``hooks`` (:func:`~pretrain_exp.app.hooks.load_hooks`), the results
         (:class:`~pretrain_exp.app.results.RunResults`: ``timing``, the ``initial`` checkpoint and ``ckpt``, the
-        one training resumes from), the cleanup. Returns ``(the hooks, the results)``."""
+        one training resumes from), the release, the cleanup. Returns ``(the hooks, the results)``."""
         ctx, evaluator = self.ctx, self.evaluator(tracker, initial)
         results = RunResults(ctx, tracker, evaluator, timing, initial, ckpt, self.dynamic_insertion)
         named = load_hooks(self.cfg.hooks, ctx)
         return Hooks([StreamHook(ctx.stream, ctx.order), ctx.auditor, self.dynamic_insertion, self.hf, evaluator,
-                      *named, results,
+                      *named, results, Release(self.rundir, self.cfg.release, self.cfg.run_name, self.main),
                       RunDirCleanup(self.rundir, self.cfg.training.cleanup, self.framework.latest_checkpoint,
                                     self.main)]), results
 

@@ -11,12 +11,12 @@ The contract, which the loop keeps:
 
 - **order**: the components' hooks run in the order of the run's component list (:meth:`Experiment.hooks
   <pretrain_exp.app.experiment.Experiment.hooks>`): the window stream, the audit, dynamic insertion, the kept HF
-  export, the evaluator, the components named in the config's ``hooks``, the results, the cleanup;
+  export, the evaluator, the components named in the config's ``hooks``, the results, the release, the cleanup;
 - **ranks**: every rank calls every hook, ``post_train`` and ``close`` included; a component whose work is rank 0's
   (writing files, the results, the cleanup) checks that itself (its ``main``);
-- **errors**: an exception that leaves the loop, the results or the release calls ``on_error(exc)`` on every
-  component, then ``close``, then propagates; ``close`` runs exactly once per run, after ``post_train`` (and the
-  release) on success, after ``on_error`` on failure. What a component started in ``pre_train`` (the window
+- **errors**: an exception that leaves the loop (``post_train`` included: the results, the release) calls
+  ``on_error(exc)`` on every component, then ``close``, then propagates; ``close`` runs exactly once per run, after
+  ``post_train`` on success, after ``on_error`` on failure. What a component started in ``pre_train`` (the window
   stream, the audit beside training) it stops in ``on_error`` and ``close``, except the background evals, which are
   left to finish their evals for the re-run (:mod:`~pretrain_exp.app.async_eval`); what only a finished run may do
   (the cleanup) it skips after ``on_error``.
@@ -25,7 +25,8 @@ Every job around training is one :class:`RunHook` in a module of its own, built 
 window stream (:mod:`~pretrain_exp.app.stream_hook`), the audit (:mod:`~pretrain_exp.app.audit_hook`), dynamic
 insertion (:mod:`~pretrain_exp.app.dynamic_hook`), the kept HF export (:mod:`~pretrain_exp.app.hf_export`), the
 evaluator with its inline / distributed / async variants (:mod:`~pretrain_exp.app.evaluator`), the results
-(:mod:`~pretrain_exp.app.results`) and the cleanup (:mod:`~pretrain_exp.app.cleanup`). A component of one's own is a
+(:mod:`~pretrain_exp.app.results`), the release (:mod:`~pretrain_exp.app.release_hook`) and the cleanup
+(:mod:`~pretrain_exp.app.cleanup`). A component of one's own is a
 :class:`RunHook` subclass named in the config by its import path (``hooks=[my_pkg.my_module:MyHook]``): it is built
 with the prepared run (:class:`~pretrain_exp.app.prepare.RunContext`) and its hooks run before the results
 (:func:`load_hooks`).
@@ -70,10 +71,11 @@ class RunHook:
         component but the cleanup)."""
 
     def on_error(self, exc: BaseException) -> None:
-        """When an exception leaves the loop, the results or the release (then ``close``; then it propagates)."""
+        """When an exception leaves the loop, ``post_train`` included (then ``close``; then it propagates)."""
 
     def close(self) -> None:
-        """Once, at the very end of the run: after the results and the release, or after ``on_error``."""
+        """Once, at the very end of the run: after ``post_train`` (the results, the release), or after
+        ``on_error``."""
 
 
 class Hooks(RunHook):
