@@ -176,11 +176,10 @@ def prepare(cfg: ExperimentConfig) -> RunContext:
     if main and cfg.insertion.verify and current.num_insertions:
         span = (rows.first_row, rows.first_row + len(rows))
         with PHASES.phase("verify") as rec:
-            rec["rows"] = int(current.affected_rows().size)
             if data.stream is not None:  # the rows the verifier reads, fetched before the stream starts
                 prefetch_rows(order, rows_to_verify(current, span, seed=cfg.seed))
-            verify_batches(current, functools.partial(framework.peek_rows, rows), order.row_tokens, span,
-                           world_size(), seed=cfg.seed)
+            rec["rows"] = verify_batches(current, functools.partial(framework.peek_rows, rows), order.row_tokens,
+                                         span, world_size(), seed=cfg.seed).rows_checked
     return ctx
 
 
