@@ -248,11 +248,11 @@ class Experiment:
         one training resumes from), the release, the cleanup. Returns ``(the hooks, the results)``."""
         ctx, evaluator = self.ctx, self.evaluator(tracker, initial)
         results = RunResults(ctx, tracker, evaluator, timing, initial, ckpt, self.dynamic_insertion)
+        release = Release(self.rundir, self.cfg.release, self.cfg.run_name, self.main)
+        cleanup = RunDirCleanup(self.rundir, self.cfg.training.cleanup, self.framework.latest_checkpoint, self.main)
         named = load_hooks(self.cfg.hooks, ctx)
         return Hooks([StreamHook(ctx.stream, ctx.order), ctx.auditor, self.dynamic_insertion, self.hf, evaluator,
-                      *named, results, Release(self.rundir, self.cfg.release, self.cfg.run_name, self.main),
-                      RunDirCleanup(self.rundir, self.cfg.training.cleanup, self.framework.latest_checkpoint,
-                                    self.main)]), results
+                      *named, results, release, cleanup]), results
 
     def segments(self) -> List[Tuple[int, int]]:
         """The run's segments ``(a, b]`` of ``training.checkpoint_interval`` steps
