@@ -115,13 +115,14 @@ class RunPlan:
         if saved is not None:  # a re-run: an input of the plan that changed is named first
             check_same_items(saved, static, experiments, rundir.path)
         history = PlanHistory.resume(static, rundir, policy is not None)
-        arms = None if policy is None else dynamic.assign_arms(static, policy, seed)
-        owner = cls(history, items, rundir, main, arms=arms)
-        owner.saved_digest = None if saved is None else saved.digest()
-        if saved is not None and owner.saved_digest not in owner.history.digests():
+        saved_digest = None if saved is None else saved.digest()
+        if saved is not None and saved_digest not in history.digests():
             raise PlanConflict("insertion", f"{path} holds another plan than this config gives, though the "
                                "config and the items are the same (the corpus, the tokenizer or the program's "
                                "placement changed since the run started)", "restore them")
+        arms = None if policy is None else dynamic.assign_arms(static, policy, seed)
+        owner = cls(history, items, rundir, main, arms=arms)
+        owner.saved_digest = saved_digest
         return owner
 
     @property
