@@ -94,7 +94,7 @@ class RunPlan:
     def __init__(self, history: PlanHistory, items: dict, rundir: RunDir, main: bool,
                  audit: Optional[AuditResult] = None, arms: Optional[dynamic.Arms] = None):
         self.history, self.items, self.rundir, self.main, self.audit = history, items, rundir, main, audit
-        self.arms = arms
+        self.arms = arms  #: ``insertion.dynamic``'s targets and controls (``None`` without dynamic insertion)
         self.rows = None  #: the training rows (:class:`~pretrain_exp.data.rows.TrainingRows`), which read ``current``
         self.saved_digest: Optional[str] = None  #: the digest of the ``plan.npz`` the run dir held, if any
 

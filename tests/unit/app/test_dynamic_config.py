@@ -58,6 +58,22 @@ def test_dynamic_is_parsed_once_per_run_and_the_run_reads_the_parsed_config(tmp_
     assert len(arms.targets) == 8 and not set(arms.controls) & set(arms.targets)
 
 
+def test_the_arms_are_drawn_when_the_run_is_prepared(tmp_path, tiny_model_dir):
+    """The closed loop's arms are part of what a run decides before step 1 (:func:`prepare`, the plan's owner):
+    controls the static plan cannot give are refused there, by the step the torchrun launcher runs before any rank
+    starts."""
+    from pretrain_exp.app.prepare import prepare
+
+    run = [*BASE, "eval=[insertion_loss]", "training.num_steps=0", "insertion.verify=false", "insertion.audit=off",
+           "+insertion/dynamic=until_memorized"]
+    ctx = prepare(make_config(*run, run_dir=tmp_path / "ok"))
+    arms = ctx.plan.arms
+    assert len(arms.controls) == 8 and (ctx.plan.static.item_dup_count[arms.controls] == 0).all()
+    with pytest.raises(ConfigError) as e:  # 17 controls from the 16 static dup-0 bios
+        prepare(make_config(*run, "insertion.dynamic.controls=17", run_dir=tmp_path / "too_many"))
+    assert e.value.key == "insertion.dynamic.controls" and "17 control(s)" in str(e.value)
+
+
 def test_no_controls_is_accepted_when_asked_for(tmp_path):
     cfg = make_config(*BASE, "+insertion/dynamic=until_memorized", "insertion.dynamic.controls=0",
                       "insertion.dynamic.allow_no_controls=true", run_dir=tmp_path)
