@@ -265,7 +265,8 @@ def tiny_checkpoint(name: str, cache_dir: str | Path) -> Path:
     def build(tmp: Path) -> dict:
         paths = tokenize_source(TINY_CORPUS[name], load_tokenizer("dolma2", cache_dir), CacheDir(cache_dir).tokens,
                                 cache_dir, progress=False)
-        write_checkpoint(tmp, dataclasses.replace(spec, data_paths=tuple(str(p) for p in paths)))
+        # the token files' real paths: the cache may reach its token files through a link that does not last
+        write_checkpoint(tmp, dataclasses.replace(spec, data_paths=tuple(str(p.resolve()) for p in paths)))
         return {"preset": name, "corpus": TINY_CORPUS[name]}
 
-    return build_once(CacheDir(cache_dir).model(f"{name}-v2"), build) / f"step{spec.step}-unsharded"
+    return build_once(CacheDir(cache_dir).model(f"{name}-v3"), build) / f"step{spec.step}-unsharded"

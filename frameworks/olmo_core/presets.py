@@ -76,14 +76,15 @@ def tiny_checkpoint(name: str, cache_dir: str | Path) -> Path:
         save_model_and_optim_state(str(tmp), model)
         (tmp / "config.json").write_text(json.dumps({
             "model": config.as_config_dict(),
-            "dataset": {"paths": [str(p) for p in paths], "sequence_length": L, "dtype": "uint32",
+            # the token files' real paths: the cache may reach its token files through a link that does not last
+            "dataset": {"paths": [str(p.resolve()) for p in paths], "sequence_length": L, "dtype": "uint32",
                         "tokenizer": {"identifier": "allenai/dolma2-tokenizer", "vocab_size": DOLMA2_PADDED_VOCAB,
                                       "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}},
             "data_loader": {"global_batch_size": B * L, "seed": seed},
         }, indent=2))
         return {"preset": name, "corpus": corpus}
 
-    return build_once(CacheDir(cache_dir).model(f"{name}-v2"), build)
+    return build_once(CacheDir(cache_dir).model(f"{name}-v3"), build)
 
 
 #: ``model.config`` prefixes that name OLMo-core ``TransformerConfig`` builders (``olmo2_1B_v2``, ``olmo3_7B``, ...)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -49,15 +50,19 @@ def dolma2():
 
 
 def test_built_once_into_the_cache(cache, tiny):
+    """Built once; the token files it records are their real paths, not the cache's link to them (the linked
+    cache of a test process is removed at its exit, the model stays in the shared cache)."""
     models = cache / "models"
-    assert tiny == models / "olmo2_tiny-v2" / "step0-unsharded"
+    assert tiny == models / "olmo2_tiny-v3" / "step0-unsharded"
     assert sorted(p.name for p in tiny.iterdir()) == ["config.yaml", "model.pt", "optim.pt", "train.pt"]
-    assert json.loads((models / "olmo2_tiny-v2" / ".complete.json").read_text()) == {"preset": "olmo2_tiny",
+    assert json.loads((models / "olmo2_tiny-v3" / ".complete.json").read_text()) == {"preset": "olmo2_tiny",
                                                                                      "corpus": "shakespeare"}
+    paths = [Path(p) for p in yaml.safe_load((tiny / "config.yaml").read_text())["data"]["paths"]]
+    assert paths and all(p.is_file() and p == p.resolve() for p in paths)
     before = {p.name: p.stat().st_mtime_ns for p in tiny.iterdir()}
     assert tiny_checkpoint("olmo2_tiny", cache) == tiny
     assert {p.name: p.stat().st_mtime_ns for p in tiny.iterdir()} == before
-    assert [p.name for p in models.iterdir() if p.name.startswith(".olmo2_tiny-v2-")] == []  # no temp dir left
+    assert [p.name for p in models.iterdir() if p.name.startswith(".olmo2_tiny-v3-")] == []  # no temp dir left
 
 
 def test_unknown_preset_names_the_presets(tmp_path):
