@@ -38,6 +38,7 @@ from pretrain_exp.core.capabilities import SUPPORTS_RANDOM_INIT
 from pretrain_exp.core.config import ModelConf, RunConfig
 from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.data.assets import build_once
+from pretrain_exp.data.remote import is_remote
 from pretrain_exp.frameworks.olmo_core.framework import OlmoCoreFramework
 
 log = logging.getLogger(__name__)
@@ -124,6 +125,9 @@ def convert_to_olmo_core(cfg: RunConfig, source: Path) -> Path:
     from pretrain_exp.frameworks.olmo2.convert import load_converted, optimizer_state_for
 
     optim_config = run_optim_config(cfg, read_config(source))
+    # the source as the converted checkpoint records it: a local dir by its real path (a relative path, or a cache
+    # reached through a link, would not lead back to it from another process)
+    recorded = str(source) if is_remote(str(source)) else str(Path(source).resolve())
     key = hashlib.sha256(json.dumps([str(Path(source).resolve()), optim_config.as_config_dict()],
                                     sort_keys=True, default=str).encode()).hexdigest()[:16]
     name = f"{Path(source).parent.name}-{Path(source).name}-{key}"
@@ -141,8 +145,8 @@ def convert_to_olmo_core(cfg: RunConfig, source: Path) -> Path:
             save_model_and_optim_state(str(tmp), model, optim)
         (tmp / "config.json").write_text(json.dumps({
             "model": ck.model_config.as_config_dict(), "optimizer_state": ck.optim_state is not None,
-            "olmo2": {"source": str(source), "global_step": ck.position.global_step}}, indent=2))
-        return {"source": str(source)}
+            "olmo2": {"source": recorded, "global_step": ck.position.global_step}}, indent=2))
+        return {"source": recorded}
 
     return build_once(out, build)
 

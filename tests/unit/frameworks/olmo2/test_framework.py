@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -65,6 +66,27 @@ def test_a_run_that_would_not_continue_the_checkpoint_is_refused(olmo2_ckpt, tmp
     with pytest.raises(ConfigError) as e:
         Olmo2Framework.resolve_model(cfg)
     assert e.value.key == key and needed in str(e.value)
+
+
+def test_the_converted_checkpoint_records_the_real_path_of_its_source(olmo2_ckpt, tmp_path):
+    """The OLMo-core checkpoint converted from an OLMo-2 one is shared through the model cache; the source it
+    records (what the run's OLMo-2 settings are read from) is the source's real path, not the link it was given by
+    (a test process's cache reaches the models through a link that goes away with the process)."""
+    from pretrain_exp.core.cachedir import CacheDir
+    from pretrain_exp.frameworks.olmo2.framework import convert_to_olmo_core
+    from tests.conftest import CACHE_DIR
+
+    ckpt, paths = olmo2_ckpt
+    cache = tmp_path / "cache"  # models of its own, the rest shared
+    cache.mkdir()
+    for sub in ("assets", "tokenizers", "tokens"):
+        (CACHE_DIR / sub).mkdir(parents=True, exist_ok=True)
+        (cache / sub).symlink_to(CACHE_DIR / sub)
+    link = tmp_path / "link"
+    link.symlink_to(Path(ckpt).resolve(), target_is_directory=True)
+    converted = convert_to_olmo_core(olmo2_run(link, paths, tmp_path / "run", f"cache_dir={cache}"), link)
+    assert converted.parent == CacheDir(cache).model("olmo2-converted")
+    assert json.loads((converted / "config.json").read_text())["olmo2"]["source"] == str(Path(ckpt).resolve())
 
 
 @pytest.mark.slow
