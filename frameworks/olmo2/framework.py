@@ -125,10 +125,10 @@ def convert_to_olmo_core(cfg: RunConfig, source: Path) -> Path:
     from pretrain_exp.frameworks.olmo2.convert import load_converted, optimizer_state_for
 
     optim_config = run_optim_config(cfg, read_config(source))
-    # the source as the converted checkpoint records it: a local dir by its real path (a relative path, or a cache
-    # reached through a link, would not lead back to it from another process)
+    # the source as the converted checkpoint records it, and its cache key: a local dir by its real path (a
+    # relative path, or a cache reached through a link, would not lead back to it from another process)
     recorded = str(source) if is_remote(str(source)) else str(Path(source).resolve())
-    key = hashlib.sha256(json.dumps([str(Path(source).resolve()), optim_config.as_config_dict()],
+    key = hashlib.sha256(json.dumps([recorded, optim_config.as_config_dict()],
                                     sort_keys=True, default=str).encode()).hexdigest()[:16]
     name = f"{Path(source).parent.name}-{Path(source).name}-{key}"
     out = CacheDir(cfg.cache_dir).model("olmo2-converted") / name
