@@ -50,11 +50,10 @@ from pretrain_exp.app.validate import to_config
 from pretrain_exp.core.commands import prog
 from pretrain_exp.core.errors import PretrainExpError
 from pretrain_exp.core.interrupt import Interrupted, exit_now, interruptible, stop_children, submitit_interruptible
-from pretrain_exp.core.io import write_text
 from pretrain_exp.core.logs import FILE_ONLY, run_logging
 from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.core.runlock import RunDirLock
-from pretrain_exp.core.secrets import install_log_redaction, redact, redact_obj
+from pretrain_exp.core.secrets import install_log_redaction, redact
 
 log = logging.getLogger("pretrain_exp")
 install_log_redaction()  # before Hydra logs the overrides
@@ -68,22 +67,21 @@ register_configs()
 _SCAFFOLD = RunDir.SCAFFOLD
 
 
-def save_hydra_files(cfg: DictConfig, run_dir: Path) -> None:
-    """Write ``<run_dir>/.hydra/{config,hydra,overrides}.yaml`` as Hydra writes them, with credentials redacted.
+def hydra_files(cfg: DictConfig) -> dict:
+    """``.hydra/{config,hydra,overrides}.yaml`` as Hydra writes them (name -> plain content, unredacted).
 
     ``conf/config.yaml`` sets ``hydra.output_subdir: null``, so Hydra writes no ``.hydra/`` before the job starts;
-    in a run dir that already holds a run this runs once the run dir is locked and the config accepted, so a
-    refused re-run (a changed config, a run dir in use) leaves the run's ``.hydra/`` as it was.
+    the run writes them when it records itself (:func:`~pretrain_exp.app.run_record.record_run`), once the run dir
+    is locked and the config accepted, so a refused re-run (a changed config, a run dir in use) leaves the run's
+    ``.hydra/`` as it was.
     """
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
     hc = HydraConfig.get()
-    rd = RunDir(run_dir)
-    for name, node in (("config", OmegaConf.to_container(cfg, resolve=False)),
-                       ("hydra", {"hydra": OmegaConf.to_container(hc, resolve=False)}),
-                       ("overrides", list(hc.overrides.task))):
-        write_text(rd.hydra_file(name), OmegaConf.to_yaml(OmegaConf.create(redact_obj(node))))
+    return {"config": OmegaConf.to_container(cfg, resolve=False),
+            "hydra": {"hydra": OmegaConf.to_container(hc, resolve=False)},
+            "overrides": list(hc.overrides.task)}
 
 
 #: whether :func:`main` set ``HYDRA_FULL_ERROR`` for Hydra's composition (a user's own setting is left alone)
@@ -267,7 +265,7 @@ def _run(cfg: DictConfig, run_dir: Path, fresh: bool, sweep: bool) -> None:
 
     from pretrain_exp.app.cpdt import run_cpdt
     from pretrain_exp.app.launch import job_nodes, launch, surplus_task
-    from pretrain_exp.app.run_record import check_same_run
+    from pretrain_exp.app.run_record import save_hydra_files
     from pretrain_exp.core.phases import PHASES
 
     if surplus_task():  # more SLURM tasks than nodes (a job requeued onto fewer nodes): one launcher per node
@@ -275,8 +273,7 @@ def _run(cfg: DictConfig, run_dir: Path, fresh: bool, sweep: bool) -> None:
         return
     PHASES.add("startup", time.time() - PHASES.process_start, PHASES.process_start,
                what="interpreter, imports, Hydra's composition")
-    if fresh:  # a new run dir has nothing to protect; its .hydra/ lets the sweep report list a job that fails
-        save_hydra_files(cfg, run_dir)
+    hydra = hydra_files(cfg)
     try:
         with PHASES.phase("settings", what="config resolved (checkpoint settings) and validated"):
             exp = to_config(cfg, list(HydraConfig.get().overrides.task))
@@ -288,16 +285,15 @@ def _run(cfg: DictConfig, run_dir: Path, fresh: bool, sweep: bool) -> None:
         # one process per run dir (core.runlock); torchrun ranks run under this one, and in a multi-node job the
         # other nodes' tasks under node 0's
         with RunDirLock(run_dir) if job_nodes().rank == 0 else contextlib.nullcontext():
-            check_same_run(exp, run_dir)  # a refused config changes nothing in the run dir
-            if not fresh:
-                save_hydra_files(cfg, run_dir)
             if exp.cpdt.experiments:  # dependence testing: one ordinary launch per arm, then the interaction table
-                run_cpdt(exp)
+                run_cpdt(exp, hydra)
             else:
-                launch(exp)
+                launch(exp, hydra)
     except PretrainExpError as e:
         log.debug("failed", exc_info=True)
-        if sweep:  # keep the job dir and its log, so the sweep report can say why this job failed
+        if sweep:  # keep the job dir, its .hydra/ and log, so the sweep report can say why this job failed
+            if fresh:
+                save_hydra_files(run_dir, hydra)
             log.error("error: %s", _one_line(e))
         elif fresh and run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= _SCAFFOLD:
             shutil.rmtree(run_dir, ignore_errors=True)

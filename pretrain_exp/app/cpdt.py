@@ -32,7 +32,7 @@ from __future__ import annotations
 import copy
 import logging
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 from pretrain_exp.app.config import CpdtConf, ExperimentConfig
 from pretrain_exp.report.cpdt import TOGETHER, arm_dir, log_cpdt_wandb, print_cpdt, write_cpdt_report
@@ -67,9 +67,10 @@ def arm_config(cfg: ExperimentConfig, arm: str, seed: int) -> ExperimentConfig:
     return a
 
 
-def run_cpdt(cfg: ExperimentConfig) -> dict:
+def run_cpdt(cfg: ExperimentConfig, hydra: Optional[dict] = None) -> dict:
     """Run every arm (skipping nothing: a finished arm resumes in seconds), then write and log the table.
 
+    :param hydra: the CPDT run's ``.hydra/`` files, recorded in its run dir (the arms' dirs hold none).
     :returns: the ``cpdt.json`` content.
     """
     from pretrain_exp.app.launch import launch
@@ -79,7 +80,7 @@ def run_cpdt(cfg: ExperimentConfig) -> dict:
     run_dir = Path(cfg.run_dir).resolve()
     names = arm_names(cfg)
     arms = [(seed, arm, arm_config(cfg, arm, seed)) for seed in cfg.cpdt.seeds for arm in names]
-    record_run(cfg, run_dir)
+    record_run(cfg, run_dir, hydra)
     for k, (seed, arm, arm_cfg) in enumerate(arms, 1):
         log.info("cpdt arm %d/%d: %s seed %d", k, len(arms), arm, seed)
         launch(arm_cfg)

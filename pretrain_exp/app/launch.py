@@ -225,9 +225,12 @@ def _copy_output(src: IO[bytes], dst: IO[str], plain: bool, muted: threading.Eve
     return t
 
 
-def launch(cfg: ExperimentConfig) -> dict | None:
+def launch(cfg: ExperimentConfig, hydra: Optional[dict] = None) -> dict | None:
     """Run the experiment of ``cfg`` (module docstring); returns ``results.json``'s content when run in-process.
 
+    :param hydra: the ``.hydra/`` files of a run of the command line (:func:`~pretrain_exp.app.cli.hydra_files`),
+        written with ``config.resolved.yaml`` when the run is recorded
+        (:func:`~pretrain_exp.app.run_record.record_run`).
     :raises LaunchError: for an allocation that cannot hold the ranks.
     :raises TrainingError: if the torchrun child fails.
     """
@@ -243,7 +246,7 @@ def launch(cfg: ExperimentConfig) -> dict | None:
     # dir: their workers read a node-local copy of the config
     own_dir = run_dir if nodes.rank == 0 else Path(tempfile.mkdtemp(
         prefix=f"pretrain_exp-{nodes.rdzv_id}-node{nodes.rank}-"))
-    record = record_run(cfg, own_dir)
+    record = record_run(cfg, own_dir, hydra)
     if cfg.training.nproc_per_node == 1 and nodes.count == 1:
         return run(cfg)
     world = cfg.training.nproc_per_node * nodes.count

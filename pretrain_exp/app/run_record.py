@@ -2,11 +2,11 @@
 
 :func:`record_run` is called once per run dir before anything of the run is written there: it refuses a config that
 trains something else than the run the dir holds (:func:`check_same_run`, keys outside
-:data:`~pretrain_exp.app.run_name.MUTABLE_KEYS`) and writes ``config.resolved.yaml`` (:func:`save_resolved_config`:
-no Hydra interpolations left, credentials redacted by :func:`~pretrain_exp.core.secrets.redact_obj`). Both read one
-form of the config, :func:`recorded_form`. A child process whose config holds credentials reads an unredacted copy
-readable by this user only, written by :func:`write_private_config` alone (:attr:`RunRecord.holds_credentials`,
-:func:`holds_credentials` say when).
+:data:`~pretrain_exp.app.run_name.MUTABLE_KEYS`) and writes ``config.resolved.yaml`` and, for a run of the command
+line, its ``.hydra/`` files (:func:`save_resolved_config`: no Hydra interpolations left, credentials redacted by
+:func:`~pretrain_exp.core.secrets.redact_obj`). Both read one form of the config, :func:`recorded_form`. A child
+process whose config holds credentials reads an unredacted copy readable by this user only, written by
+:func:`write_private_config` alone (:attr:`RunRecord.holds_credentials`, :func:`holds_credentials` say when).
 """
 
 from __future__ import annotations
@@ -72,27 +72,45 @@ class RunRecord:
     holds_credentials: bool  #: whether redaction changed the config (that file cannot stand in for it)
 
 
-def record_run(cfg: ExperimentConfig, run_dir: Path) -> RunRecord:
-    """Make ``run_dir``, refuse it if it holds another run (:func:`check_same_run`), then write its
-    ``config.resolved.yaml`` (:func:`save_resolved_config`); the config is redacted once for both.
+def record_run(cfg: ExperimentConfig, run_dir: Path, hydra: Optional[Dict[str, Any]] = None) -> RunRecord:
+    """Make ``run_dir``, refuse it if it holds another run (:func:`check_same_run`), then write what it records of
+    the config (:func:`save_resolved_config`: ``config.resolved.yaml``, and the ``.hydra/`` files ``hydra``, if
+    given); the config is redacted once for both.
 
     :raises RunDirConflict: naming the first key that differs (nothing is written then).
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    plain = config_dict(cfg)
-    recorded = redact_obj(plain)
+    plain, recorded = config_dict(cfg), recorded_form(cfg)
     check_same_run(cfg, run_dir, recorded)
-    return RunRecord(save_resolved_config(cfg, run_dir, recorded), recorded != plain)
+    return RunRecord(save_resolved_config(cfg, run_dir, recorded, hydra), recorded != plain)
 
 
-def save_resolved_config(cfg: ExperimentConfig, run_dir: Path, recorded: Optional[dict] = None) -> Path:
+def save_resolved_config(cfg: ExperimentConfig, run_dir: Path, recorded: Optional[dict] = None,
+                         hydra: Optional[Dict[str, Any]] = None) -> Path:
     """Write ``config.resolved.yaml`` (what re-runs compare with and workers read; no Hydra interpolations left),
     credentials redacted (``recorded``: :func:`recorded_form` of ``cfg``, computed here if not given: a URL's
-    userinfo and query string, the values of secret environment variables). Returns its path."""
-    path = RunDir(run_dir).config
-    write_text(path, OmegaConf.to_yaml(OmegaConf.create(recorded_form(cfg) if recorded is None else recorded)))
-    return path
+    userinfo and query string, the values of secret environment variables), and the ``.hydra/`` files ``hydra``
+    (:func:`save_hydra_files`), if given. Returns the config's path."""
+    rd = RunDir(run_dir)
+    files = {rd.hydra_file(name): node for name, node in (hydra or {}).items()}
+    files[rd.config] = config_dict(cfg) if recorded is None else recorded  # redacted as it is written
+    for path, node in files.items():
+        _write_redacted(path, node)
+    return rd.config
+
+
+def save_hydra_files(run_dir: Path, hydra: Dict[str, Any]) -> None:
+    """Write ``<run_dir>/.hydra/<name>.yaml`` for each ``name -> content`` of ``hydra`` (Hydra's ``config``,
+    ``hydra`` and ``overrides`` as plain containers), credentials redacted: what :func:`save_resolved_config`
+    writes beside the config, for a job that failed before its run was recorded (the sweep report lists it)."""
+    rd = RunDir(run_dir)
+    for name, node in hydra.items():
+        _write_redacted(rd.hydra_file(name), node)
+
+
+def _write_redacted(path: Path, node: Any) -> None:
+    write_text(path, OmegaConf.to_yaml(OmegaConf.create(redact_obj(node))))
 
 
 def holds_credentials(cfg: ExperimentConfig) -> bool:
@@ -139,9 +157,9 @@ def _flatten(d: dict, prefix: str = "") -> Dict[str, object]:
     return out
 
 
-def check_same_run(cfg: ExperimentConfig, run_dir: Path, recorded: Optional[dict] = None) -> None:
+def check_same_run(cfg: ExperimentConfig, run_dir: Path, recorded: dict) -> None:
     """Refuse to continue a run dir that was started with a different training config (``recorded``:
-    :func:`recorded_form` of ``cfg``, computed here if not given).
+    :func:`recorded_form` of ``cfg``, as the run dir's file would hold it).
 
     :raises RunDirConflict: naming the first keys that differ from the run dir's ``config.resolved.yaml`` (old ->
         new).
@@ -149,7 +167,7 @@ def check_same_run(cfg: ExperimentConfig, run_dir: Path, recorded: Optional[dict
     path = RunDir(run_dir).config
     if not path.is_file():
         return
-    new = _flatten(recorded_form(cfg) if recorded is None else recorded)  # as the file holds it
+    new = _flatten(recorded)
     old = _flatten(_as_derived(OmegaConf.to_container(OmegaConf.load(path)), cfg))
     diff = [k for k in sorted(set(old) | set(new))
             if not k.startswith(MUTABLE_KEYS) and old.get(k) != new.get(k)]

@@ -81,10 +81,10 @@ class CheckFirstJob(Callback):
             exp = to_config(job, overrides)
             if first_dir is not None:  # a re-run into the same sweep dir: the first job's run dir as the CLI checks it
                 from pretrain_exp.app.run_name import own_run_dir
-                from pretrain_exp.app.run_record import RunDirConflict, check_same_run
+                from pretrain_exp.app.run_record import RunDirConflict, check_same_run, recorded_form
 
                 try:
-                    check_same_run(exp, first_dir)
+                    check_same_run(exp, first_dir, recorded_form(exp))
                 except RunDirConflict as e:  # the way out as the sweep's command line has it (hydra.sweep.dir=)
                     way_out = own_run_dir(list(config.hydra.overrides.hydra), sweep=True)
                     raise RunDirConflict(e.key, e.what, e.restore, way_out) from None

@@ -9,6 +9,7 @@ import pytest
 
 from pretrain_exp.app.run_record import save_resolved_config
 from pretrain_exp.core.errors import ConfigError, InsertionError
+from pretrain_exp.core.rundir import RunDir
 from tests.conftest import make_config, run_entry_point
 
 
@@ -43,6 +44,29 @@ def test_failed_rerun_keeps_existing_run_dir(monkeypatch, tmp_path, capsys):
     assert code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: insertion: holds the plan")
     assert (run_dir / "plan.npz").is_file() and (run_dir / "config.resolved.yaml").is_file()
+
+
+def test_the_hydra_files_are_recorded_with_the_run_and_kept_by_a_failed_sweep_job(monkeypatch, tmp_path, capsys):
+    """A run writes ``.hydra/`` when it records itself (beside ``config.resolved.yaml``); a job of a sweep that
+    fails before that (a config error) keeps its dir with its ``.hydra/``, so the sweep report lists it."""
+    import yaml
+
+    from pretrain_exp.report.jobs import find_job_dirs, load_job
+
+    run_dir = tmp_path / "runs" / "r"
+    run_entry_point(monkeypatch, tmp_path, ["experiment=tiny", f"hydra.run.dir={run_dir}", "seed=3"],
+                    lambda cfg: {}, exits=False)
+    assert yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) == ["experiment=tiny", "seed=3"]
+    assert yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())["seed"] == 3
+    assert (run_dir / "config.resolved.yaml").is_file()
+
+    sweep = tmp_path / "sweep"  # its first job is checked before the sweep starts; its second fails in its job
+    code = run_entry_point(monkeypatch, tmp_path, ["-m", "experiment=tiny", "training.num_steps=0,-1",
+                                                   f"hydra.sweep.dir={sweep}"], lambda cfg: {})
+    assert code == 2 and "error: training.num_steps: must be >= 0" in capsys.readouterr().err
+    assert not RunDir(sweep / "1").config.exists()  # it failed before it was recorded
+    assert find_job_dirs(sweep) == [sweep / "0", sweep / "1"]
+    assert load_job(sweep / "1", sweep).overrides == {"experiment": "tiny", "training.num_steps": "-1"}
 
 
 @pytest.mark.parametrize("flag", [[], ["-v"], ["hydra.verbose=[olmo_core]"]])

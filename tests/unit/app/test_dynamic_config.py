@@ -86,7 +86,7 @@ def test_a_run_dir_saved_with_the_dynamic_policy_as_given_resumes_and_a_real_cha
     changed option is still refused, naming the key."""
     import yaml
 
-    from pretrain_exp.app.run_record import check_same_run, save_resolved_config
+    from pretrain_exp.app.run_record import save_resolved_config
     from pretrain_exp.core.rundir import RunDir
 
     args = [*BASE, "+insertion/dynamic=until_memorized"]
@@ -98,9 +98,16 @@ def test_a_run_dir_saved_with_the_dynamic_policy_as_given_resumes_and_a_real_cha
     saved["insertion"]["dynamic"] = {"policy": "until_memorized", "experiments": [], "task": None, "copies": 1,
                                      "threshold": 1.0, "max_per_batch": 0}
     path.write_text(yaml.safe_dump(saved))
-    check_same_run(make_config(*args, run_dir=tmp_path), tmp_path)
+    _check_same_run(*args, run_dir=tmp_path)
     with pytest.raises(ConfigError, match=r"insertion.dynamic.threshold changes \(1.0 -> 2.0\)"):
-        check_same_run(make_config(*args, "insertion.dynamic.threshold=2.0", run_dir=tmp_path), tmp_path)
+        _check_same_run(*args, "insertion.dynamic.threshold=2.0", run_dir=tmp_path)
+
+
+def _check_same_run(*args, run_dir):
+    from pretrain_exp.app.run_record import check_same_run, recorded_form
+
+    cfg = make_config(*args, run_dir=run_dir)
+    check_same_run(cfg, run_dir, recorded_form(cfg))
 
 
 def test_a_run_dir_saved_with_every_policys_options_resumes(tmp_path):
@@ -108,7 +115,7 @@ def test_a_run_dir_saved_with_every_policys_options_resumes(tmp_path):
     runs saved it before each policy had its own schema) is the same run on a re-run of its command."""
     import yaml
 
-    from pretrain_exp.app.run_record import check_same_run, save_resolved_config
+    from pretrain_exp.app.run_record import save_resolved_config
     from pretrain_exp.core.rundir import RunDir
 
     args = [*BASE, "+insertion/dynamic=spaced_repetition"]
@@ -119,6 +126,6 @@ def test_a_run_dir_saved_with_every_policys_options_resumes(tmp_path):
     assert "threshold" not in saved["insertion"]["dynamic"] and saved["insertion"]["dynamic"]["margin"] == 0.5
     saved["insertion"]["dynamic"]["threshold"] = 1.0
     path.write_text(yaml.safe_dump(saved))
-    check_same_run(make_config(*args, run_dir=tmp_path), tmp_path)
+    _check_same_run(*args, run_dir=tmp_path)
     with pytest.raises(ConfigError, match=r"insertion.dynamic.margin changes \(0.5 -> 0.2\)"):
-        check_same_run(make_config(*args, "insertion.dynamic.margin=0.2", run_dir=tmp_path), tmp_path)
+        _check_same_run(*args, "insertion.dynamic.margin=0.2", run_dir=tmp_path)
