@@ -84,8 +84,11 @@ class Checkpoint:
 
     @contextlib.contextmanager
     def as_hf_temporary(self) -> Iterator[Path]:
-        """An HF model dir of this checkpoint for the duration of a ``with`` block (deleted afterwards if a
-        conversion had to write one)."""
+        """An HF model dir of this checkpoint for the duration of a ``with`` block: the checkpoint itself when it is
+        one (:attr:`is_hf`), else a conversion into a temporary dir, deleted afterwards."""
+        if self.is_hf:
+            yield self.path
+            return
         tmp = Path(tempfile.mkdtemp(prefix="hf-"))
         try:
             out = self.to_hf(tmp)

@@ -1,6 +1,6 @@
 """The ``Framework`` contract declares what its callers read: every attribute the rest of the project reads from a
 framework is declared on :class:`~pretrain_exp.frameworks.base.Framework` (read from the source with ``ast``), and
-none is reached with ``getattr``/``hasattr``."""
+none is reached with ``getattr``/``hasattr``; a checkpoint's temporary HF dir leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import ast
 import inspect
 import textwrap
 
+import pytest
+
 from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.frameworks import registry
-from pretrain_exp.frameworks.base import Framework
+from pretrain_exp.frameworks.base import Checkpoint, Framework
 from tests.unit.core.test_layers import modules
 
 #: names of a run config (whose ``framework`` is the config node, not a framework)
@@ -72,3 +74,32 @@ def test_every_framework_saves_into_the_run_dirs_checkpoints(tmp_path):
     for name in ("hf", "olmo_core", "olmo2"):
         cls = registry.get_framework_class(name)
         assert cls(cfg, tmp_path / "model").checkpoint_dir == RunDir(tmp_path).checkpoints, name
+
+
+def test_a_temporary_hf_dir_is_the_checkpoint_itself_or_a_conversion_removed_afterwards(tmp_path, monkeypatch):
+    """An HF checkpoint is read where it is (no temporary dir is made); another format is converted into a
+    temporary dir that is gone after the ``with`` block, also when the block fails."""
+    import dataclasses
+    import tempfile
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    hf = Checkpoint(tmp_path / "model", 3)
+    with hf.as_hf_temporary() as d:
+        assert d == hf.path and not list(temp.iterdir())
+
+    @dataclasses.dataclass
+    class Sharded(Checkpoint):
+        is_hf = False
+
+        def to_hf(self, out_dir):
+            (out_dir / "config.json").write_text("{}")
+            return out_dir
+
+    with Sharded(tmp_path / "step3", 3).as_hf_temporary() as d:
+        assert d.parent == temp and (d / "config.json").is_file()
+    assert not list(temp.iterdir())
+    with pytest.raises(RuntimeError), Sharded(tmp_path / "step3", 3).as_hf_temporary():
+        raise RuntimeError("the eval failed")
+    assert not list(temp.iterdir())
