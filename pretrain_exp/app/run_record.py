@@ -75,7 +75,7 @@ class RunRecord:
 def record_run(cfg: ExperimentConfig, run_dir: Path, hydra: Optional[Dict[str, Any]] = None) -> RunRecord:
     """Make ``run_dir``, refuse it if it holds another run (:func:`check_same_run`), then write what it records of
     the config (:func:`save_resolved_config`: ``config.resolved.yaml``, and the ``.hydra/`` files ``hydra``, if
-    given); the config is redacted once for both.
+    given); the check and the file read one redacted form of the config (:func:`recorded_form`).
 
     :raises RunDirConflict: naming the first key that differs (nothing is written then).
     """
@@ -88,10 +88,10 @@ def record_run(cfg: ExperimentConfig, run_dir: Path, hydra: Optional[Dict[str, A
 
 def save_resolved_config(cfg: ExperimentConfig, run_dir: Path, recorded: Optional[dict] = None,
                          hydra: Optional[Dict[str, Any]] = None) -> Path:
-    """Write ``config.resolved.yaml`` (what re-runs compare with and workers read; no Hydra interpolations left),
-    credentials redacted (``recorded``: :func:`recorded_form` of ``cfg``, computed here if not given: a URL's
-    userinfo and query string, the values of secret environment variables), and the ``.hydra/`` files ``hydra``
-    (:func:`save_hydra_files`), if given. Returns the config's path."""
+    """Write ``config.resolved.yaml`` (what re-runs compare with and workers read; no Hydra interpolations left)
+    with credentials redacted (a URL's userinfo and query string, the values of secret environment variables;
+    ``recorded``: :func:`recorded_form` of ``cfg``, if the caller has it), and the ``.hydra/`` files ``hydra``
+    (:func:`save_hydra_files`), if given; the config is written last. Returns its path."""
     rd = RunDir(run_dir)
     files = {rd.hydra_file(name): node for name, node in (hydra or {}).items()}
     files[rd.config] = config_dict(cfg) if recorded is None else recorded  # redacted as it is written
