@@ -154,6 +154,14 @@ def build_once(out: str | Path, build: Callable[[Path], dict],
     return out
 
 
+def built_dir(name: str, cache_dir: str | Path) -> Optional[Path]:
+    """The cache dir of tokenizer or model asset ``name`` (:func:`tokenizer_dir`, :func:`hf_model_dir`) where it
+    was built already (it holds :func:`build_once`'s ``.complete.json`` marker), else ``None``; builds nothing."""
+    cache = CacheDir(cache_dir)
+    path = cache.tokenizer(name) if name in TOKENIZERS else cache.model(name)
+    return path if (path / ".complete.json").is_file() else None
+
+
 def hf_model_dir(name: str, cache_dir: str | Path) -> Path:
     """A plain HF model dir (``config.json``, ``model.safetensors``, tokenizer files) for model asset
     ``name``.

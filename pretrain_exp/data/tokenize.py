@@ -27,7 +27,6 @@ from typing import Iterator, List, Optional
 
 import numpy as np
 
-from pretrain_exp.core.cachedir import CacheDir
 from pretrain_exp.core.commands import prog
 from pretrain_exp.core.config import text_sources
 from pretrain_exp.core.errors import DataError, PretrainExpError
@@ -39,6 +38,7 @@ from pretrain_exp.data.assets import (
     GGUF_MEMBERS,
     TINY_MODELS,
     TOKENIZERS,
+    built_dir,
     get_asset,
     hf_model_dir,
     iter_texts,
@@ -49,15 +49,16 @@ from pretrain_exp.data.token_files import dtype_for_vocab, write_token_files
 log = logging.getLogger(__name__)
 
 
-def _tokenizer_path(name_or_path: str, cache_dir: str | Path, build: bool) -> Optional[Path]:
+def _is_asset(name_or_path: str) -> bool:
+    """Whether a tokenizer name is a tokenizer or model asset (its dir is built in the cache)."""
+    return name_or_path in TOKENIZERS or name_or_path in ASSETS or name_or_path in TINY_MODELS
+
+
+def _tokenizer_path(name_or_path: str, cache_dir: str | Path) -> Path:
     """The dir or file a tokenizer name stands for: a tokenizer or model asset's dir in the cache (built once
-    there with ``build``; ``None`` for one not built yet without it), else the path as given."""
-    if name_or_path in TOKENIZERS or name_or_path in ASSETS or name_or_path in TINY_MODELS:
-        if build:
-            return (tokenizer_dir if name_or_path in TOKENIZERS else hf_model_dir)(name_or_path, cache_dir)
-        cache = CacheDir(cache_dir)
-        path = cache.tokenizer(name_or_path) if name_or_path in TOKENIZERS else cache.model(name_or_path)
-        return path if (path / ".complete.json").is_file() else None  # built once by the HF path
+    there), else the path as given."""
+    if _is_asset(name_or_path):
+        return (tokenizer_dir if name_or_path in TOKENIZERS else hf_model_dir)(name_or_path, cache_dir)
     return Path(name_or_path).expanduser()
 
 
@@ -72,8 +73,8 @@ def load_tokenizer(name_or_path: str, cache_dir: str | Path, eos_token_id: int |
     """
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    path = _tokenizer_path(name_or_path, cache_dir, build=True)
-    if path is None or (not path.exists() and (path.is_absolute() or name_or_path.startswith((".", "~")))):
+    path = _tokenizer_path(name_or_path, cache_dir)
+    if not path.exists() and (path.is_absolute() or name_or_path.startswith((".", "~"))):
         models = sorted(GGUF_MEMBERS) + sorted(TINY_MODELS)
         raise DataError(f"tokenizer {name_or_path!r}: directory not found (give an HF tokenizer dir, "
                         f"a tokenizer.json file, a model asset {models} or a hub id)")
@@ -141,7 +142,8 @@ def read_tokenizer(name_or_path: str, cache_dir: str | Path,
     """
     import tokenizers
 
-    path = _tokenizer_path(name_or_path, cache_dir, build=False)
+    # an asset only where it was built already (by the HF path), a path as given
+    path = built_dir(name_or_path, cache_dir) if _is_asset(name_or_path) else Path(name_or_path).expanduser()
     file = None if path is None else path if path.is_file() else path / "tokenizer.json"
     if file is None or not file.is_file():
         return None
