@@ -292,7 +292,7 @@ def _run(cfg: DictConfig, run_dir: Path, fresh: bool, sweep: bool) -> None:
     except PretrainExpError as e:
         log.debug("failed", exc_info=True)
         if sweep:  # keep the job dir, its .hydra/ and log, so the sweep report can say why this job failed
-            if fresh:
+            if not RunDir(run_dir).config.exists():  # failed before the run recorded itself (and .hydra/)
                 save_hydra_files(run_dir, hydra)
             log.error("error: %s", _one_line(e))
         elif fresh and run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= _SCAFFOLD:

@@ -75,7 +75,7 @@ class RunRecord:
 def record_run(cfg: ExperimentConfig, run_dir: Path, hydra: Optional[Dict[str, Any]] = None) -> RunRecord:
     """Make ``run_dir``, refuse it if it holds another run (:func:`check_same_run`), then write what it records of
     the config (:func:`save_resolved_config`: ``config.resolved.yaml``, and the ``.hydra/`` files ``hydra``, if
-    given); the check and the file read one redacted form of the config (:func:`recorded_form`).
+    given).
 
     :raises RunDirConflict: naming the first key that differs (nothing is written then).
     """
@@ -83,33 +83,32 @@ def record_run(cfg: ExperimentConfig, run_dir: Path, hydra: Optional[Dict[str, A
     run_dir.mkdir(parents=True, exist_ok=True)
     plain, recorded = config_dict(cfg), recorded_form(cfg)
     check_same_run(cfg, run_dir, recorded)
-    return RunRecord(save_resolved_config(cfg, run_dir, recorded, hydra), recorded != plain)
+    return RunRecord(save_resolved_config(cfg, run_dir, hydra), recorded != plain)
 
 
-def save_resolved_config(cfg: ExperimentConfig, run_dir: Path, recorded: Optional[dict] = None,
-                         hydra: Optional[Dict[str, Any]] = None) -> Path:
-    """Write ``config.resolved.yaml`` (what re-runs compare with and workers read; no Hydra interpolations left)
-    with credentials redacted (a URL's userinfo and query string, the values of secret environment variables;
-    ``recorded``: :func:`recorded_form` of ``cfg``, if the caller has it), and the ``.hydra/`` files ``hydra``
-    (:func:`save_hydra_files`), if given; the config is written last. Returns its path."""
-    rd = RunDir(run_dir)
-    files = {rd.hydra_file(name): node for name, node in (hydra or {}).items()}
-    files[rd.config] = config_dict(cfg) if recorded is None else recorded  # redacted as it is written
-    for path, node in files.items():
-        _write_redacted(path, node)
-    return rd.config
+def save_resolved_config(cfg: ExperimentConfig, run_dir: Path, hydra: Optional[Dict[str, Any]] = None) -> Path:
+    """Write the ``.hydra/`` files ``hydra`` (:func:`save_hydra_files`), if given, then ``config.resolved.yaml``
+    (what re-runs compare with and workers read; no Hydra interpolations left), credentials redacted (a URL's
+    userinfo and query string, the values of secret environment variables). Returns the config's path."""
+    if hydra is not None:
+        save_hydra_files(run_dir, hydra)
+    path = RunDir(run_dir).config
+    _write_redacted(path, config_dict(cfg))
+    return path
 
 
 def save_hydra_files(run_dir: Path, hydra: Dict[str, Any]) -> None:
     """Write ``<run_dir>/.hydra/<name>.yaml`` for each ``name -> content`` of ``hydra`` (Hydra's ``config``,
-    ``hydra`` and ``overrides`` as plain containers), credentials redacted: what :func:`save_resolved_config`
-    writes beside the config, for a job that failed before its run was recorded (the sweep report lists it)."""
+    ``hydra`` and ``overrides`` as plain containers), credentials redacted: beside the config
+    (:func:`save_resolved_config`), or alone for a job that failed before its run was recorded (the sweep report
+    lists it)."""
     rd = RunDir(run_dir)
     for name, node in hydra.items():
         _write_redacted(rd.hydra_file(name), node)
 
 
 def _write_redacted(path: Path, node: Any) -> None:
+    """Write ``node`` (plain containers) to ``path`` as YAML, credentials redacted, atomically."""
     write_text(path, OmegaConf.to_yaml(OmegaConf.create(redact_obj(node))))
 
 
