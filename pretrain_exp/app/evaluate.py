@@ -176,7 +176,7 @@ def reevaluate(run_dir: Path, overrides: List[str], steps: Optional[List[int]] =
     tasks = list(exp.eval.tasks)
     with RunDirLock(run_dir):
         try:
-            check_same_run(exp, run_dir, recorded_form(exp))
+            check_same_run(run_dir, recorded_form(exp))
             ex = Experiment(exp)
         except RunDirConflict as e:  # evaluated as trained: what changed is restored, or is another run
             raise ConfigError(e.key, f"{e.what}; {e.restore} to evaluate that run (pretrain-exp-eval evaluates a run "

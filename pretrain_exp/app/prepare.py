@@ -49,7 +49,7 @@ from pretrain_exp.insertion.plan import Plan, build_plan
 from pretrain_exp.insertion.run_plan import PlanConflict, RunPlan
 from pretrain_exp.insertion.schema import InsertionConf
 from pretrain_exp.insertion.types import load_items, reserved_rows
-from pretrain_exp.insertion.verify import rows_to_verify, verify_batches
+from pretrain_exp.insertion.verify import verify_batches
 
 log = logging.getLogger(__name__)
 
@@ -176,10 +176,10 @@ def prepare(cfg: ExperimentConfig) -> RunContext:
     if main and cfg.insertion.verify and current.num_insertions:
         span = (rows.first_row, rows.first_row + len(rows))
         with PHASES.phase("verify") as rec:
-            if data.stream is not None:  # the rows the verifier reads, fetched before the stream starts
-                prefetch_rows(order, rows_to_verify(current, span, seed=cfg.seed))
+            # a stream's rows are fetched beside training: those the verifier reads are fetched before it reads them
+            fetch = None if data.stream is None else functools.partial(prefetch_rows, order)
             rec["rows"] = verify_batches(current, functools.partial(framework.peek_rows, rows), order.row_tokens,
-                                         span, world_size(), seed=cfg.seed).rows_checked
+                                         span, world_size(), seed=cfg.seed, fetch=fetch).rows_checked
     return ctx
 
 
@@ -214,8 +214,9 @@ def plan_run(cfg: ExperimentConfig, rundir: RunDir, data: Corpus, main: bool) ->
         owner = RunPlan.resume(static, items, rundir, ins.experiments, ins.dynamic, ins.seed, main)
     except PlanConflict as e:
         raise RunDirConflict(e.key, e.what, e.restore) from None
-    auditor = RunAudit(ins, rundir, data.order, data.window, data.held_out_rows,
-                       data.tokenizer.eos_token_id, cfg.cache_dir, data.window_fetched)
+    held_out = data.order.held_out_rows(data.held_out_rows)  # audited as the window is: a control there is a leak
+    auditor = RunAudit(ins, rundir, data.order, data.window, held_out, data.tokenizer.eos_token_id, cfg.cache_dir,
+                       data.window_fetched)
     with PHASES.phase("audit") as rec:
         owner.audit, fresh = auditor.audit(static, items) if main else (None, False)
         rec["computed"] = fresh

@@ -26,7 +26,9 @@ from pretrain_exp.core.errors import ConfigError
 from pretrain_exp.core.io import write_text
 from pretrain_exp.core.rundir import RunDir
 from pretrain_exp.core.secrets import redact_obj
+from pretrain_exp.evals.registry import parse_task_configs
 from pretrain_exp.insertion import dynamic
+from pretrain_exp.insertion.types import parse_experiments
 
 
 class RunDirConflict(ConfigError):
@@ -82,7 +84,7 @@ def record_run(cfg: ExperimentConfig, run_dir: Path, hydra: Optional[Dict[str, A
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     plain, recorded = config_dict(cfg), recorded_form(cfg)
-    check_same_run(cfg, run_dir, recorded)
+    check_same_run(run_dir, recorded)
     return RunRecord(save_resolved_config(cfg, run_dir, hydra), recorded != plain)
 
 
@@ -156,9 +158,9 @@ def _flatten(d: dict, prefix: str = "") -> Dict[str, object]:
     return out
 
 
-def check_same_run(cfg: ExperimentConfig, run_dir: Path, recorded: dict) -> None:
+def check_same_run(run_dir: Path, recorded: dict) -> None:
     """Refuse to continue a run dir that was started with a different training config (``recorded``:
-    :func:`recorded_form` of ``cfg``, as the run dir's file would hold it).
+    :func:`recorded_form` of this run's config, as the run dir's file would hold it).
 
     :raises RunDirConflict: naming the first keys that differ from the run dir's ``config.resolved.yaml`` (old ->
         new).
@@ -167,7 +169,7 @@ def check_same_run(cfg: ExperimentConfig, run_dir: Path, recorded: dict) -> None
     if not path.is_file():
         return
     new = _flatten(recorded)
-    old = _flatten(_as_derived(OmegaConf.to_container(OmegaConf.load(path)), cfg))
+    old = _flatten(_as_derived(OmegaConf.to_container(OmegaConf.load(path))))
     diff = [k for k in sorted(set(old) | set(new))
             if not k.startswith(MUTABLE_KEYS) and old.get(k) != new.get(k)]
     if diff:
@@ -175,17 +177,19 @@ def check_same_run(cfg: ExperimentConfig, run_dir: Path, recorded: dict) -> None
                              "re-run its own command")
 
 
-def _as_derived(old: dict, cfg: ExperimentConfig) -> dict:
+def _as_derived(old: dict) -> dict:
     """A run dir's saved config as :func:`~pretrain_exp.app.validate.derive` leaves it today: a file written before
     ``insertion.dynamic`` was saved parsed holds it as given (its ``task`` unset, newer options missing), and one
     written before each policy had its own schema holds every policy's options
-    (:func:`~pretrain_exp.insertion.dynamic.own_options` drops the others), so it is parsed the same way (against
-    ``cfg``'s experiments and tasks) before the comparison."""
+    (:func:`~pretrain_exp.insertion.dynamic.own_options` drops the others), so it is parsed before the comparison,
+    against the file's own experiments and eval tasks: an unset ``task`` becomes the ``insertion_loss`` task that
+    run read (``eval.*`` may change between re-runs; the task a closed loop decides on may not)."""
     ins = old.get("insertion")
     if isinstance(ins, dict) and ins.get("dynamic") is not None:
         try:
-            parsed = dynamic.parse_dynamic(dynamic.own_options(ins["dynamic"]), cfg.insertion.experiments,
-                                           cfg.eval.tasks)
+            parsed = dynamic.parse_dynamic(dynamic.own_options(ins["dynamic"]),
+                                           parse_experiments(ins.get("experiments") or {}),
+                                           parse_task_configs((old.get("eval") or {}).get("tasks") or {}))
         except ConfigError:  # not valid today: compared as saved, so the difference is named
             return old
         ins["dynamic"] = None if parsed is None else config_dict(parsed)

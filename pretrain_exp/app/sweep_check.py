@@ -84,7 +84,7 @@ class CheckFirstJob(Callback):
                 from pretrain_exp.app.run_record import RunDirConflict, check_same_run, recorded_form
 
                 try:
-                    check_same_run(exp, first_dir, recorded_form(exp))
+                    check_same_run(first_dir, recorded_form(exp))
                 except RunDirConflict as e:  # the way out as the sweep's command line has it (hydra.sweep.dir=)
                     way_out = own_run_dir(list(config.hydra.overrides.hydra), sweep=True)
                     raise RunDirConflict(e.key, e.what, e.restore, way_out) from None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -100,7 +100,8 @@ def rows_to_verify(plan, row_range: tuple[int, int], untouched_sample: int = 16,
 
 
 def verify_batches(plan, peek: PeekFn, base_row: Callable[[int], np.ndarray], row_range: tuple[int, int],
-                   dp_world: int, untouched_sample: int = 16, seed: int = 0) -> VerifyReport:
+                   dp_world: int, untouched_sample: int = 16, seed: int = 0,
+                   fetch: Optional[Callable[[np.ndarray], object]] = None) -> VerifyReport:
     """:func:`verify_plan` on the batches a framework will train (module docstring).
 
     :param peek: the framework's ``peek_rows`` bound to the run's rows: ``(step, dp_rank, dp_world, only)`` ->
@@ -108,10 +109,15 @@ def verify_batches(plan, peek: PeekFn, base_row: Callable[[int], np.ndarray], ro
     :param base_row: training-order row ``q`` -> tokens from the files, no insertions, shape ``(L,)``.
     :param row_range: ``[first, end)`` rows the run trains.
     :param dp_world: data-parallel processes ``W`` of the run.
+    :param fetch: called once, before any row is read, with the rows it reads (:func:`rows_to_verify`): remote rows
+        not fetched yet (a window streamed beside training) fetched ahead
+        (:func:`~pretrain_exp.data.prefetch.prefetch_rows`).
     :raises InsertionError: if a batch does not hold its scheduled rows in order, or a span did not land exactly.
     """
     B = plan.global_batch_size
     wanted = rows_to_verify(plan, row_range, untouched_sample, seed)
+    if fetch is not None:
+        fetch(wanted)
     steps, ranks, _ = step_and_rank(wanted, dp_world, B)
     got: Dict[int, np.ndarray] = {}
     for k, r in sorted(set(zip(steps.tolist(), ranks.tolist()))):

@@ -103,11 +103,35 @@ def test_a_run_dir_saved_with_the_dynamic_policy_as_given_resumes_and_a_real_cha
         _check_same_run(*args, "insertion.dynamic.threshold=2.0", run_dir=tmp_path)
 
 
+def test_a_saved_dynamic_policy_without_a_task_is_derived_from_the_eval_tasks_it_saved(tmp_path):
+    """A run dir saved with ``insertion.dynamic`` as given (``task`` unset) decided on the first ``insertion_loss``
+    task of its own ``eval.tasks``: a re-run whose first such task is another one (``eval.*`` may change) would
+    decide on other losses, so it is refused, naming ``insertion.dynamic.task``; with the saved task named, it is the
+    same run."""
+    import yaml
+
+    from pretrain_exp.app.run_record import save_resolved_config
+    from pretrain_exp.core.rundir import RunDir
+
+    args = [*BASE, "+insertion/dynamic=until_memorized"]
+    save_resolved_config(make_config(*args, run_dir=tmp_path), tmp_path)
+    path = RunDir(tmp_path).config
+    saved = yaml.safe_load(path.read_text())
+    saved["eval"]["tasks"] = {"bios_loss": saved["eval"]["tasks"]["insertion_loss"]}  # that run's only loss task
+    saved["insertion"]["dynamic"]["task"] = None
+    path.write_text(yaml.safe_dump(saved))
+    with pytest.raises(ConfigError) as e:
+        _check_same_run(*args, run_dir=tmp_path)
+    assert e.value.key == "insertion.dynamic.task" and "('bios_loss' -> 'insertion_loss')" in str(e.value)
+    _check_same_run(*args, "+eval.tasks.bios_loss={type: insertion_loss}", "insertion.dynamic.task=bios_loss",
+                    run_dir=tmp_path)
+
+
 def _check_same_run(*args, run_dir):
     from pretrain_exp.app.run_record import check_same_run, recorded_form
 
     cfg = make_config(*args, run_dir=run_dir)
-    check_same_run(cfg, run_dir, recorded_form(cfg))
+    check_same_run(run_dir, recorded_form(cfg))
 
 
 def test_a_run_dir_saved_with_every_policys_options_resumes(tmp_path):

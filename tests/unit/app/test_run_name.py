@@ -53,13 +53,13 @@ def test_a_conflicting_run_dir_says_in_plain_words_what_differs(tmp_path):
     save_resolved_config(make_config("experiment=tiny", run_dir=tmp_path), tmp_path)
     texts = make_config("experiment=tiny", "insertion=texts", run_dir=tmp_path)
     with pytest.raises(ConfigError) as ei:
-        check_same_run(texts, tmp_path, recorded_form(texts))
+        check_same_run(tmp_path, recorded_form(texts))
     msg = str(ei.value)
     assert "this run adds experiment `texts`" in msg and "drops experiment `fictional_bios`" in msg
     assert "name=" in msg and "\n" not in msg
     steps = make_config("experiment=tiny", "training.num_steps=3", run_dir=tmp_path)
     with pytest.raises(ConfigError, match=r"training.num_steps changes \(12 -> 3\)"):
-        check_same_run(steps, tmp_path, recorded_form(steps))
+        check_same_run(tmp_path, recorded_form(steps))
 
 
 def test_recording_a_run_refuses_another_run_and_writes_nothing(tmp_path):

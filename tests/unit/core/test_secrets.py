@@ -75,7 +75,7 @@ def test_resolved_config_is_redacted_and_a_rerun_still_matches(tmp_path, secret_
     assert holds_credentials(cfg)
     text = save_resolved_config(cfg, tmp_path).read_text()
     assert "https://data.example.org/tokens/part-0.npy" in text and "t0ken" not in text and "5ig" not in text
-    check_same_run(cfg, tmp_path, recorded_form(cfg))  # with its credentials, it matches its redacted record
+    check_same_run(tmp_path, recorded_form(cfg))  # with its credentials, it matches its redacted record
     from pretrain_exp.app.run_record import worker_config
 
     record = record_run(cfg, tmp_path)  # what the launcher writes and hands its workers

@@ -156,7 +156,8 @@ def test_untouched_rows_of_an_empty_range_or_sample():
 
 def test_the_defaults_read_the_rows_rows_to_verify_names():
     """verify_plan and verify_batches with their default sample and seed read exactly the rows
-    ``rows_to_verify`` gives with its defaults (16 untouched rows here: the range has 37)."""
+    ``rows_to_verify`` gives with its defaults (16 untouched rows here: the range has 37); verify_batches hands
+    them to its ``fetch`` once, before it reads any."""
     plan = hand_plan([(5, 0), (11, 1)])
     want = rows_to_verify(plan, (0, 40))
     assert want.size == 3 + 16
@@ -164,16 +165,17 @@ def test_the_defaults_read_the_rows_rows_to_verify_names():
     ok = trained_row(plan)
     verify_plan(plan, lambda q: read.append(q) or ok(q), base_row, (0, 40))
     assert sorted(set(read)) == want.tolist()
-    asked = []
+    asked, fetched = [], []
 
     def peek(step, rank, world, only):
+        assert fetched, "a row is read before the rows are fetched"
         asked.extend(only.tolist())
         q = rows_for(step, rank, world, 1)
         q = q[np.isin(q, only)]
         return q, np.stack([ok(int(x)) for x in q])
 
-    verify_batches(plan, peek, base_row, (0, 40), 1)
-    assert sorted(asked) == want.tolist()
+    verify_batches(plan, peek, base_row, (0, 40), 1, fetch=lambda rows: fetched.append(rows.tolist()))
+    assert sorted(asked) == want.tolist() and fetched == [want.tolist()]  # fetched once, before the first read
 
 
 def test_a_batch_in_the_wrong_order_is_named_with_its_first_eight_rows():
