@@ -37,7 +37,7 @@ class RunAudit(RunHook):
     :param conf: the run's ``insertion`` node (``audit``, ``audit_ngram``, ``audit_workers``).
     :param rundir: the run dir (``audit.json``).
     :param order: the run's data order; ``window``: its training window ``[S*B*L, (S+n)*B*L)`` in global token
-        positions; ``held_out``: the held-out rows (training-order ids, ``int64``;
+        positions; ``held_rows``: the held-out rows (training-order ids, ``int64``;
         :meth:`DataOrder.held_out_rows <pretrain_exp.data.order.DataOrder.held_out_rows>`).
     :param eos: the tokenizer's EOS id (stripped from the items).
     :param cache_dir: the run's cache dir (``audits/``).
@@ -46,9 +46,9 @@ class RunAudit(RunHook):
     """
 
     def __init__(self, conf: InsertionConf, rundir: RunDir, order: DataOrder, window: Tuple[int, int],
-                 held_out: np.ndarray, eos: int, cache_dir: str, window_fetched: bool,
+                 held_rows: np.ndarray, eos: int, cache_dir: str, window_fetched: bool,
                  on_finish: Optional[Callable[[AuditResult], None]] = None):
-        self.conf, self.rundir, self.order, self.window, self.held_out = conf, rundir, order, window, held_out
+        self.conf, self.rundir, self.order, self.window, self.held_rows = conf, rundir, order, window, held_rows
         self.eos, self.cache_dir, self.window_fetched, self.on_finish = eos, cache_dir, window_fetched, on_finish
         self.job: Optional[BackgroundAudit] = None  #: ``insertion.audit=on``: the audit beside training
         self.wait_s = 0.0  #: seconds the run's end waited for it
@@ -82,8 +82,8 @@ class RunAudit(RunHook):
                             [(f if isinstance(f, str) else f"{f.resolve()}@{f.stat().st_mtime_ns}", int(b))
                              for f, b in zip(o.files.paths, o.files.num_bytes)],
                             o.files.dtype.name, window_rows, o.instances(int(window_rows[0]), window_rows.size)
-                            if window_rows.size else window_rows, self.held_out,
-                            np.array([o.instance(int(q))[1] for q in self.held_out], np.int64))
+                            if window_rows.size else window_rows, self.held_rows,
+                            np.array([o.instance(int(q))[1] for q in self.held_rows], np.int64))
             shared = CacheDir(self.cache_dir).audits / f"{key}.json"
             if shared.is_file():  # another job of the sweep audited these rows and items
                 with contextlib.suppress(CheckpointError):
@@ -91,12 +91,12 @@ class RunAudit(RunHook):
                     res.plan_digest = plan.digest()
                     log.info("audit: reused %s (the same window rows, held-out rows and items)", shared)
             if res is None and ins.audit != AuditMode.on:
-                res = audit_plan(plan, o.row_tokens, window_rows, self.held_out, ins.audit_ngram,
+                res = audit_plan(plan, o.row_tokens, window_rows, self.held_rows, ins.audit_ngram,
                                  strip=self.eos, workers=ins.audit_workers or default_workers())
                 res.save(shared, plan, ins.audit.value)
             elif res is None:  # beside training: nothing of it before step 1
                 self.job = BackgroundAudit(
-                    plan, o, (self.window[0] // L, self.window[1] // L), self.held_out, ins.audit_ngram,
+                    plan, o, (self.window[0] // L, self.window[1] // L), self.held_rows, ins.audit_ngram,
                     self.eos, ins.audit_workers or default_workers(), path, shared, "on")
                 return None, False
             fresh = True

@@ -214,8 +214,8 @@ def plan_run(cfg: ExperimentConfig, rundir: RunDir, data: Corpus, main: bool) ->
         owner = RunPlan.resume(static, items, rundir, ins.experiments, ins.dynamic, ins.seed, main)
     except PlanConflict as e:
         raise RunDirConflict(e.key, e.what, e.restore) from None
-    held_out = data.order.held_out_rows(data.held_out_rows)  # audited as the window is: a control there is a leak
-    auditor = RunAudit(ins, rundir, data.order, data.window, held_out, data.tokenizer.eos_token_id, cfg.cache_dir,
+    held_rows = data.order.held_out_rows(data.held_out_rows)  # audited as the window is: a control there is a leak
+    auditor = RunAudit(ins, rundir, data.order, data.window, held_rows, data.tokenizer.eos_token_id, cfg.cache_dir,
                        data.window_fetched)
     with PHASES.phase("audit") as rec:
         owner.audit, fresh = auditor.audit(static, items) if main else (None, False)
