@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Dict, Mapping, Optional
@@ -33,6 +35,8 @@ from pretrain_exp.data.schedule import rows_for
 from pretrain_exp.frameworks.base import LogFn
 from pretrain_exp.frameworks.noise_feed import NoiseFeed
 from pretrain_exp.frameworks.olmo_core import upstream
+
+log = logging.getLogger(__name__)
 
 #: OLMo-core metric -> the run's metric name
 METRICS = {
@@ -121,24 +125,91 @@ class Insertions(Callback):
             self.noise_feed.stop()
 
 
+class HeldMetrics:
+    """A trainer's ``record_metric`` that holds the metrics other threads record until :meth:`release`.
+
+    OLMo-core records ``checkpoint/save_async_duration_s`` in the asynchronous save's completion callback, on the
+    thread that finishes the save, at whatever step each rank is on then (``Trainer.save_checkpoint_async``,
+    allenai/OLMo-core PR #665). Its metrics reduction assumes every rank holds the same steps and metric names
+    (``olmo_core.train.utils.reduce_metrics``: one ``all_reduce`` of a ``(steps, metrics)`` tensor per reduce type);
+    a rank whose save finished a step earlier sends a tensor of another shape, and the ranks' collectives on the
+    bookkeeping process group fall out of step until every rank waits forever. Held metrics are recorded by the
+    training thread at a step every rank shares (:meth:`SegmentCheckpointer._save_checkpoint`).
+
+    :param trainer: OLMo-core's ``Trainer``; its ``record_metric`` is replaced by this object (call it from the
+        thread that runs ``fit``).
+    """
+
+    def __init__(self, trainer):
+        self.record, self.thread = trainer.record_metric, threading.get_ident()
+        self.held: list = []
+        self.lock = threading.Lock()
+        trainer.record_metric = self
+
+    def __call__(self, *args, **kwargs) -> None:
+        if threading.get_ident() == self.thread:
+            self.record(*args, **kwargs)
+            return
+        with self.lock:
+            self.held.append((args, kwargs))
+
+    def release(self) -> int:
+        """Record the held metrics now, at the trainer's current step; returns how many there were."""
+        with self.lock:
+            held, self.held = self.held, []
+        for args, kwargs in held:
+            self.record(*args, **kwargs)
+        return len(held)
+
+
 class SegmentCheckpointer(CheckpointerCallback):
     """OLMo-core's ``CheckpointerCallback`` whose save at the end of a fit (a segment's last step) is not awaited:
     with ``save_async`` OLMo-core stages the state to CPU memory and writes it in the background
     (``Trainer.save_checkpoint_async``; ``.metadata.json`` last), and the fit returns at once. :meth:`wait` (or the
-    next save) joins it. Saves within a fit are OLMo-core's own."""
+    next save) joins it. Saves within a fit are OLMo-core's own.
+
+    What a save's completion callback records is held (:class:`HeldMetrics`) and recorded at the next save's step."""
+
+    #: seconds to wait for the previous save's completion callback once the save itself is done (it records a
+    #: metric and calls ``post_checkpoint_saved``; an error there is logged by ``concurrent.futures``)
+    CALLBACK_WAIT_S = 60.0
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._callbacks_done = threading.Event()
+        self._callbacks_done.set()
+
+    def pre_train(self) -> None:
+        if not isinstance(self.trainer.record_metric, HeldMetrics):
+            HeldMetrics(self.trainer)
+        super().pre_train()
 
     def post_train(self) -> None:
         if self.enabled and self.step > upstream.latest_checkpoint_step(self):
             upstream.saved_checkpoints(self).append(upstream.save_checkpoint(self))
 
+    def post_checkpoint_saved(self, path) -> None:
+        """Called by the trainer once a save is complete, after it recorded the save's duration (on the thread that
+        finished an asynchronous save)."""
+        self._callbacks_done.set()
+
     def _save_checkpoint(self, save_async: Optional[bool] = None, ephemeral: bool = False) -> str:
         """OLMo-core's save, and the metric ``checkpoint/hold_s``: the seconds it held the training loop (the whole
         write when synchronous; waiting for the previous save plus staging to CPU memory when asynchronous).
         Overrides OLMo-core's private save (:data:`~pretrain_exp.frameworks.olmo_core.upstream.MEMBERS` checks its
-        name and parameters), which the callback's own interval saves call too."""
+        name and parameters), which the callback's own interval saves call too. Every rank saves at the same step,
+        so the metrics the previous save's completion recorded are recorded here (:class:`HeldMetrics`)."""
         from olmo_core.train.common import ReduceType
 
         t0 = time.perf_counter()
+        upstream.await_last_checkpoint(self)  # raises the previous save's error
+        if not self._callbacks_done.wait(self.CALLBACK_WAIT_S):
+            log.warning("the previous checkpoint save's completion callback did not finish in %.0f s",
+                        self.CALLBACK_WAIT_S)
+        held = self.trainer.record_metric
+        if isinstance(held, HeldMetrics):
+            held.release()
+        self._callbacks_done.clear()
         path = upstream.save_checkpoint(super(), save_async=save_async, ephemeral=ephemeral)
         self.trainer.record_metric("checkpoint/hold_s", time.perf_counter() - t0, reduce_type=ReduceType.max)
         return path

@@ -1,9 +1,11 @@
 """The OLMo-core insertion callback, outside a Trainer: a fake trainer at step k, batches built as OLMo-core's
-loader builds them (instance ids + tokens of the rank's rows), checked and written at every step."""
+loader builds them (instance ids + tokens of the rank's rows), checked and written at every step; the metrics other
+threads record, held until the training thread records them."""
 
 from __future__ import annotations
 
 import json
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,7 +17,7 @@ from pretrain_exp.data.order import DataOrder
 from pretrain_exp.data.rows import TrainingRows
 from pretrain_exp.data.schedule import rows_for
 from pretrain_exp.data.token_files import TokenFiles, write_token_file
-from pretrain_exp.frameworks.olmo_core.callbacks import Insertions, apply_insertions
+from pretrain_exp.frameworks.olmo_core.callbacks import HeldMetrics, Insertions, apply_insertions
 
 L, B = 16, 4
 
@@ -105,3 +107,20 @@ def test_apply_insertions_copies_only_rows_with_spans(rows):
     assert apply_insertions(batch, qs, rows.order, rows.plan) == 2  # rows 5 and 6
     assert apply_insertions(olmo_batch(rows.order, rows_for(3, 0, 1, B)), rows_for(3, 0, 1, B), rows.order,
                             rows.plan) == 0
+
+
+def test_metrics_another_thread_records_wait_for_the_training_thread():
+    recorded = []
+    trainer = SimpleNamespace(global_step=2)
+    trainer.record_metric = lambda name, value, reduce_type=None: recorded.append((trainer.global_step, name, value))
+    held = HeldMetrics(trainer)
+    assert trainer.record_metric is held
+    trainer.record_metric("train/CE loss", 3.0)
+    other = threading.Thread(target=trainer.record_metric, args=("checkpoint/save_async_duration_s", 1.5),
+                             kwargs={"reduce_type": "max"})
+    other.start()
+    other.join()
+    assert recorded == [(2, "train/CE loss", 3.0)]  # the save finished at step 2 on this rank: held
+    trainer.global_step = 4
+    assert held.release() == 1 and held.release() == 0
+    assert recorded == [(2, "train/CE loss", 3.0), (4, "checkpoint/save_async_duration_s", 1.5)]

@@ -35,15 +35,53 @@ RUN = ["framework=olmo_core", "training=tiny", "training.num_steps=6", "training
        "insertion.experiments.fictional_bios.repetitions=[0,1,2,4]", "wandb=disabled", "training.log_rows=true"]
 
 
-def cli(*args: str, runs: Path, check: bool = True, wait: bool = True):
-    env = os.environ | {"PRETRAIN_EXP_RUNS": str(runs), "PRETRAIN_EXP_CACHE": str(CACHE_DIR), "WANDB_SILENT": "true"}
+def cli(*args: str, runs: Path, check: bool = True, wait: bool = True, timeout: float = 900, env: dict = None):
+    env = os.environ | {"PRETRAIN_EXP_RUNS": str(runs), "PRETRAIN_EXP_CACHE": str(CACHE_DIR),
+                        "WANDB_SILENT": "true"} | (env or {})
     cmd = [sys.executable, "-m", "pretrain_exp", *args]
     if not wait:
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
+
+
+#: ``sitecustomize`` of a run's processes: torchrun rank 1's asynchronous checkpoint saves report completion
+#: ``TEST_RANK1_SAVE_DELAY_S`` seconds after they finish
+RANK1_SAVES_LATE = """
+import os, threading, time
+from concurrent.futures import Future
+
+if os.environ.get("RANK") == "1":
+    from olmo_core.train.checkpoint import Checkpointer
+
+    save_async = Checkpointer.save_async
+
+    def late_save_async(self, *args, **kwargs):
+        saved, late = save_async(self, *args, **kwargs), Future()
+
+        def finish(fut):
+            time.sleep(float(os.environ["TEST_RANK1_SAVE_DELAY_S"]))
+            if fut.exception() is not None:
+                late.set_exception(fut.exception())
+            else:
+                late.set_result(fut.result())
+
+        saved.add_done_callback(lambda fut: threading.Thread(target=finish, args=(fut,), daemon=True).start())
+        return late
+
+    Checkpointer.save_async = late_save_async
+"""
+
+
+def rank1_saves_late(tmp_path: Path, seconds: float) -> dict:
+    """The environment of a run whose torchrun rank 1 learns ``seconds`` late that each asynchronous save is done."""
+    site = tmp_path / "rank1_saves_late"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(RANK1_SAVES_LATE)
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+            "TEST_RANK1_SAVE_DELAY_S": str(seconds)}
 
 
 def weights(ckpt_dir: Path) -> dict:
@@ -201,7 +239,12 @@ def test_cli_run_kill_resume_torchrun_and_continuing_a_checkpoint_with_trainer_s
     """One uninterrupted CLI run (with evals) is the reference for: a run killed mid-segment and re-run (equal
     final weights), a 2-process torchrun (gloo) run (the same rows with the same insertions, step by step), and a
     new run whose initial checkpoint is the reference's step-2 checkpoint with its trainer state
-    (OLMo-core restores data position and fingerprint; our callback checks every row it trains)."""
+    (OLMo-core restores data position and fingerprint; our callback checks every row it trains).
+
+    In the torchrun run, rank 1 learns 3 s late that each asynchronous save is done. OLMo-core records a save's
+    duration when it learns that, at the step each rank is on then; the ranks then held different metrics at a
+    step, reduced them with collectives of different shapes and waited on each other forever. Each save's duration
+    must be recorded by both ranks at the next save's step."""
     runs = tmp_path / "runs"
     ref = runs / "ref"
     proc = cli(*RUN, "eval=[insertion_loss]", "training.keep_last_checkpoints=0", f"hydra.run.dir={ref}", runs=runs)
@@ -222,8 +265,13 @@ def test_cli_run_kill_resume_torchrun_and_continuing_a_checkpoint_with_trainer_s
 
     two = runs / "two"
     proc = cli(*RUN, "eval=[insertion_loss]", "eval.mode=distributed", "training.nproc_per_node=2",
-               f"hydra.run.dir={two}", runs=runs)
+               f"hydra.run.dir={two}", runs=runs, timeout=600, env=rank1_saves_late(tmp_path, 3))
     assert_two_ranks_train_what_one_trains(ref, two, steps=6, B=4)
+    metrics = [json.loads(line) for line in (two / "metrics.jsonl").read_text().splitlines()]
+    saves = {m["step"]: m["checkpoint/save_async_duration_s"] for m in metrics
+             if "checkpoint/save_async_duration_s" in m}
+    # the saves of steps 2 and 4, with rank 1's delay (the max over ranks); step 6's ends the run unrecorded
+    assert sorted(saves) == [4, 6] and min(saves.values()) >= 3.0, saves
     # eval.mode=distributed: both ranks read one HF export per step; those export_hf=final does not keep are gone
     assert (proc.stdout + proc.stderr).count("(eval.mode=distributed over 2 ranks)") == 3
     assert sorted(p.parent.name for p in (two / "evals").glob("step*/insertion_loss.json")) == ["step2", "step4",
