@@ -35,7 +35,8 @@ RUN = ["framework=olmo_core", "training=tiny", "training.num_steps=6", "training
        "insertion.experiments.fictional_bios.repetitions=[0,1,2,4]", "wandb=disabled", "training.log_rows=true"]
 
 
-def cli(*args: str, runs: Path, check: bool = True, wait: bool = True, timeout: float = 900, env: dict = None):
+def cli(*args: str, runs: Path, check: bool = True, wait: bool = True, timeout: float = 900,
+        env: dict | None = None):
     env = os.environ | {"PRETRAIN_EXP_RUNS": str(runs), "PRETRAIN_EXP_CACHE": str(CACHE_DIR),
                         "WANDB_SILENT": "true"} | (env or {})
     cmd = [sys.executable, "-m", "pretrain_exp", *args]
@@ -242,8 +243,8 @@ def test_cli_run_kill_resume_torchrun_and_continuing_a_checkpoint_with_trainer_s
     (OLMo-core restores data position and fingerprint; our callback checks every row it trains).
 
     In the torchrun run, rank 1 learns 3 s late that each asynchronous save is done. OLMo-core records a save's
-    duration when it learns that, at the step each rank is on then; the ranks then held different metrics at a
-    step, reduced them with collectives of different shapes and waited on each other forever. Each save's duration
+    duration when it learns that, at the step each rank is on then: left so, the ranks hold different metrics at a
+    step, reduce them with collectives of different shapes and wait on each other forever. Each save's duration
     must be recorded by both ranks at the next save's step."""
     runs = tmp_path / "runs"
     ref = runs / "ref"
