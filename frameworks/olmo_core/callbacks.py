@@ -176,12 +176,13 @@ class SegmentCheckpointer(CheckpointerCallback):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self._held: Optional[HeldMetrics] = None  #: the trainer's ``record_metric`` from its first fit on
         self._callbacks_done = threading.Event()
         self._callbacks_done.set()
 
     def pre_train(self) -> None:
-        if not isinstance(self.trainer.record_metric, HeldMetrics):
-            HeldMetrics(self.trainer)
+        if self._held is None:  # a trainer continued in memory keeps its callbacks: once per trainer
+            self._held = HeldMetrics(self.trainer)
         super().pre_train()
 
     def post_train(self) -> None:
@@ -206,9 +207,7 @@ class SegmentCheckpointer(CheckpointerCallback):
         if not self._callbacks_done.wait(self.CALLBACK_WAIT_S):
             log.warning("the previous checkpoint save's completion callback did not finish in %.0f s",
                         self.CALLBACK_WAIT_S)
-        held = self.trainer.record_metric
-        if isinstance(held, HeldMetrics):
-            held.release()
+        self._held.release()
         self._callbacks_done.clear()
         path = upstream.save_checkpoint(super(), save_async=save_async, ephemeral=ephemeral)
         self.trainer.record_metric("checkpoint/hold_s", time.perf_counter() - t0, reduce_type=ReduceType.max)
